@@ -1,0 +1,25 @@
+"""Share one live subscription among many async consumers, on asyncio and trio."""
+
+from ._afilter import afilter
+from ._decorator import shared_subscription
+from ._fanout import Fanout
+from ._fanout import FanoutConsumer
+from ._fanout import FanoutStatistics
+from ._pool import PoolStatistics
+from ._pool import SubscriptionPool
+from ._pool import current_pool
+from ._subscription import SharedSubscription
+from ._subscription import SubscriptionConsumer
+
+__all__ = [
+    "Fanout",
+    "FanoutConsumer",
+    "FanoutStatistics",
+    "PoolStatistics",
+    "SharedSubscription",
+    "SubscriptionConsumer",
+    "SubscriptionPool",
+    "afilter",
+    "current_pool",
+    "shared_subscription",
+]

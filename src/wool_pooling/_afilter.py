@@ -1,0 +1,117 @@
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncGenerator
+from collections.abc import Awaitable
+from collections.abc import Callable
+from typing import Any
+from typing import Final
+from typing import Protocol
+from typing import runtime_checkable
+
+import anyio
+from wool import DiscoveryEvent
+from wool import DiscoverySubscriberLike
+from wool import WorkerMetadata
+
+
+@runtime_checkable
+class _SupportsAclose(Protocol):
+    def aclose(self) -> Awaitable[object]: ...
+
+
+class afilter:
+    """Transition-tracking filter over a wool discovery stream.
+
+    Yields only the part of ``inner``'s stream that concerns workers
+    satisfying ``predicate``, rewriting events so that consumers see a
+    consistent lifecycle for every worker that passes:
+
+    - a worker entering the predicate yields ``worker-added``;
+    - an update of a tracked worker that still passes yields
+      ``worker-updated`` with the new metadata;
+    - a tracked worker that stops passing yields ``worker-dropped``
+      with its *previous* (tracked) metadata;
+    - a ``worker-dropped`` of a tracked worker passes through;
+    - any other event (non-passing or dropped untracked worker) is
+      suppressed.
+
+    Guarantees:
+
+    - each ``__aiter__`` call is an independent iteration with its own
+      tracking state, so one ``afilter`` may be iterated many times,
+      sequentially or concurrently;
+    - the relative order of the inner events is preserved;
+    - memory held is one :class:`WorkerMetadata` per tracked worker per
+      iteration;
+    - when an iteration ends, is closed (``aclose()``) or is cancelled,
+      the inner iterator is closed too (if it has ``aclose``).
+
+    :param predicate: Callable deciding whether a worker passes.
+    :param inner: Upstream discovery subscriber to filter.
+    :raises TypeError: If ``predicate`` is not callable or ``inner`` is
+        not async-iterable.
+    """
+
+    __slots__ = ("_inner", "_predicate")
+
+    _predicate: Final[Callable[[WorkerMetadata], bool]]
+    _inner: Final[DiscoverySubscriberLike]
+
+    def __init__(
+        self,
+        predicate: Callable[[WorkerMetadata], bool],
+        inner: DiscoverySubscriberLike,
+    ) -> None:
+        if not callable(predicate):
+            raise TypeError(f"afilter predicate must be callable, got {predicate!r}")
+        if not hasattr(inner, "__aiter__"):
+            msg = f"afilter inner must have __aiter__, got {type(inner).__name__}"
+            raise TypeError(f"{msg}: {inner!r}")
+        self._predicate = predicate
+        self._inner = inner
+
+    @property
+    def predicate(self) -> Callable[[WorkerMetadata], bool]:
+        """The predicate deciding which workers pass."""
+        return self._predicate
+
+    @property
+    def inner(self) -> DiscoverySubscriberLike:
+        """The upstream discovery subscriber."""
+        return self._inner
+
+    def __repr__(self) -> str:
+        return f"afilter({self._predicate!r}, {self._inner!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (afilter, (self._predicate, self._inner))
+
+    def __aiter__(self) -> AsyncGenerator[DiscoveryEvent, None]:
+        return self._filter()
+
+    async def _filter(self) -> AsyncGenerator[DiscoveryEvent, None]:
+        """Iterate the inner subscriber, applying the transition rules."""
+        predicate = self._predicate
+        tracked: dict[uuid.UUID, WorkerMetadata] = {}
+        iterator = aiter(self._inner)
+        try:
+            async for event in iterator:
+                metadata = event.metadata
+                uid = metadata.uid
+                previous = tracked.get(uid)
+                if event.type == "worker-dropped":
+                    if previous is not None:
+                        del tracked[uid]
+                        yield DiscoveryEvent("worker-dropped", metadata=metadata)
+                elif predicate(metadata):
+                    tracked[uid] = metadata
+                    kind = "worker-added" if previous is None else "worker-updated"
+                    yield DiscoveryEvent(kind, metadata=metadata)
+                elif previous is not None:
+                    del tracked[uid]
+                    yield DiscoveryEvent("worker-dropped", metadata=previous)
+        finally:
+            if isinstance(iterator, _SupportsAclose):
+                with anyio.CancelScope(shield=True):
+                    await iterator.aclose()

@@ -1,0 +1,130 @@
+"""How a decorated class is keyed and how its raw, unpooled instance is built."""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from collections.abc import Callable
+from collections.abc import Hashable
+from typing import Any
+from typing import cast
+
+import attrs
+
+__all__ = ["CONFIG_ATTRIBUTE", "SubscriptionConfig", "build_raw", "derive_key"]
+
+#: Name of the class attribute holding a decorated class's configuration.
+CONFIG_ATTRIBUTE = "__shared_subscription__"
+
+KeyFunction = Callable[..., Hashable]
+
+_signatures: weakref.WeakKeyDictionary[type, inspect.Signature | None] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+@attrs.frozen
+class SubscriptionConfig:
+    """What ``@shared_subscription`` recorded on a class."""
+
+    #: ``key(cls, *args, **kwargs)``, or ``None`` to key by bound arguments.
+    key: KeyFunction | None
+    #: Seconds an unused entry is kept before it is finalised.
+    ttl: float
+    #: The ``__new__`` the class defined itself, replaced by the decorator.
+    own_new: Any
+    #: The pooling ``__new__`` the decorator installed.
+    pooled_new: Any
+
+
+def derive_key(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable:
+    """Compute the subscription key of ``cls(*args, **kwargs)``.
+
+    With a key function, its result (an exception it raises propagates).
+    Without one, the arguments bound to the signature of ``cls.__init__``
+    with defaults applied, so positional and keyword spellings of the same
+    call share a key.
+
+    :raises TypeError: if the key is not hashable, or the arguments do not
+        fit ``__init__``; the message names the class.
+    """
+    config: SubscriptionConfig = getattr(cls, CONFIG_ATTRIBUTE)
+    if config.key is not None:
+        key = config.key(cls, *args, **kwargs)
+    else:
+        key = _bound_arguments(cls, args, kwargs)
+    try:
+        hash(key)
+    except TypeError as error:
+        raise TypeError(
+            f"{cls.__qualname__}: subscription key {key!r} is not hashable"
+        ) from error
+    return key
+
+
+def _bound_arguments(
+    cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, ...]:
+    if cls in _signatures:
+        signature = _signatures[cls]
+    else:
+        try:
+            signature = inspect.signature(cls.__init__)
+        except (TypeError, ValueError):
+            signature = None
+        _signatures[cls] = signature
+    if signature is None:
+        return (args, tuple(sorted(kwargs.items())))
+    try:
+        bound = signature.bind(None, *args, **kwargs)
+    except TypeError as error:
+        raise TypeError(f"{cls.__qualname__}(): {error}") from error
+    bound.apply_defaults()
+    values: list[Any] = []
+    parameters = signature.parameters
+    for name, value in list(bound.arguments.items())[1:]:
+        if parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
+            values.append(tuple(sorted(value.items())))
+        else:
+            values.append(value)
+    return tuple(values)
+
+
+def build_raw(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Build the instance ``cls(*args, **kwargs)`` would be without pooling.
+
+    Uses the ``__new__`` the class would have without pooling, bypassing the
+    one this library installs and any pooling ``__new__`` a metaclass
+    injected (wool's ``SubscriberMeta``), then runs ``cls.__init__``.
+    Exceptions from either propagate.
+    """
+    new = _unpooled_new(cls)
+    if new is object.__new__:
+        instance = cast(object, object.__new__(cls))
+    else:
+        instance = cast(object, new(cls, *args, **kwargs))
+    if isinstance(instance, cls):
+        cls.__init__(instance, *args, **kwargs)
+    return instance
+
+
+def _unpooled_new(cls: type) -> Callable[..., Any]:
+    for klass in cls.__mro__:
+        namespace = vars(klass)
+        config = namespace.get(CONFIG_ATTRIBUTE)
+        candidate = config.own_new if config is not None else namespace.get("__new__")
+        if candidate is None or _is_pooling(candidate):
+            continue
+        if isinstance(candidate, staticmethod):
+            candidate = candidate.__func__  # type: ignore[reportUnknownMemberType]
+        return candidate  # type: ignore[no-any-return]
+    return object.__new__
+
+
+def _is_pooling(new: Any) -> bool:
+    function = new.__func__ if isinstance(new, staticmethod) else new  # type: ignore[reportUnknownMemberType]
+    if getattr(function, "__wool_pooling__", False):
+        return True
+    # wool's SubscriberMeta injects its own pooling __new__ into every class
+    # it creates; building a raw instance must go around it.
+    return getattr(function, "__module__", None) == "wool.runtime.discovery.pool"

@@ -1,0 +1,94 @@
+"""``@shared_subscription``: make constructing a class return a pooled subscription."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+from typing import TypeVar
+from typing import overload
+
+from ._construction import CONFIG_ATTRIBUTE
+from ._construction import KeyFunction
+from ._construction import SubscriptionConfig
+from ._construction import derive_key
+from ._subscription import SharedSubscription
+
+__all__ = ["shared_subscription"]
+
+C = TypeVar("C", bound=type)
+
+
+@overload
+def shared_subscription(
+    cls: C, /, *, key: KeyFunction | None = None, ttl: float = 0.0
+) -> C: ...
+
+
+@overload
+def shared_subscription(
+    cls: None = None, /, *, key: KeyFunction | None = None, ttl: float = 0.0
+) -> Callable[[C], C]: ...
+
+
+def shared_subscription(
+    cls: Any = None, /, *, key: KeyFunction | None = None, ttl: float = 0.0
+) -> Any:
+    """Class decorator: constructing the class returns a :class:`SharedSubscription`.
+
+    Usable bare (``@shared_subscription``) or called
+    (``@shared_subscription(key=..., ttl=...)``). It replaces ``__new__`` on
+    the class, with no metaclass, so it also applies to classes that have a
+    metaclass of their own and to subclasses (each keyed by its own class).
+    ``Cls(*args, **kwargs)`` runs neither the class's ``__new__`` nor its
+    ``__init__``: it computes the key and returns a subscription. The raw
+    instance is built from those arguments when a consumer first iterates.
+
+    :param key: ``key(cls, *args, **kwargs) -> Hashable``, evaluated at
+        construction. ``None`` keys by the arguments bound to ``__init__``'s
+        signature with defaults applied, so ``Cls("a")`` and
+        ``Cls(name="a")`` share an entry. Keys are namespaced by class.
+    :param ttl: Seconds an entry is kept once its last consumer is released,
+        so a consumer arriving in time reuses the running subscription.
+    :raises TypeError: at decoration, if given something other than a class
+        or a class without ``__aiter__``, or if ``key`` is not callable.
+    :raises ValueError: if ``ttl`` is negative or not finite.
+    """
+    if key is not None and not callable(key):
+        raise TypeError(f"shared_subscription key must be callable, got {key!r}")
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise TypeError(f"shared_subscription ttl must be a number, got {ttl!r}")
+    if not math.isfinite(ttl) or ttl < 0:
+        raise ValueError(
+            f"shared_subscription ttl must be a finite number >= 0, got {ttl!r}"
+        )
+
+    def decorate(target: C) -> C:
+        if not isinstance(target, type):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise TypeError(f"@shared_subscription decorates a class, got {target!r}")
+        if not callable(getattr(target, "__aiter__", None)):
+            raise TypeError(
+                f"@shared_subscription: {target.__qualname__} has no __aiter__; "
+                "only async-iterable subscriber classes can be shared"
+            )
+        config = SubscriptionConfig(
+            key=key,
+            ttl=float(ttl),
+            own_new=vars(target).get("__new__"),
+            pooled_new=_pooled_new,
+        )
+        setattr(target, CONFIG_ATTRIBUTE, config)
+        target.__new__ = staticmethod(_pooled_new)  # type: ignore[assignment]
+        return target
+
+    if cls is None:
+        return decorate
+    return decorate(cls)
+
+
+def _pooled_new(cls: type, *args: Any, **kwargs: Any) -> SharedSubscription:
+    # Not an instance of cls, so type.__call__ does not run cls.__init__.
+    return SharedSubscription(cls, derive_key(cls, args, kwargs), args, kwargs)
+
+
+_pooled_new.__wool_pooling__ = True  # type: ignore[attr-defined]

@@ -1,0 +1,448 @@
+"""Demand-driven multicast of one async iterator: a shared log, one cursor per consumer.
+
+Data path: the source is pulled by a pump task, one item per request, into an
+append-only log; each consumer reads the log through its own cursor. An item
+is held in exactly one place (``Fanout._items``) and freed in exactly one
+place (``Fanout._trim``): when the last consumer that was registered at the
+time it was pulled has read it or left.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import AsyncIterable
+from collections.abc import AsyncIterator
+from typing import Any
+from typing import Generic
+from typing import TypeVar
+from typing import final
+
+import anyio
+import anyio.lowlevel
+import attrs
+
+from ._loop import EventLoop
+from ._loop import current_loop
+
+__all__ = ["Fanout", "FanoutConsumer", "FanoutStatistics"]
+
+T = TypeVar("T")
+
+#: Compact the log once this many freed slots sit at its front (and they are
+#: at least half of it), so trimming stays amortised O(1) per item.
+_COMPACT_AT = 256
+
+
+@attrs.frozen
+class FanoutStatistics:
+    """A snapshot of a :class:`Fanout`, as returned by :meth:`Fanout.statistics`."""
+
+    #: Consumers registered and not yet ended.
+    consumers: int
+    #: Items held in the log because some consumer has not received them yet.
+    buffered: int
+    #: Consumers suspended in ``__anext__`` waiting for the next pulled item.
+    waiting: int
+    #: Whether a pull from the source is in flight.
+    pulling: bool
+    #: Items pulled from the source so far.
+    pulled: int
+
+
+@attrs.frozen
+class _End:
+    """How the source ended: exhausted, failed or closed."""
+
+    error: BaseException | None = None
+    traceback: types.TracebackType | None = None
+    closed: bool = False
+
+
+@final
+class Fanout(Generic[T]):
+    """Multicast one async iterable to any number of independent consumers.
+
+    Every consumer receives every item pulled after it registered, in source
+    order, exactly once.
+
+    **Demand-driven.** The source is advanced only when a consumer that has
+    nothing buffered waits in ``__anext__``; at most one pull is in flight and
+    nothing is pulled ahead of that demand. A consumer that has items buffered
+    receives them without suspending and without touching the source.
+
+    **Cancellation safety.** Pulls run in a pump task owned by the fan-out, so
+    cancelling a consumer, even the one whose request started the pull in
+    flight, only abandons that consumer's wait: it never cancels the pull,
+    never closes or breaks the source and never loses, duplicates or reorders
+    an item, for anyone. The cancelled consumer stays registered and its next
+    ``__anext__`` returns the item it would have received. The pump starts at
+    the first request, sleeps while there is no demand, ends when the source
+    ends, when no consumer is left, or when the fan-out is closed; it never
+    outlives the fan-out.
+
+    **Errors.** An exception raised by the source reaches every consumer, each
+    after the items pulled before it, with its original traceback; afterwards
+    each consumer ends. A consumer registered after the source ended ends
+    immediately (after receiving the error, if there was one).
+
+    **Memory.** The log holds an item until every consumer registered when it
+    was pulled has received it or has left; a consumer that is garbage
+    collected without ``close()`` leaves. A consumer that stops reading makes
+    the log grow with every item the others pull.
+
+    **Closing.** :meth:`aclose` cancels a pull in flight, closes the source
+    (``aclose()`` of its iterator) and ends every consumer at once: items not
+    yet received are discarded.
+
+    :param source: The async iterable to multicast; ``aiter(source)`` is
+        called once, at the first pull.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_arrival",
+        "_consumers",
+        "_demand",
+        "_end",
+        "_head",
+        "_items",
+        "_iterator",
+        "_loop",
+        "_offset",
+        "_pending",
+        "_pulled",
+        "_pulling",
+        "_pump_done",
+        "_pump_scope",
+        "_pumping",
+        "_source",
+        "_wake",
+    )
+
+    def __init__(self, source: AsyncIterable[T]) -> None:
+        if not hasattr(source, "__aiter__"):
+            raise TypeError(
+                f"Fanout needs an async iterable source, got {type(source).__name__}"
+            )
+        self._source = source
+        self._iterator: AsyncIterator[T] | None = None
+        # The log: _items[i] is the item at absolute index _offset + i; the
+        # first _head slots are freed (None). _pending[i] counts the consumers
+        # that have yet to receive _items[i].
+        self._items: list[Any] = []
+        self._pending: list[int] = []
+        self._offset = 0
+        self._head = 0
+        self._pulled = 0
+        self._consumers = 0
+        self._end: _End | None = None
+        # Demand: consumers waiting for the item after the log's end. They all
+        # wait on _arrival, which is set (and replaced) when that item lands.
+        self._demand = 0
+        self._arrival: anyio.Event | None = None
+        # The pump: _wake is set to rouse it when demand appears while idle.
+        self._loop: EventLoop | None = None
+        self._pumping = False
+        self._pulling = False
+        self._wake: anyio.Event | None = None
+        self._pump_scope: anyio.CancelScope | None = None
+        self._pump_done: anyio.Event | None = None
+
+    # -- public surface --------------------------------------------------
+
+    def consumer(self) -> FanoutConsumer[T]:
+        """Register a new consumer that receives every item pulled from now on.
+
+        :raises ~anyio.ClosedResourceError: if the fan-out was closed.
+        """
+        end = self._end
+        if end is not None and end.closed:
+            raise anyio.ClosedResourceError("this fan-out is closed")
+        self._consumers += 1
+        return FanoutConsumer(self, self._offset + len(self._items))
+
+    @property
+    def finished(self) -> bool:
+        """Whether the source ended, failed, or the fan-out was closed."""
+        return self._end is not None
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` was called."""
+        return self._end is not None and self._end.closed
+
+    def statistics(self) -> FanoutStatistics:
+        """Return a snapshot of consumers, buffered items and pump state."""
+        return FanoutStatistics(
+            consumers=self._consumers,
+            buffered=len(self._items) - self._head,
+            waiting=self._demand,
+            pulling=self._pulling,
+            pulled=self._pulled,
+        )
+
+    async def aclose(self) -> None:
+        """Cancel a pull in flight, close the source and end every consumer.
+
+        Idempotent. Runs shielded from cancellation, so the source is closed
+        even when the caller is being cancelled. An exception raised by the
+        source's ``aclose()`` propagates.
+        """
+        first = not self.closed
+        if first:
+            self._end = _End(closed=True)
+            self._consumers = 0
+            self._offset += len(self._items)
+            self._items = []
+            self._pending = []
+            self._head = 0
+            self._satisfy_waiters()
+            if self._wake is not None:
+                self._wake.set()
+            if self._pump_scope is not None:
+                self._pump_scope.cancel()
+        with anyio.CancelScope(shield=True):
+            if self._pump_done is not None:
+                await self._pump_done.wait()
+            if first:
+                iterator = self._iterator
+                if iterator is None and hasattr(self._source, "__anext__"):
+                    iterator = self._source  # type: ignore[assignment]
+                self._iterator = None
+                closer = getattr(iterator, "aclose", None)
+                if closer is not None:
+                    await closer()
+
+    def __repr__(self) -> str:
+        if self._end is None:
+            state = "OPEN"
+        elif self._end.closed:
+            state = "CLOSED"
+        elif self._end.error is not None:
+            state = "FAILED"
+        else:
+            state = "EXHAUSTED"
+        return (
+            f"<Fanout [{state}, consumers: {self._consumers}, "
+            f"buffered: {len(self._items) - self._head}] of {self._source!r}>"
+        )
+
+    # -- the log ---------------------------------------------------------
+
+    def _append(self, item: T) -> None:
+        self._pulled += 1
+        consumers = self._consumers
+        self._items.append(item)
+        self._pending.append(consumers)
+        if consumers == 0:
+            self._trim()
+        self._satisfy_waiters()
+
+    def _trim(self) -> None:
+        """Free every slot at the log's front that no consumer still needs."""
+        items = self._items
+        pending = self._pending
+        head = self._head
+        size = len(items)
+        while head < size and pending[head] <= 0:
+            items[head] = None
+            head += 1
+        if head >= _COMPACT_AT and head * 2 >= size:
+            del items[:head]
+            del pending[:head]
+            self._offset += head
+            head = 0
+        self._head = head
+
+    def _leave(self, cursor: int) -> None:
+        """Unregister a consumer whose next unread item is at ``cursor``."""
+        if self._end is not None and self._end.closed:
+            return
+        self._consumers -= 1
+        pending = self._pending
+        start = max(cursor - self._offset, self._head)
+        for index in range(start, len(pending)):
+            pending[index] -= 1
+        self._trim()
+        if self._consumers == 0 and self._wake is not None:
+            self._wake.set()  # let an idle pump notice that nobody is left
+
+    # -- demand and the pump ----------------------------------------------
+
+    def _satisfy_waiters(self) -> None:
+        arrival = self._arrival
+        if arrival is not None:
+            self._arrival = None
+            self._demand = 0
+            arrival.set()
+
+    async def _wait_for_item(self) -> None:
+        """Register demand for the item after the log's end and wait for it.
+
+        Cancelling this wait withdraws the demand but never the pull in
+        flight, which the pump completes and logs for everyone.
+        """
+        arrival = self._arrival
+        if arrival is None:
+            arrival = self._arrival = anyio.Event()
+        self._demand += 1
+        if not self._pumping:
+            self._start_pump()
+        elif self._wake is not None:
+            self._wake.set()
+        try:
+            await arrival.wait()
+        finally:
+            if self._arrival is arrival:
+                self._demand -= 1
+
+    def _start_pump(self) -> None:
+        if self._loop is None:
+            self._loop = current_loop()
+        self._pumping = True
+        self._pump_scope = anyio.CancelScope()
+        self._pump_done = anyio.Event()
+        self._loop.spawn(self._pump, self._pump_scope, self._pump_done)
+
+    async def _pump(self, scope: anyio.CancelScope, done: anyio.Event) -> None:
+        try:
+            with scope:
+                await self._pump_while_needed()
+        except BaseException:
+            if self._pulling and self._end is None:
+                # Cancelled from outside (the loop is shutting down) in the
+                # middle of a pull: the source is unusable from now on.
+                self._finish(
+                    anyio.BrokenResourceError(
+                        "the fan-out's pull was cancelled from outside"
+                    )
+                )
+            raise
+        finally:
+            self._pumping = False
+            self._pulling = False
+            self._wake = None
+            if self._pump_scope is scope:
+                self._pump_scope = None
+            done.set()
+
+    async def _pump_while_needed(self) -> None:
+        cancelled = anyio.get_cancelled_exc_class()
+        while self._end is None:
+            if self._demand == 0:
+                if self._consumers == 0:
+                    return
+                wake = self._wake = anyio.Event()
+                await wake.wait()
+                self._wake = None
+                continue
+            iterator = self._iterator
+            if iterator is None:
+                iterator = self._iterator = aiter(self._source)
+            self._pulling = True
+            try:
+                item = await anext(iterator)
+            except StopAsyncIteration:
+                self._finish(None)
+                return
+            except cancelled:
+                raise
+            except BaseException as error:
+                self._finish(error)
+                return
+            self._pulling = False
+            if self._end is None:
+                self._append(item)
+
+    def _finish(self, error: BaseException | None) -> None:
+        traceback = error.__traceback__ if error is not None else None
+        self._end = _End(error, traceback)
+        self._satisfy_waiters()
+
+
+@final
+class FanoutConsumer(Generic[T]):
+    """One consumer of a :class:`Fanout`: an async iterator over its items.
+
+    Created by :meth:`Fanout.consumer`. Receives every item pulled after its
+    registration, in order, exactly once.
+
+    ``__anext__`` returns a buffered item without suspending; otherwise it
+    waits for the next pull. Cancelling ``__anext__`` loses nothing: the
+    consumer stays registered and its next ``__anext__`` returns the item it
+    would have received. :meth:`close` (or :meth:`aclose`, or leaving
+    ``async with``) ends the consumer and frees what it held; so does garbage
+    collection. Ending a consumer never affects the source or the others.
+    """
+
+    __slots__ = ("_cursor", "_fanout", "_registered", "_waiting")
+
+    def __init__(self, fanout: Fanout[T], cursor: int) -> None:
+        self._fanout = fanout
+        self._cursor = cursor
+        self._registered = True
+        self._waiting = False
+
+    def __aiter__(self) -> FanoutConsumer[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        fanout = self._fanout
+        while self._registered:
+            index = self._cursor - fanout._offset
+            if index < len(fanout._items):
+                item: T = fanout._items[index]
+                self._cursor += 1
+                pending = fanout._pending
+                left = pending[index] - 1
+                pending[index] = left
+                if left <= 0:
+                    fanout._trim()
+                return item
+            end = fanout._end
+            if end is not None:
+                self.close()
+                if end.error is not None:
+                    raise end.error.with_traceback(end.traceback)
+                break
+            self._waiting = True
+            try:
+                await fanout._wait_for_item()
+            finally:
+                self._waiting = False
+        raise StopAsyncIteration
+
+    def close(self) -> None:
+        """End this consumer and free the items it held. Idempotent."""
+        if self._registered:
+            self._registered = False
+            self._fanout._leave(self._cursor)
+            if self._waiting:
+                self._fanout._satisfy_waiters()  # wake the task waiting on us
+
+    async def aclose(self) -> None:
+        """Like :meth:`close`, with a checkpoint."""
+        self.close()
+        await anyio.lowlevel.checkpoint()
+
+    async def __aenter__(self) -> FanoutConsumer[T]:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    @property
+    def buffered(self) -> int:
+        """Items already pulled that this consumer has yet to receive."""
+        if not self._registered:
+            return 0
+        return self._fanout._offset + len(self._fanout._items) - self._cursor
+
+    def __del__(self) -> None:
+        if getattr(self, "_registered", False):
+            self._registered = False
+            self._fanout._leave(self._cursor)
+
+    def __repr__(self) -> str:
+        state = "ACTIVE" if self._registered else "ENDED"
+        return f"<FanoutConsumer [{state}, buffered: {self.buffered}]>"

@@ -1,0 +1,272 @@
+"""The pool: one entry (raw instance, fan-out, known workers) per subscription key."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import weakref
+from collections.abc import Hashable
+from contextvars import ContextVar
+from contextvars import Token
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import final
+
+import anyio
+import attrs
+
+from ._fanout import Fanout
+from ._loop import EventLoop
+from ._loop import current_loop
+from ._replay import TrackedSource
+
+if TYPE_CHECKING:
+    from ._subscription import SharedSubscription
+
+__all__ = ["PoolStatistics", "SubscriptionPool", "current_pool"]
+
+logger = logging.getLogger("wool_pooling")
+
+_current: ContextVar[SubscriptionPool | None] = ContextVar(
+    "wool_pooling.current_pool", default=None
+)
+_default_pools: weakref.WeakKeyDictionary[EventLoop, SubscriptionPool] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def current_pool() -> SubscriptionPool:
+    """Return the pool subscriptions started in this context attach to.
+
+    That is the pool made current by ``async with SubscriptionPool()`` in this
+    context, or else the default pool of the running event loop (one per
+    asyncio loop or trio run, so sibling tasks share subscriptions and a new
+    ``asyncio.run()`` or ``trio.run()`` starts with a fresh pool).
+
+    :raises RuntimeError: if no pool is current and no event loop is running.
+    """
+    pool = _current.get()
+    if pool is not None:
+        return pool
+    loop = current_loop()
+    pool = _default_pools.get(loop)
+    if pool is None:
+        pool = _default_pools[loop] = SubscriptionPool()
+    return pool
+
+
+@attrs.frozen
+class PoolStatistics:
+    """A snapshot of a pool, as returned by :meth:`SubscriptionPool.statistics`."""
+
+    #: Live entries: raw instances built and not yet finalised.
+    entries: int
+    #: Consumers attached across all entries.
+    consumers: int
+    #: Entries with no consumer, kept alive by their ttl.
+    idle: int
+
+
+@attrs.define(eq=False)
+class _Entry:
+    """One live subscription: its raw instance, fan-out and known workers."""
+
+    key: tuple[type, Hashable]
+    raw: Any
+    source: TrackedSource
+    fanout: Fanout[Any]
+    ttl: float
+    loop: EventLoop
+    refs: int = 0
+    #: Cancels the pending ttl expiry, if any.
+    expiry: anyio.CancelScope | None = None
+    finalizing: bool = False
+    finalized: anyio.Event | None = None
+
+
+@final
+class SubscriptionPool:
+    """Holds one entry per subscription key: raw instance, fan-out, known workers.
+
+    Consumers of the same key in the same pool share one raw instance and one
+    iteration of it. An entry is built when its first consumer starts
+    iterating and finalised when its last consumer is released and the ttl has
+    elapsed: the fan-out is closed (cancelling a pull in flight and closing
+    the raw iterator), then the raw instance's ``aclose()`` (or wool's
+    ``_shutdown()``) is awaited, exactly once. An entry whose source ended or
+    failed is never reused: the next consumer gets a fresh raw instance.
+
+    ``async with SubscriptionPool() as pool:`` makes the pool current for the
+    block (see :func:`current_pool`) and, on exit, finalises every entry:
+    their consumers end. A closed pool cannot be iterated again. A pool is
+    bound to the event loop that first uses it.
+    """
+
+    __slots__ = ("__weakref__", "_closed", "_entries", "_loop", "_retired", "_token")
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[type, Hashable], _Entry] = {}
+        # Entries no longer reachable by key (source finished) whose
+        # consumers have not all been released yet.
+        self._retired: set[_Entry] = set()
+        self._closed = False
+        self._loop: EventLoop | None = None
+        self._token: Token[SubscriptionPool | None] | None = None
+
+    @property
+    def closed(self) -> bool:
+        """Whether the pool was closed."""
+        return self._closed
+
+    def statistics(self) -> PoolStatistics:
+        """Return a snapshot of entries and attached consumers."""
+        live = [*self._entries.values(), *self._retired]
+        return PoolStatistics(
+            entries=len(live),
+            consumers=sum(entry.refs for entry in live),
+            idle=sum(1 for entry in live if entry.refs == 0),
+        )
+
+    async def __aenter__(self) -> SubscriptionPool:
+        if self._closed:
+            raise RuntimeError("this subscription pool is closed")
+        if self._token is not None:
+            raise RuntimeError("this subscription pool is already entered")
+        self._token = _current.set(self)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        token, self._token = self._token, None
+        if token is not None:
+            _current.reset(token)
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the pool: finalise every entry; their consumers end. Idempotent."""
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            for entry in [*self._entries.values(), *self._retired]:
+                await self._finalize(entry)
+
+    def __repr__(self) -> str:
+        stats = self.statistics()
+        state = "CLOSED" if self._closed else "OPEN"
+        return (
+            f"<SubscriptionPool [{state}, entries: {stats.entries}, "
+            f"consumers: {stats.consumers}]>"
+        )
+
+    # -- attaching and releasing consumers -----------------------------------
+
+    def _acquire(self, subscription: SharedSubscription) -> _Entry:
+        """Attach one consumer of ``subscription``, building its entry if needed.
+
+        Synchronous, so that no other task can run between finding the entry
+        and registering the consumer with its fan-out.
+        """
+        if self._closed:
+            raise RuntimeError(
+                f"cannot iterate {subscription!r}: its subscription pool is closed"
+            )
+        loop = current_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif self._loop is not loop:
+            raise RuntimeError(
+                "a SubscriptionPool is bound to the event loop that first used it"
+            )
+        key = (subscription.cls, subscription.key)
+        entry = self._entries.get(key)
+        if entry is not None and entry.fanout.finished:
+            self._retire(entry)
+            entry = None
+        if entry is None:
+            raw = subscription._build_raw()
+            source = TrackedSource(raw)
+            entry = _Entry(key, raw, source, Fanout(source), subscription.ttl, loop)
+            self._entries[key] = entry
+        entry.refs += 1
+        if entry.expiry is not None:
+            entry.expiry.cancel()
+            entry.expiry = None
+        return entry
+
+    async def _release(self, entry: _Entry) -> None:
+        """Detach one consumer; finalise the entry if it was the last one.
+
+        With ``ttl == 0``, or when the entry's source has finished, the entry
+        is finalised before this returns; otherwise finalisation is scheduled
+        for when the ttl elapses. Shielded from cancellation.
+        """
+        entry.refs -= 1
+        if entry.refs > 0 or entry.finalizing:
+            return
+        if entry.ttl > 0 and not entry.fanout.finished and not self._closed:
+            scope = entry.expiry = anyio.CancelScope()
+            entry.loop.spawn(self._expire, entry, scope)
+            return
+        with anyio.CancelScope(shield=True):
+            await self._finalize(entry)
+
+    def _release_soon(self, entry: _Entry) -> None:
+        """Release from a garbage-collection callback, in any thread."""
+        if not entry.loop.run_soon(self._release_in_background, entry):
+            entry.refs -= 1  # the loop is gone: nothing left to await
+
+    def _release_in_background(self, entry: _Entry) -> None:
+        entry.loop.spawn(self._release, entry)
+
+    async def _expire(self, entry: _Entry, scope: anyio.CancelScope) -> None:
+        try:
+            with scope:
+                await anyio.sleep(entry.ttl)
+        finally:
+            if entry.expiry is scope and entry.refs == 0:
+                entry.expiry = None
+                with anyio.CancelScope(shield=True):
+                    await self._finalize(entry)
+
+    def _retire(self, entry: _Entry) -> None:
+        """Make a finished entry unreachable by key; finalise it once unused."""
+        del self._entries[entry.key]
+        self._retired.add(entry)
+        if entry.refs == 0:
+            entry.loop.spawn(self._finalize, entry)
+
+    async def _finalize(self, entry: _Entry) -> None:
+        """Close the entry's fan-out and raw instance, exactly once."""
+        if entry.finalizing:
+            if entry.finalized is not None:
+                await entry.finalized.wait()
+            return
+        entry.finalizing = True
+        entry.finalized = anyio.Event()
+        if self._entries.get(entry.key) is entry:
+            del self._entries[entry.key]
+        self._retired.discard(entry)
+        if entry.expiry is not None:
+            entry.expiry.cancel()
+            entry.expiry = None
+        try:
+            try:
+                await entry.fanout.aclose()
+            except Exception:
+                logger.exception("error closing the source of %r", entry.raw)
+            await _close_raw(entry.raw)
+        finally:
+            entry.finalized.set()
+
+
+async def _close_raw(raw: Any) -> None:
+    """Await ``raw.aclose()`` if it exists, else wool's ``raw._shutdown()``."""
+    closer = getattr(raw, "aclose", None)
+    if closer is None:
+        closer = getattr(raw, "_shutdown", None)
+    if closer is None:
+        return
+    try:
+        result = closer()
+        if inspect.isawaitable(result):
+            await result
+    except Exception:
+        logger.exception("error closing %r", raw)

@@ -1,0 +1,212 @@
+"""What constructing a decorated class returns, and the consumers it hands out."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable
+from typing import Any
+from typing import final
+
+import anyio
+import cloudpickle
+from wool import DiscoveryEvent
+
+from ._construction import CONFIG_ATTRIBUTE
+from ._construction import SubscriptionConfig
+from ._construction import build_raw
+from ._fanout import FanoutConsumer
+from ._pool import SubscriptionPool
+from ._pool import _Entry
+from ._pool import current_pool
+
+__all__ = ["SharedSubscription", "SubscriptionConsumer"]
+
+
+@final
+class SharedSubscription:
+    """What ``Cls(*args, **kwargs)`` returns for a decorated class.
+
+    Holds only the class, the key and the constructor arguments; it needs no
+    event loop and builds nothing. Each ``__aiter__()`` returns an independent
+    :class:`SubscriptionConsumer`; all consumers of the same (class, key) in
+    the same :class:`SubscriptionPool` share one raw instance and one
+    iteration of it. Equality and hash follow (class, key).
+
+    Pickles (plain ``pickle`` when the class is importable, cloudpickle
+    otherwise) by calling the class again with the same arguments, so the
+    copy attaches to the pool of the process and context that iterates it.
+    """
+
+    __slots__ = ("__weakref__", "_args", "_cls", "_key", "_kwargs")
+
+    def __init__(
+        self, cls: type, key: Hashable, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        self._cls = cls
+        self._key = key
+        self._args = args
+        self._kwargs = kwargs
+
+    @property
+    def cls(self) -> type:
+        """The decorated class (or subclass) that was constructed."""
+        return self._cls
+
+    @property
+    def key(self) -> Hashable:
+        """The key computed at construction; entries are per (class, key)."""
+        return self._key
+
+    @property
+    def args(self) -> tuple[Any, ...]:
+        """Positional constructor arguments."""
+        return self._args
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        """Keyword constructor arguments (a copy)."""
+        return dict(self._kwargs)
+
+    @property
+    def ttl(self) -> float:
+        """Seconds an entry is kept after its last consumer is released."""
+        config: SubscriptionConfig = getattr(self._cls, CONFIG_ATTRIBUTE)
+        return config.ttl
+
+    def __aiter__(self) -> SubscriptionConsumer:
+        return SubscriptionConsumer(self)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SharedSubscription):
+            return NotImplemented
+        return self._cls is other._cls and self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash((self._cls, self._key))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        try:
+            cloudpickle.dumps((self._args, self._kwargs))  # pyright: ignore[reportUnknownMemberType]
+        except Exception as error:
+            raise TypeError(
+                f"cannot pickle a {self._cls.__qualname__} subscription: its "
+                f"constructor arguments are not picklable ({error})"
+            ) from error
+        return (_construct, (self._cls, self._args, self._kwargs))
+
+    def __repr__(self) -> str:
+        return f"SharedSubscription({self._cls.__qualname__}, key={self._key!r})"
+
+    def _build_raw(self) -> Any:
+        return build_raw(self._cls, self._args, self._kwargs)
+
+
+def _construct(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Unpickle a :class:`SharedSubscription` by constructing its class again."""
+    return cls(*args, **kwargs)
+
+
+@final
+class SubscriptionConsumer:
+    """One consumer of a :class:`SharedSubscription`, from its ``__aiter__()``.
+
+    Joins at its first ``__anext__`` (not at ``__aiter__()``): it looks up the
+    current pool, attaches to the entry of its key (building the raw instance
+    if needed) and registers with the entry's fan-out. It then yields one
+    ``worker-added`` event per worker the shared source already knows, then
+    the live events after its join point: no gap, no duplicate.
+
+    It ends, and its reference is released, when the source is exhausted or
+    fails (after delivering the error), on :meth:`aclose` or ``async with``
+    exit, when a pending ``__anext__`` is cancelled, or when it is garbage
+    collected. Releasing the last reference of an entry with ``ttl == 0``
+    finalises the entry before the release returns. Ending a consumer never
+    disturbs the other consumers or the shared source.
+
+    :raises RuntimeError: from ``__anext__`` if the current pool is closed.
+    """
+
+    __slots__ = ("_consumer", "_ended", "_entry", "_pool", "_replay", "_subscription")
+
+    def __init__(self, subscription: SharedSubscription) -> None:
+        self._subscription = subscription
+        self._pool: SubscriptionPool | None = None
+        self._entry: _Entry | None = None
+        self._consumer: FanoutConsumer[Any] | None = None
+        self._replay: deque[DiscoveryEvent] | None = None
+        self._ended = False
+
+    @property
+    def subscription(self) -> SharedSubscription:
+        """The subscription this consumer iterates."""
+        return self._subscription
+
+    def __aiter__(self) -> SubscriptionConsumer:
+        return self
+
+    async def __anext__(self) -> DiscoveryEvent:
+        consumer = self._consumer
+        if consumer is None:
+            if self._ended:
+                raise StopAsyncIteration
+            consumer = self._join()
+        replay = self._replay
+        if replay:
+            return replay.popleft()
+        try:
+            return await consumer.__anext__()
+        except BaseException:
+            await self._release()
+            raise
+
+    def _join(self) -> FanoutConsumer[Any]:
+        pool = current_pool()
+        entry = pool._acquire(self._subscription)
+        self._pool = pool
+        self._entry = entry
+        consumer = self._consumer = entry.fanout.consumer()
+        self._replay = entry.source.replay()
+        return consumer
+
+    async def aclose(self) -> None:
+        """End this consumer and release its reference. Idempotent."""
+        await self._release()
+        await anyio.lowlevel.checkpoint_if_cancelled()
+
+    async def __aenter__(self) -> SubscriptionConsumer:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def _release(self) -> None:
+        self._ended = True
+        consumer, self._consumer = self._consumer, None
+        self._replay = None
+        if consumer is None:
+            return
+        consumer.close()
+        pool, entry = self._pool, self._entry
+        assert pool is not None
+        assert entry is not None
+        with anyio.CancelScope(shield=True):
+            await pool._release(entry)
+
+    def __del__(self) -> None:
+        consumer = getattr(self, "_consumer", None)
+        if consumer is None:
+            return
+        self._consumer = None
+        consumer.close()
+        pool, entry = self._pool, self._entry
+        if pool is not None and entry is not None:
+            pool._release_soon(entry)
+
+    def __repr__(self) -> str:
+        if self._ended:
+            state = "ENDED"
+        elif self._consumer is None:
+            state = "NOT STARTED"
+        else:
+            state = f"ACTIVE, replay: {len(self._replay or ())}"
+        return f"<SubscriptionConsumer [{state}] of {self._subscription!r}>"
