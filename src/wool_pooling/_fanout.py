@@ -192,7 +192,7 @@ class Fanout(Generic[T]):
         if first:
             self._end = _End(closed=True)
             self._consumers = 0
-            self._offset += len(self._items)
+            # Cursors stay valid: each now points at or past the (empty) end.
             self._items = []
             self._pending = []
             self._head = 0
@@ -432,9 +432,14 @@ class FanoutConsumer(Generic[T]):
         await self.aclose()
 
     @property
+    def fanout(self) -> Fanout[T]:
+        """The fan-out this consumer reads from."""
+        return self._fanout
+
+    @property
     def buffered(self) -> int:
         """Items already pulled that this consumer has yet to receive."""
-        if not self._registered:
+        if not self._registered or self._fanout.closed:
             return 0
         return self._fanout._offset + len(self._fanout._items) - self._cursor
 

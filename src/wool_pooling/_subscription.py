@@ -151,7 +151,7 @@ class SubscriptionConsumer:
                 raise StopAsyncIteration
             consumer = self._join()
         replay = self._replay
-        if replay:
+        if replay and not consumer.fanout.closed:
             return replay.popleft()
         try:
             return await consumer.__anext__()
@@ -187,6 +187,7 @@ class SubscriptionConsumer:
             return
         consumer.close()
         pool, entry = self._pool, self._entry
+        self._pool = self._entry = None  # an ended consumer pins nothing
         assert pool is not None
         assert entry is not None
         with anyio.CancelScope(shield=True):

@@ -1,0 +1,115 @@
+"""Demo: consumers share one discovery subscription; a late joiner gets a replay.
+
+Run with ``python -m wool_pooling`` (add ``--backend trio`` to run under trio).
+"""
+
+from __future__ import annotations
+
+import argparse
+import uuid
+from collections.abc import AsyncIterator
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream
+from anyio.streams.memory import MemoryObjectSendStream
+from wool import DiscoveryEvent
+from wool import WorkerMetadata
+
+from wool_pooling import SubscriptionPool
+from wool_pooling import shared_subscription
+
+
+def _worker(number: int, version: str = "1.0") -> WorkerMetadata:
+    return WorkerMetadata(
+        uid=uuid.UUID(int=number),
+        address=f"127.0.0.1:{50050 + number}",
+        pid=1000 + number,
+        version=version,
+    )
+
+
+@shared_subscription
+class DemoSubscriber:
+    """A discovery subscriber whose events the demo pushes by hand."""
+
+    opened: int = 0
+    latest: DemoSubscriber
+    events: MemoryObjectSendStream[DiscoveryEvent]
+    _receive: MemoryObjectReceiveStream[DiscoveryEvent]
+
+    def __init__(self, namespace: str) -> None:
+        type(self).opened += 1
+        type(self).latest = self
+        self.namespace = namespace
+        self.events, self._receive = anyio.create_memory_object_stream[DiscoveryEvent](
+            100
+        )
+        print(f"  [raw] DemoSubscriber({namespace!r}) built (#{type(self).opened})")
+
+    async def __aiter__(self) -> AsyncIterator[DiscoveryEvent]:
+        print("  [raw] one upstream iteration started")
+        async for event in self._receive:
+            yield event
+
+    async def aclose(self) -> None:
+        print("  [raw] closed")
+
+
+def _describe(event: DiscoveryEvent) -> str:
+    return f"{event.type} {event.metadata.address} v{event.metadata.version}"
+
+
+async def _consume(name: str, stop: anyio.Event) -> None:
+    async with (
+        aiter(DemoSubscriber("demo")) as consumer,
+        anyio.create_task_group() as tg,
+    ):
+
+        async def read() -> None:
+            async for event in consumer:
+                print(f"  {name} <- {_describe(event)}")
+
+        tg.start_soon(read)
+        await stop.wait()
+        tg.cancel_scope.cancel()
+
+
+async def _publish(event: DiscoveryEvent) -> None:
+    await DemoSubscriber.latest.events.send(event)
+    await anyio.wait_all_tasks_blocked()
+
+
+async def main() -> None:
+    async with SubscriptionPool() as pool:
+        stop = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            print("two proxies subscribe to the same namespace:")
+            tg.start_soon(_consume, "proxy-a", stop)
+            tg.start_soon(_consume, "proxy-b", stop)
+            await anyio.wait_all_tasks_blocked()
+            print(f"pool: {pool.statistics()}")
+            for number in (1, 2, 3):
+                await _publish(DiscoveryEvent("worker-added", metadata=_worker(number)))
+            await _publish(DiscoveryEvent("worker-updated", metadata=_worker(2, "1.1")))
+            await _publish(DiscoveryEvent("worker-dropped", metadata=_worker(3)))
+            print("a third proxy joins late: it first gets a replay of known workers")
+            tg.start_soon(_consume, "proxy-c", stop)
+            await anyio.wait_all_tasks_blocked()
+            print("then everyone sees the live stream:")
+            await _publish(DiscoveryEvent("worker-added", metadata=_worker(4)))
+            print(f"pool: {pool.statistics()}")
+            stop.set()
+        print(f"all proxies done; pool: {pool.statistics()}")
+        print(f"raw subscribers built: {DemoSubscriber.opened}")
+
+
+def _cli() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+    options = parser.parse_args()
+    print(f"wool-pooling demo on {options.backend}")
+    anyio.run(main, backend=options.backend)
+
+
+if __name__ == "__main__":
+    _cli()

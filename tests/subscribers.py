@@ -1,0 +1,55 @@
+"""Importable decorated subscriber classes, for tests that need plain ``pickle``.
+
+Plain ``pickle`` (and a child process) can only rebuild a subscription whose
+class is importable by name, so these classes live at module level here.
+``tests/`` is on ``sys.path`` under pytest's default (prepend) import mode,
+so tests import this module as ``subscribers``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncGenerator
+from typing import Any
+from typing import ClassVar
+
+import anyio
+from wool import DiscoveryEvent
+from wool import WorkerMetadata
+
+from wool_pooling import shared_subscription
+
+
+def announcement(raw: object) -> DiscoveryEvent:
+    """The ``worker-added`` event unique to the raw instance ``raw``."""
+    serial = id(raw)
+    return DiscoveryEvent(
+        "worker-added",
+        metadata=WorkerMetadata(
+            uid=uuid.UUID(int=serial), address="127.0.0.1:1", pid=1, version="1"
+        ),
+    )
+
+
+@shared_subscription
+class NamedSubscriber:
+    """Announces one worker unique to its raw instance, then waits until closed."""
+
+    #: Every raw instance built, in order (kept alive, so ids stay unique).
+    instances: ClassVar[list[NamedSubscriber]] = []
+
+    def __init__(self, name: Any, size: int = 1) -> None:
+        self.name = name
+        self.size = size
+        self.closed = 0
+        NamedSubscriber.instances.append(self)
+
+    def __aiter__(self) -> AsyncGenerator[DiscoveryEvent, None]:
+        return self._stream()
+
+    async def _stream(self) -> AsyncGenerator[DiscoveryEvent, None]:
+        yield announcement(self)
+        await anyio.sleep_forever()
+
+    async def aclose(self) -> None:
+        self.closed += 1

@@ -1,0 +1,783 @@
+"""SharedSubscription: sharing, late-joiner replay, release and finalisation."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+from _stubs import ev
+from _stubs import make_stub
+from _stubs import meta
+from _stubs import pairs
+from _stubs import subscribe
+from wool import DiscoveryEvent
+from wool import DiscoverySubscriberLike
+
+from wool_pooling import PoolStatistics
+from wool_pooling import SharedSubscription
+from wool_pooling import SubscriptionConsumer
+from wool_pooling import SubscriptionPool
+
+pytestmark = pytest.mark.anyio
+
+
+async def take(it: AsyncIterator[DiscoveryEvent], n: int) -> list[DiscoveryEvent]:
+    """Read exactly ``n`` events (failing instead of hanging)."""
+    with anyio.fail_after(5):
+        return [await anext(it) for _ in range(n)]
+
+
+async def drain(it: AsyncIterator[DiscoveryEvent]) -> list[DiscoveryEvent]:
+    """Read until the consumer ends."""
+    with anyio.fail_after(5):
+        return [event async for event in it]
+
+
+async def ended(it: AsyncIterator[DiscoveryEvent]) -> bool:
+    """Whether the next ``__anext__`` raises StopAsyncIteration."""
+    with anyio.fail_after(5):
+        try:
+            await anext(it)
+        except StopAsyncIteration:
+            return True
+    return False
+
+
+async def settle(pool: SubscriptionPool, *, consumers: int) -> None:
+    """Let background releases run until the pool has ``consumers`` consumers."""
+    with anyio.fail_after(5):
+        while pool.statistics().consumers != consumers:
+            await anyio.wait_all_tasks_blocked()
+
+
+def entry_of(pool: SubscriptionPool, sub: SharedSubscription) -> Any:
+    return pool._entries[(sub.cls, sub.key)]
+
+
+# -- sharing (SS-001 .. SS-003) ------------------------------------------------
+
+
+async def test_consumer_receives_event() -> None:
+    """SS-001: a consumer receives the event its raw subscriber yields."""
+    stub = make_stub()
+    m = meta()
+    async with SubscriptionPool():
+        it = aiter(subscribe(stub))
+        async with anyio.create_task_group() as tg:
+            received: list[DiscoveryEvent] = []
+
+            async def read() -> None:
+                received.extend(await take(it, 1))
+
+            tg.start_soon(read)
+            await anyio.wait_all_tasks_blocked()
+            stub.instances[-1].push(ev("worker-added", m))
+        assert pairs(received) == [("worker-added", m)]
+        await it.aclose()
+
+
+async def test_two_consumers_receive_every_event() -> None:
+    """SS-002: two consumers of one key both receive every event, in order."""
+    stub = make_stub()
+    events = [ev("worker-added", meta()) for _ in range(3)]
+    async with SubscriptionPool():
+        sub = subscribe(stub)
+        first, second = aiter(sub), aiter(sub)
+        results: dict[str, list[DiscoveryEvent]] = {}
+
+        async def read(name: str, it: AsyncIterator[DiscoveryEvent]) -> None:
+            results[name] = await take(it, 3)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read, "first", first)
+            tg.start_soon(read, "second", second)
+            await anyio.wait_all_tasks_blocked()
+            stub.instances[-1].push(*events)
+        assert pairs(results["first"]) == pairs(events)
+        assert pairs(results["second"]) == pairs(events)
+        assert len(stub.instances) == 1
+        await first.aclose()
+        await second.aclose()
+
+
+async def test_each_aiter_is_an_independent_consumer() -> None:
+    """SS-003: each __aiter__() returns a distinct consumer reading at its own pace."""
+    stub = make_stub()
+    events = [ev("worker-added", meta()) for _ in range(4)]
+    async with SubscriptionPool():
+        sub = subscribe(stub)
+        first, second = aiter(sub), aiter(sub)
+        assert first is not second
+        assert isinstance(first, SubscriptionConsumer)
+        assert aiter(first) is first
+        async with first, second:
+            # Join both (the first event is pulled once, for both).
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(take, first, 1)
+                tg.start_soon(take, second, 1)
+                await anyio.wait_all_tasks_blocked()
+                stub.instances[-1].push(*events)
+            assert pairs(await take(first, 3)) == pairs(events[1:])
+            assert pairs(await take(second, 1)) == pairs(events[1:2])
+            assert pairs(await take(second, 2)) == pairs(events[2:])
+
+
+async def test_subscription_is_discovery_subscriber_like() -> None:
+    """A SharedSubscription satisfies wool's DiscoverySubscriberLike protocol."""
+    assert isinstance(subscribe(make_stub()), DiscoverySubscriberLike)
+
+
+async def test_one_raw_iteration_for_all_consumers() -> None:
+    """All consumers of a key share one raw instance and ONE aiter(raw)."""
+    stub = make_stub()
+    events = [ev("worker-added", meta()) for _ in range(3)]
+    async with SubscriptionPool() as pool:
+        # Five separate constructions of the same key, one consumer each.
+        consumers = [aiter(subscribe(stub)) for _ in range(5)]
+        results: list[list[DiscoveryEvent]] = []
+
+        async def read(it: AsyncIterator[DiscoveryEvent]) -> None:
+            results.append(await take(it, 3))
+
+        async with anyio.create_task_group() as tg:
+            for it in consumers:
+                tg.start_soon(read, it)
+            await anyio.wait_all_tasks_blocked()
+            assert pool.statistics().entries == 1
+            assert pool.statistics().consumers == 5
+            stub.instances[-1].push(*events)
+        assert len(stub.instances) == 1
+        assert stub.instances[0].aiter_calls == 1
+        assert [pairs(r) for r in results] == [pairs(events)] * 5
+        for it in consumers:
+            await it.aclose()
+
+
+async def test_consumer_joins_at_first_anext() -> None:
+    """__aiter__() builds nothing; the raw instance is built at the first __anext__."""
+    stub = make_stub()
+    async with SubscriptionPool() as pool:
+        it = aiter(subscribe(stub))
+        assert stub.instances == []
+        assert pool.statistics().entries == 0
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(take, it, 1)
+            await anyio.wait_all_tasks_blocked()
+            assert len(stub.instances) == 1
+            assert pool.statistics().consumers == 1
+            stub.instances[0].push(ev("worker-added", meta()))
+        await it.aclose()
+
+
+async def test_many_consumers_each_get_full_sequence() -> None:
+    """100 consumers of one key each receive the full sequence from one iteration."""
+    stub = make_stub()
+    events = [ev("worker-added", meta()) for _ in range(10)]
+    async with SubscriptionPool() as pool:
+        sub = subscribe(stub)
+        results: list[list[DiscoveryEvent]] = []
+
+        async def read() -> None:
+            async with aiter(sub) as it:
+                results.append(await drain(it))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(100):
+                tg.start_soon(read)
+            await anyio.wait_all_tasks_blocked()
+            assert pool.statistics().consumers == 100
+            raw = stub.instances[-1]
+            raw.push(*events)
+            raw.end()
+        assert len(results) == 100
+        assert all(pairs(r) == pairs(events) for r in results)
+        assert raw.aiter_calls == 1
+        assert len(stub.instances) == 1
+        assert pool.statistics().entries == 0
+
+
+# -- late-joiner replay ---------------------------------------------------------
+
+
+async def test_late_joiner_replay_then_live_no_gap_no_duplicate() -> None:
+    """A late joiner gets one worker-added per known worker (latest metadata), then
+    exactly the events pulled after its join."""
+    stub = make_stub()
+    w1, w2, w3 = meta(), meta(), meta()
+    w1b = meta(w1.uid, pid=2)
+    early = [
+        ev("worker-added", w1),
+        ev("worker-added", w2),
+        ev("worker-updated", w1b),
+        ev("worker-added", w3),
+    ]
+    async with SubscriptionPool():
+        sub = subscribe(stub)
+        ahead, behind = aiter(sub), aiter(sub)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(take, behind, 1)
+            tg.start_soon(take, ahead, 1)
+            await anyio.wait_all_tasks_blocked()
+            raw = stub.instances[-1]
+            # Pushed but not yet pulled: the source is demand-driven.
+            raw.push(*early, ev("worker-dropped", w2), ev("worker-added", meta()))
+        # `ahead` pulls up to w3; `behind` still has three of them buffered.
+        assert pairs(await take(ahead, 3)) == pairs(early[1:])
+        late = aiter(sub)
+        replay = await take(late, 3)
+        # One worker-added per known worker, with its latest metadata (any order).
+        assert all(isinstance(e, DiscoveryEvent) for e in replay)
+        assert sorted(pairs(replay), key=lambda p: p[1].uid) == sorted(
+            [("worker-added", w1b), ("worker-added", w2), ("worker-added", w3)],
+            key=lambda p: p[1].uid,
+        )
+        # Live events after the join point: the two already pushed, then more.
+        w4 = meta()
+        raw.push(ev("worker-dropped", w1b), ev("worker-added", w4))
+        rest = await take(late, 4)
+        assert pairs(await take(ahead, 4)) == pairs(rest)
+        assert pairs(rest)[0] == ("worker-dropped", w2)
+        assert pairs(rest)[2:] == [("worker-dropped", w1b), ("worker-added", w4)]
+        # The consumer behind still gets every event, from where it was.
+        tail = await take(behind, 7)
+        assert pairs(tail[:3]) == pairs(early[1:])
+        assert pairs(tail[3:]) == pairs(rest)
+        for it in (ahead, behind, late):
+            await it.aclose()
+
+
+async def test_replay_after_add_update_drop() -> None:
+    """A worker added, updated then dropped is not replayed; a surviving updated
+    worker is replayed once, as worker-added with its latest metadata."""
+    stub = make_stub()
+    gone, kept = meta(), meta()
+    gone2, kept2 = meta(gone.uid, pid=2), meta(kept.uid, pid=3)
+    history = [
+        ev("worker-added", gone),
+        ev("worker-updated", gone2),
+        ev("worker-dropped", gone2),
+        ev("worker-added", kept),
+        ev("worker-updated", kept2),
+    ]
+    async with SubscriptionPool():
+        sub = subscribe(stub)
+        async with aiter(sub) as first:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(take, first, 1)
+                await anyio.wait_all_tasks_blocked()
+                raw = stub.instances[-1]
+                raw.push(*history)
+            await take(first, 4)
+            async with aiter(sub) as late:
+                assert pairs(await take(late, 1)) == [("worker-added", kept2)]
+                live = ev("worker-added", meta())
+                raw.push(live)
+                assert pairs(await take(late, 1)) == pairs([live])
+                assert pairs(await take(first, 1)) == pairs([live])
+        assert len(stub.instances) == 1
+
+
+async def test_replay_state_does_not_depend_on_consumers_reading() -> None:
+    """Known workers are tracked as the source is pulled: a consumer that never
+    reads does not hold back a late joiner's replay."""
+    stub = make_stub()
+    x, a, b = meta(), meta(), meta()
+    async with SubscriptionPool():
+        sub = subscribe(stub)
+        idle, active = aiter(sub), aiter(sub)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(take, idle, 1)
+            tg.start_soon(take, active, 1)
+            await anyio.wait_all_tasks_blocked()
+            raw = stub.instances[-1]
+            raw.push(ev("worker-added", x), ev("worker-added", a))
+            raw.push(ev("worker-added", b), ev("worker-dropped", a))
+        await take(active, 3)  # `idle` never reads again
+        late = aiter(sub)
+        replay = await take(late, 2)
+        assert {p[0] for p in pairs(replay)} == {"worker-added"}
+        assert {e.metadata.uid for e in replay} == {x.uid, b.uid}
+        live = ev("worker-added", meta())
+        raw.push(live)
+        assert pairs(await take(late, 1)) == pairs([live])
+        for it in (idle, active, late):
+            await it.aclose()
+
+
+class CountingDict(dict[Any, Any]):
+    """A dict counting its mutations, swapped in for the known-worker state."""
+
+    updates = 0
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.updates += 1
+        super().__setitem__(key, value)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        self.updates += 1
+        return super().pop(key, *default)
+
+    def __delitem__(self, key: Any) -> None:
+        self.updates += 1
+        super().__delitem__(key)
+
+
+async def test_known_workers_updated_once_per_event() -> None:
+    """With three consumers, the known-worker state is updated once per event."""
+    stub = make_stub()
+    w = meta()
+    events = [
+        ev("worker-added", w),
+        ev("worker-updated", meta(w.uid, pid=2)),
+        ev("worker-added", meta()),
+        ev("worker-dropped", w),
+    ]
+    async with SubscriptionPool() as pool:
+        sub = subscribe(stub)
+        consumers = [aiter(sub) for _ in range(3)]
+        async with anyio.create_task_group() as tg:
+            for it in consumers:
+                tg.start_soon(take, it, 1)
+            await anyio.wait_all_tasks_blocked()
+            counting = CountingDict()
+            entry_of(pool, sub).source.workers = counting
+            stub.instances[-1].push(*events)
+        for it in consumers:
+            assert len(await take(it, 3)) == 3
+        assert counting.updates == len(events)
+        assert len(counting) == 1
+        for it in consumers:
+            await it.aclose()
+
+
+async def test_finite_source_first_gets_all_second_gets_replay() -> None:
+    """SS-006: over a finite source of two events, the first consumer gets both, a
+    second joining after them gets their replay; both then reach the end."""
+    stub = make_stub()
+    m1, m2 = meta(), meta()
+    async with SubscriptionPool() as pool:
+        sub = subscribe(stub)
+        first = aiter(sub)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(take, first, 1)
+            await anyio.wait_all_tasks_blocked()
+            raw = stub.instances[-1]
+            raw.push(ev("worker-updated", m1), ev("worker-added", m2))
+            raw.end()
+        assert pairs(await take(first, 1)) == [("worker-added", m2)]
+        second = aiter(sub)
+        second_events = await drain(second)
+        first_rest = await drain(first)
+        assert pairs(second_events) == [("worker-added", m1), ("worker-added", m2)]
+        assert first_rest == []
+        assert raw.aiter_calls == 1
+        assert pool.statistics().entries == 0
+        assert raw.closes_done == 1
+
+
+# -- release ----------------------------------------------------------------
+
+
+RELEASES = ["aclose", "async_with", "exhausted", "cancelled", "collected"]
+
+
+@pytest.mark.parametrize("how", RELEASES)
+async def test_each_way_of_ending_releases_the_reference(how: str) -> None:
+    """aclose, async-with exit, exhaustion, cancellation and GC each release the
+    consumer's reference; the last release finalises the entry exactly once."""
+    stub = make_stub()
+    async with SubscriptionPool() as pool:
+        sub = subscribe(stub)
+        other = aiter(sub)
+        it = aiter(sub)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(take, other, 1)
+            tg.start_soon(take, it, 1)
+            await anyio.wait_all_tasks_blocked()
+            raw = stub.instances[-1]
+            raw.push(ev("worker-added", meta()))
+        assert pool.statistics().consumers == 2
+
+        async def end(consumer: AsyncIterator[DiscoveryEvent]) -> None:
+            if how == "aclose":
+                await consumer.aclose()  # type: ignore[attr-defined]
+            elif how == "async_with":
+                async with consumer:  # type: ignore[attr-defined]
+                    pass
+            elif how == "cancelled":
+                with anyio.CancelScope() as scope:
+                    async with anyio.create_task_group() as inner:
+                        inner.start_soon(anext, consumer)
+                        await anyio.wait_all_tasks_blocked()
+                        scope.cancel()
+                assert await ended(consumer)
+
+        if how == "exhausted":
+            raw.end()
+            assert await drain(it) == []
+            assert await drain(other) == []
+        elif how == "collected":
+            del it
+            gc.collect()
+            await settle(pool, consumers=1)
+            assert raw.close_calls == 0
+            del other
+            gc.collect()
+            await settle(pool, consumers=0)
+            with anyio.fail_after(5):
+                while pool.statistics().entries:
+                    await anyio.wait_all_tasks_blocked()
+        else:
+            await end(it)
+            assert pool.statistics().consumers == 1
+            assert raw.close_calls == 0
+            assert raw.finally_runs == 0
+            await end(other)
+        # With ttl=0, finalisation completed before the last release returned.
+        assert pool.statistics() == PoolStatistics(entries=0, consumers=0, idle=0)
+        assert raw.close_calls == raw.closes_done == 1
+        assert raw.finally_runs == 1
+
+
+async def test_cancelled_anext_ends_consumer_and_propagates() -> None:
+    """A cancelled pending __anext__ releases the consumer; later __anext__ ends."""
+    stub = make_stub()
+    async with SubscriptionPool() as pool:
+        sub = subscribe(stub)
+        keeper, it = aiter(sub), aiter(sub)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(take, keeper, 1)
+            tg.start_soon(take, it, 1)
+            await anyio.wait_all_tasks_blocked()
+            stub.instances[-1].push(ev("worker-added", meta()))
+        outcome: list[str] = []
+
+        async def pending() -> None:
+            try:
+                await anext(it)
+            except anyio.get_cancelled_exc_class():
+                outcome.append("cancelled")
+                raise
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pending)
+            await anyio.wait_all_tasks_blocked()
+            tg.cancel_scope.cancel()
+        assert outcome == ["cancelled"]
+        assert pool.statistics().consumers == 1
+        with pytest.raises(StopAsyncIteration):
+            await anext(it)
+        await keeper.aclose()
+
+
+async def test_shutdown_called_when_no_aclose() -> None:
+    """A raw instance without aclose() is finalised with _shutdown(), once."""
+    stub = make_stub(shutdown=True)
+    assert not hasattr(stub, "aclose")
+    async with SubscriptionPool() as pool:
+        async with (
+            aiter(subscribe(stub)) as it,
+            anyio.create_task_group() as tg,
+        ):
+            tg.start_soon(take, it, 1)
+            await anyio.wait_all_tasks_blocked()
+            raw = stub.instances[-1]
+            raw.push(ev("worker-added", meta()))
+        assert raw.close_calls == raw.closes_done == 1
+        assert raw.finally_runs == 1
+        assert pool.statistics().entries == 0
+
+
+async def test_later_consumer_builds_fresh_raw_instance() -> None:
+    """After finalisation, the next consumer builds a new raw instance (its
+    __aiter__ called anew) and gets no replay from the old one."""
+    stub = make_stub()
+    m = meta()
+    async with SubscriptionPool():
+        async with (
+            aiter(subscribe(stub)) as it,
+            anyio.create_task_group() as tg,
+        ):
+            tg.start_soon(take, it, 1)
+            await anyio.wait_all_tasks_blocked()
+            stub.instances[-1].push(ev("worker-added", m))
+        old = stub.instances[-1]
+        assert old.closes_done == 1
+        async with (
+            aiter(subscribe(stub)) as it,
+            anyio.create_task_group() as tg,
+        ):
+            results: list[DiscoveryEvent] = []
+
+            async def read() -> None:
+                results.extend(await take(it, 1))
+
+            tg.start_soon(read)
+            await anyio.wait_all_tasks_blocked()
+            assert len(stub.instances) == 2
+            new = stub.instances[-1]
+            assert new is not old
+            assert new.aiter_calls == 1
+            m2 = meta()
+            new.push(ev("worker-added", m2))
+        # No replay of the old instance's workers: a fresh start.
+        assert pairs(results) == [("worker-added", m2)]
+        assert old.aiter_calls == 1
+        assert old.closes_done == 1
+
+
+async def test_no_leak_after_all_consumers_end() -> None:
+    """After every consumer ends: the pool is empty, the raw instance is
+    collectable and its source iterator was closed exactly once."""
+    stub = make_stub()
+    async with SubscriptionPool() as pool:
+        sub = subscribe(stub)
+
+        async def consume(n: int) -> None:
+            async with aiter(sub) as it:
+                await take(it, n)
+
+        async with anyio.create_task_group() as tg:
+            for n in (1, 2, 3):
+                tg.start_soon(consume, n)
+            await anyio.wait_all_tasks_blocked()
+            raw = stub.instances.pop()
+            raw.push(*(ev("worker-added", meta()) for _ in range(3)))
+        assert pool.statistics() == PoolStatistics(entries=0, consumers=0, idle=0)
+        assert raw.finally_runs == 1
+        assert raw.close_calls == raw.closes_done == 1
+        assert raw.aiter_calls == 1
+        ref = weakref.ref(raw)
+        del raw
+        gc.collect()
+        assert ref() is None
+
+
+async def test_ended_consumer_object_does_not_pin_raw_instance() -> None:
+    """A consumer object kept after it ended does not keep the raw instance alive."""
+    stub = make_stub()
+    async with SubscriptionPool() as pool:
+        it = aiter(subscribe(stub))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(take, it, 1)
+            await anyio.wait_all_tasks_blocked()
+            raw = stub.instances.pop()
+            raw.push(ev("worker-added", meta()))
+        await it.aclose()
+        assert pool.statistics().entries == 0
+        ref = weakref.ref(raw)
+        del raw
+        gc.collect()
+        assert ref() is None
+        assert await ended(it)
+
+
+async def test_in_flight_pull_cancelled_only_at_finalisation() -> None:
+    """A blocked pull survives the release of non-last consumers and is cancelled
+    during the last consumer's aclose()."""
+    stub = make_stub()
+    async with SubscriptionPool() as pool:
+        sub = subscribe(stub)
+        puller, last = aiter(sub), aiter(sub)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(take, puller, 1)
+            tg.start_soon(take, last, 1)
+            await anyio.wait_all_tasks_blocked()
+            raw = stub.instances[-1]
+            raw.push(ev("worker-added", meta()))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(anext, puller)
+            await anyio.wait_all_tasks_blocked()
+            assert entry_of(pool, sub).fanout.statistics().pulling
+            tg.cancel_scope.cancel()
+        # The puller is gone, the pull is still in flight for `last`.
+        assert pool.statistics().consumers == 1
+        assert raw.finally_runs == 0
+        assert entry_of(pool, sub).fanout.statistics().pulling
+        await last.aclose()
+        assert raw.finally_runs == 1
+        assert raw.close_calls == raw.closes_done == 1
+        assert pool.statistics().entries == 0
+
+
+# -- ttl -------------------------------------------------------------------------
+
+
+async def test_ttl_reuse_then_expiry() -> None:
+    """With ttl > 0 a consumer arriving in time reuses the entry (and gets the
+    replay); after the ttl the entry is finalised once."""
+    stub = make_stub(ttl=0.5)
+    m = meta()
+    async with SubscriptionPool() as pool:
+        sub = subscribe(stub)
+        async with aiter(sub) as it, anyio.create_task_group() as tg:
+            tg.start_soon(take, it, 1)
+            await anyio.wait_all_tasks_blocked()
+            raw = stub.instances[-1]
+            raw.push(ev("worker-added", m))
+        assert pool.statistics() == PoolStatistics(entries=1, consumers=0, idle=1)
+        assert raw.close_calls == 0
+        async with aiter(subscribe(stub)) as again:
+            assert pairs(await take(again, 1)) == [("worker-added", m)]
+            assert len(stub.instances) == 1
+            assert raw.aiter_calls == 1
+            m2 = meta()
+            raw.push(ev("worker-added", m2))
+            assert pairs(await take(again, 1)) == [("worker-added", m2)]
+        assert raw.close_calls == 0
+        with anyio.fail_after(5):
+            # Waiting for the ttl timer itself, not synchronising tasks.
+            while pool.statistics().entries:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        assert raw.close_calls == raw.closes_done == 1
+        assert raw.finally_runs == 1
+        async with (
+            aiter(subscribe(stub)) as fresh,
+            anyio.create_task_group() as tg,
+        ):
+            tg.start_soon(take, fresh, 1)
+            await anyio.wait_all_tasks_blocked()
+            assert len(stub.instances) == 2
+            stub.instances[-1].push(ev("worker-added", meta()))
+    assert raw.close_calls == 1
+
+
+# -- errors ---------------------------------------------------------------------
+
+
+async def test_error_reaches_every_consumer() -> None:
+    """An exception from the raw stream reaches every consumer after the items
+    before it; the failed entry is not reused."""
+    stub = make_stub()
+    events = [ev("worker-added", meta()) for _ in range(2)]
+    error = ValueError("boom")
+    async with SubscriptionPool() as pool:
+        sub = subscribe(stub)
+        outcomes: list[tuple[list[DiscoveryEvent], BaseException | None]] = []
+
+        async def read() -> None:
+            got: list[DiscoveryEvent] = []
+            caught: BaseException | None = None
+            try:
+                with anyio.fail_after(5):
+                    async for event in aiter(sub):
+                        got.append(event)
+            except ValueError as exc:
+                caught = exc
+            outcomes.append((got, caught))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):
+                tg.start_soon(read)
+            await anyio.wait_all_tasks_blocked()
+            raw = stub.instances[-1]
+            raw.push(*events)
+            raw.fail(error)
+        assert len(outcomes) == 3
+        for got, caught in outcomes:
+            assert pairs(got) == pairs(events)
+            assert caught is error
+        assert pool.statistics().entries == 0
+        assert raw.close_calls == raw.closes_done == 1
+        # The next consumer starts fresh.
+        async with aiter(sub) as it, anyio.create_task_group() as tg:
+            tg.start_soon(take, it, 1)
+            await anyio.wait_all_tasks_blocked()
+            assert len(stub.instances) == 2
+            assert stub.instances[-1] is not raw
+            stub.instances[-1].push(ev("worker-added", meta()))
+
+
+async def test_consumer_joining_failed_entry_gets_fresh_instance() -> None:
+    """While an old consumer still holds a failed entry, a new consumer gets a
+    fresh raw instance; the old one is finalised once its holder ends."""
+    stub = make_stub()
+    async with SubscriptionPool() as pool:
+        sub = subscribe(stub)
+        failed, holder = aiter(sub), aiter(sub)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(take, failed, 1)
+            tg.start_soon(take, holder, 1)
+            await anyio.wait_all_tasks_blocked()
+            old = stub.instances[-1]
+            old.push(ev("worker-added", meta()))
+            old.fail(RuntimeError("gone"))
+        with pytest.raises(RuntimeError, match="gone"):
+            await take(failed, 1)
+        assert pool.statistics().consumers == 1  # `holder` has not seen it yet
+        fresh_events: list[DiscoveryEvent] = []
+        newcomer = aiter(sub)
+        async with anyio.create_task_group() as tg:
+
+            async def read() -> None:
+                fresh_events.extend(await take(newcomer, 1))
+
+            tg.start_soon(read)
+            await anyio.wait_all_tasks_blocked()
+            assert len(stub.instances) == 2
+            new = stub.instances[-1]
+            assert new is not old
+            m = meta()
+            new.push(ev("worker-added", m))
+        assert pairs(fresh_events) == [("worker-added", m)]
+        assert old.close_calls == 0
+        with pytest.raises(RuntimeError, match="gone"):
+            await take(holder, 1)
+        assert old.close_calls == old.closes_done == 1
+        assert new.close_calls == 0
+        assert pool.statistics().entries == 1
+        await newcomer.aclose()
+        assert new.close_calls == 1
+
+
+# -- cancellation -----------------------------------------------------------------
+
+
+async def test_cancelled_puller_does_not_disturb_others() -> None:
+    """Cancelling the consumer whose request started the pull loses nothing for
+    the others and leaves the shared source open."""
+    stub = make_stub()
+    events = [ev("worker-added", meta()) for _ in range(4)]
+    async with SubscriptionPool() as pool:
+        sub = subscribe(stub)
+        puller = aiter(sub)
+        others = [aiter(sub), aiter(sub)]
+        results: list[list[DiscoveryEvent]] = []
+        puller_scope = anyio.CancelScope()
+
+        async def pull() -> None:
+            with puller_scope:
+                await anext(puller)
+
+        async def read(it: AsyncIterator[DiscoveryEvent]) -> None:
+            results.append(await take(it, len(events)))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pull)  # its request starts the pull
+            await anyio.wait_all_tasks_blocked()
+            raw = stub.instances[-1]
+            assert entry_of(pool, sub).fanout.statistics().pulling
+            for it in others:
+                tg.start_soon(read, it)
+            await anyio.wait_all_tasks_blocked()
+            puller_scope.cancel()
+            await anyio.wait_all_tasks_blocked()
+            assert pool.statistics().consumers == 2
+            raw.push(*events)
+        assert puller_scope.cancelled_caught
+        assert [pairs(r) for r in results] == [pairs(events)] * 2
+        assert raw.finally_runs == 0
+        assert raw.close_calls == 0
+        assert raw.aiter_calls == 1
+        assert await ended(puller)
+        more = ev("worker-added", meta())
+        raw.push(more)
+        for it in others:
+            assert pairs(await take(it, 1)) == pairs([more])
+            await it.aclose()
+        assert raw.close_calls == 1
