@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import uuid
 from collections.abc import AsyncIterator
+from typing import cast
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
@@ -15,6 +16,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 from wool import DiscoveryEvent
 from wool import WorkerMetadata
 
+from wool_pooling import SharedSubscription
 from wool_pooling import SubscriptionPool
 from wool_pooling import shared_subscription
 
@@ -60,8 +62,10 @@ def _describe(event: DiscoveryEvent) -> str:
 
 
 async def _consume(name: str, stop: anyio.Event) -> None:
+    # Type checkers see the class; at run time the decorator returns a subscription.
+    subscription = cast(SharedSubscription, DemoSubscriber("demo"))
     async with (
-        aiter(DemoSubscriber("demo")) as consumer,
+        aiter(subscription) as consumer,
         anyio.create_task_group() as tg,
     ):
 
