@@ -9,6 +9,7 @@ time it was pulled has read it or left.
 
 from __future__ import annotations
 
+import contextvars
 import types
 from collections.abc import AsyncIterable
 from collections.abc import AsyncIterator
@@ -21,6 +22,8 @@ import anyio
 import anyio.lowlevel
 import attrs
 
+from ._eager import EagerStep
+from ._eager import continue_pull
 from ._loop import EventLoop
 from ._loop import current_loop
 
@@ -103,8 +106,11 @@ class Fanout(Generic[T]):
         "_arrival",
         "_consumers",
         "_demand",
+        "_eager",
         "_end",
+        "_handoff",
         "_head",
+        "_idle",
         "_items",
         "_iterator",
         "_loop",
@@ -144,6 +150,11 @@ class Fanout(Generic[T]):
         self._loop: EventLoop | None = None
         self._pumping = False
         self._pulling = False
+        # asyncio: consumers run a pull's first step inline, as the idle pump
+        # (see _eager.py); a pull that suspends is handed to the pump.
+        self._eager: EagerStep | None = None
+        self._idle = False
+        self._handoff: tuple[Any, Any] | None = None
         self._wake: anyio.Event | None = None
         self._pump_scope: anyio.CancelScope | None = None
         self._pump_done: anyio.Event | None = None
@@ -302,11 +313,51 @@ class Fanout(Generic[T]):
         self._pumping = True
         self._pump_scope = anyio.CancelScope()
         self._pump_done = anyio.Event()
-        self._loop.spawn(self._pump, self._pump_scope, self._pump_done)
+        context = contextvars.copy_context()
+        self._loop.spawn(
+            self._pump, self._pump_scope, self._pump_done, context, context=context
+        )
 
-    async def _pump(self, scope: anyio.CancelScope, done: anyio.Event) -> None:
+    def _pull_eagerly(self) -> bool:
+        """Start a pull inline, as the idle pump; call only when ``_idle``.
+
+        :returns: ``True`` if the pull completed (an item was logged or the
+            source ended); ``False`` if it suspended and was handed to the
+            pump, which now owns it.
+        """
+        eager = self._eager
+        assert eager is not None
+        self._pulling = True
+        try:
+            iterator = self._iterator
+            if iterator is None:
+                iterator = self._iterator = aiter(self._source)
+            target, completed, value = eager.start(iterator.__anext__())
+        except StopAsyncIteration:
+            self._finish(None)
+            return True
+        except BaseException as error:
+            self._finish(error)
+            return True
+        if completed:
+            self._pulling = False
+            self._append(value)
+            return True
+        self._idle = False
+        self._handoff = (target, value)
+        assert self._wake is not None
+        self._wake.set()
+        return False
+
+    async def _pump(
+        self,
+        scope: anyio.CancelScope,
+        done: anyio.Event,
+        context: contextvars.Context,
+    ) -> None:
         try:
             with scope:
+                self._eager = EagerStep.for_current_task(context)
                 await self._pump_while_needed()
         except BaseException:
             if self._pulling and self._end is None:
@@ -321,6 +372,8 @@ class Fanout(Generic[T]):
         finally:
             self._pumping = False
             self._pulling = False
+            self._idle = False
+            self._eager = None
             self._wake = None
             if self._pump_scope is scope:
                 self._pump_scope = None
@@ -329,19 +382,33 @@ class Fanout(Generic[T]):
     async def _pump_while_needed(self) -> None:
         cancelled = anyio.get_cancelled_exc_class()
         while self._end is None:
-            if self._demand == 0:
+            error: BaseException | None = None
+            if self._handoff is None and self._demand == 0:
                 if self._consumers == 0:
                     return
                 wake = self._wake = anyio.Event()
-                await wake.wait()
-                self._wake = None
-                continue
-            iterator = self._iterator
-            if iterator is None:
-                iterator = self._iterator = aiter(self._source)
+                self._idle = True
+                try:
+                    await wake.wait()
+                except cancelled as exc:
+                    if self._handoff is None:
+                        raise
+                    error = exc  # meant for the pull handed over meanwhile
+                finally:
+                    self._idle = False
+                    self._wake = None
+                if self._handoff is None:
+                    continue  # woken by demand (or by the last consumer leaving)
             self._pulling = True
             try:
-                item = await anext(iterator)
+                handoff, self._handoff = self._handoff, None
+                if handoff is not None:
+                    item = await continue_pull(*handoff, error)
+                else:
+                    iterator = self._iterator
+                    if iterator is None:
+                        iterator = self._iterator = aiter(self._source)
+                    item = await anext(iterator)
             except StopAsyncIteration:
                 self._finish(None)
                 return
@@ -405,6 +472,8 @@ class FanoutConsumer(Generic[T]):
                 if end.error is not None:
                     raise end.error.with_traceback(end.traceback)
                 break
+            if fanout._idle and fanout._eager is not None and fanout._pull_eagerly():
+                continue
             self._waiting = True
             try:
                 await fanout._wait_for_item()

@@ -62,27 +62,32 @@ class EventLoop:
         except RuntimeError:
             return False
 
-    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+    def spawn(
+        self,
+        fn: Callable[..., Awaitable[Any]],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> None:
         """Start ``fn(*args)`` as a task of its own; call from the loop's thread.
 
-        The task inherits a copy of the caller's context. An exception other
-        than cancellation escaping ``fn`` is logged, never propagated: on trio
-        the task is a system task, which must not raise.
+        The task runs in ``context``, by default a copy of the caller's. An
+        exception other than cancellation escaping ``fn`` is logged, never
+        propagated: on trio the task is a system task, which must not raise.
         """
         loop = self._loop_ref()
         if loop is None:
             raise RuntimeError("the event loop is gone")
+        if context is None:
+            context = contextvars.copy_context()
         if self.backend == "asyncio":
             assert isinstance(loop, asyncio.AbstractEventLoop)
-            task = loop.create_task(_guarded(fn, *args))
+            task = loop.create_task(_guarded(fn, *args), context=context)
             _running_detached.add(task)
             task.add_done_callback(_running_detached.discard)
         else:
             import trio
 
-            trio.lowlevel.spawn_system_task(
-                _guarded, fn, *args, context=contextvars.copy_context()
-            )
+            trio.lowlevel.spawn_system_task(_guarded, fn, *args, context=context)
 
     def run_soon(self, fn: Callable[..., object], *args: Any) -> bool:
         """Schedule ``fn(*args)`` on the loop from any thread.

@@ -1,0 +1,431 @@
+"""``SharedDiscovery``: the one-line way to give wool pools pooled subscriptions.
+
+``WorkerPool(discovery=SharedDiscovery(wool.LocalDiscovery("ns")))`` makes
+every proxy of every pool in a process (and, after pickling, in every worker
+process) that subscribes to the same inner discovery with the same options
+share ONE upstream subscription: one raw subscriber, one iteration of it,
+multicast by this library's fan-out with late-joiner replay.
+
+The data path: ``inner.subscribe(**options)`` is iterated once, by the
+private :class:`_UpstreamSubscriber`, a ``@shared_subscription`` class keyed
+by (inner discovery, options); each consumer's own predicate, if any, is
+applied on top by :class:`~wool_pooling.afilter`, per consumer, so consumers
+with different filters still share the upstream.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncGenerator
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Hashable
+from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractContextManager
+from contextlib import AsyncExitStack
+from types import TracebackType
+from typing import Any
+from typing import Protocol
+from typing import cast
+from typing import final
+from typing import overload
+from typing import runtime_checkable
+
+import anyio
+from wool import DiscoveryEvent
+from wool import DiscoveryLike
+from wool import DiscoveryPublisherLike
+from wool import WorkerMetadata
+
+from ._afilter import afilter
+from ._decorator import shared_subscription
+from ._subscription import SharedSubscription
+
+__all__ = ["SharedDiscovery", "SyncSharedDiscovery"]
+
+#: The options passed to the inner discovery's ``subscribe``, frozen.
+Options = tuple[tuple[str, Hashable], ...]
+
+
+@runtime_checkable
+class _SyncContextDiscovery(DiscoveryLike, Protocol):
+    """A discovery that is also a synchronous context manager (``LocalDiscovery``)."""
+
+    def __enter__(self) -> object: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+        /,
+    ) -> bool | None: ...
+
+
+class SharedDiscovery:
+    """Wrap a wool discovery so that its subscribers share one upstream per process.
+
+    ``SharedDiscovery(inner, **subscribe_options)`` is itself a wool
+    ``DiscoveryLike``:
+
+    - :attr:`publisher` is ``inner.publisher``, untouched.
+    - :meth:`subscribe` and :attr:`subscriber` return pooled subscriptions.
+      Within one :class:`~wool_pooling.SubscriptionPool` (by default, one per
+      running event loop), all of them share ONE unfiltered upstream per
+      (inner discovery, subscribe options): ``inner.subscribe(**options)`` is
+      called and iterated once, whatever the number of consumers and filters.
+      A consumer's ``filter`` is applied to its own view by
+      :class:`~wool_pooling.afilter`. They get every guarantee of
+      ``@shared_subscription``: late-joiner replay of the known workers, no
+      gap and no duplicate, cancellation of one consumer never disturbing
+      the others or the upstream, and the upstream closed once its last
+      consumer is released.
+    - ``subscribe_options`` are passed to ``inner.subscribe`` as keywords,
+      for example ``poll_interval=0.2`` for ``wool.LocalDiscovery``. They
+      must be hashable: they are part of the upstream's key.
+
+    **Identity of the upstream.** The upstream is keyed by ``inner`` itself
+    when it is hashable (``LocalDiscovery`` compares by namespace, so two
+    instances of one namespace, including copies unpickled in a worker
+    process, share one upstream), and by the identity of ``inner`` otherwise.
+
+    **Context manager.** Entering is reentrant and counted, because wool
+    enters the discovery of every pool it is given and several pools may
+    share this one: the first enter enters ``inner`` (if it is a context
+    manager), the last exit exits it, and the enters in between only count.
+    It is always an async context manager; when ``inner`` is a synchronous
+    context manager (``LocalDiscovery``) it is also a synchronous one (the
+    constructor then returns a :class:`SyncSharedDiscovery`, which wool
+    enters synchronously), and ``inner`` is then always entered through its
+    synchronous protocol, under a lock, so enters and exits from any thread
+    are counted consistently. With an asynchronous ``inner``, an enter that
+    arrives while ``inner`` is being entered or exited waits for that to
+    finish; such an ``inner`` must be entered from one event loop at a time.
+    The value ``inner``'s enter returns is ignored: :attr:`publisher` and
+    :meth:`subscribe` always delegate to ``inner`` itself. Exceptions are
+    never suppressed. Exiting more often than entering raises
+    :exc:`RuntimeError`.
+
+    **Pickling.** Everything handed out pickles with cloudpickle (and with
+    plain pickle when ``inner``, the options and any filter do), so wool can
+    ship a proxy's subscription into worker processes; there the copy joins
+    the pool of the process that iterates it, so all proxies on a worker
+    share one upstream too. A ``SharedDiscovery`` pickles as
+    ``(inner, subscribe_options)``: the copy starts unentered.
+
+    :param inner: The wool discovery to wrap (anything with ``publisher`` and
+        ``subscribe``).
+    :param subscribe_options: Keyword arguments for ``inner.subscribe``.
+    :raises TypeError: if ``inner`` has no callable ``subscribe``, or an
+        option value is not hashable.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_entered",
+        "_inner",
+        "_lock",
+        "_options",
+        "_transition",
+    )
+
+    @overload
+    def __new__(
+        cls, inner: _SyncContextDiscovery, /, **subscribe_options: Hashable
+    ) -> SyncSharedDiscovery: ...
+
+    @overload
+    def __new__(
+        cls, inner: DiscoveryLike, /, **subscribe_options: Hashable
+    ) -> SharedDiscovery: ...
+
+    def __new__(cls, inner: Any, /, **subscribe_options: Hashable) -> SharedDiscovery:
+        if cls is SharedDiscovery and _is_sync_context_manager(inner):
+            cls = SyncSharedDiscovery
+        return object.__new__(cls)
+
+    def __init__(self, inner: DiscoveryLike, /, **subscribe_options: Hashable) -> None:
+        if not callable(getattr(inner, "subscribe", None)):
+            raise TypeError(
+                "SharedDiscovery wraps a wool discovery (with publisher and "
+                f"subscribe), got {type(inner).__name__}: {inner!r}"
+            )
+        options = tuple(sorted(subscribe_options.items()))
+        try:
+            hash(options)
+        except TypeError as error:
+            raise TypeError(
+                f"SharedDiscovery subscribe options must be hashable, got {options!r}"
+            ) from error
+        self._inner = inner
+        self._options: Options = options
+        self._entered = 0
+        self._lock = threading.Lock()
+        # Set while an asynchronous inner is being entered or exited.
+        self._transition: anyio.Event | None = None
+
+    @property
+    def inner(self) -> DiscoveryLike:
+        """The wrapped discovery."""
+        return self._inner
+
+    @property
+    def subscribe_options(self) -> dict[str, Hashable]:
+        """The keyword arguments passed to ``inner.subscribe`` (a copy)."""
+        return dict(self._options)
+
+    @property
+    def entered(self) -> int:
+        """How many enters are not yet matched by an exit."""
+        return self._entered
+
+    @property
+    def publisher(self) -> DiscoveryPublisherLike:
+        """``inner.publisher``, read anew on each access."""
+        return self._inner.publisher
+
+    @property
+    def subscriber(self) -> SharedSubscription:
+        """The unfiltered pooled subscription; same as ``subscribe()``."""
+        return self.subscribe()
+
+    @overload
+    def subscribe(self, filter: None = None) -> SharedSubscription: ...
+
+    @overload
+    def subscribe(self, filter: Callable[[WorkerMetadata], bool]) -> afilter: ...
+
+    def subscribe(
+        self, filter: Callable[[WorkerMetadata], bool] | None = None
+    ) -> SharedSubscription | afilter:
+        """Return a pooled subscription, filtered by ``filter`` if given.
+
+        Builds nothing and needs no event loop: the shared upstream is
+        attached (and built if needed) when a consumer starts iterating.
+
+        :param filter: Predicate a worker must satisfy to appear in this
+            subscriber's stream; ``None`` for every worker.
+        :returns: The shared upstream subscription itself when ``filter`` is
+            ``None``, else an :class:`~wool_pooling.afilter` over it.
+        """
+        upstream = cast(
+            SharedSubscription, _UpstreamSubscriber(self._inner, self._options)
+        )
+        if filter is None:
+            return upstream
+        return afilter(filter, upstream)
+
+    # -- counted, reentrant context management -------------------------------
+
+    async def __aenter__(self) -> SharedDiscovery:
+        inner = self._inner
+        if _is_sync_context_manager(inner):
+            self._enter_sync()
+            return self
+        while self._transition is not None:
+            await self._transition.wait()
+        if self._entered:
+            self._entered += 1
+            return self
+        transition = self._transition = anyio.Event()
+        try:
+            if isinstance(inner, AbstractAsyncContextManager):
+                await cast(AbstractAsyncContextManager[object], inner).__aenter__()
+            self._entered = 1
+        finally:
+            self._transition = None
+            transition.set()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        inner = self._inner
+        if _is_sync_context_manager(inner):
+            self._exit_sync(exc_type, exc, traceback)
+            return
+        if self._entered <= 0:
+            raise RuntimeError(f"{self!r} was exited more often than entered")
+        if self._entered > 1:
+            self._entered -= 1
+            return
+        transition = self._transition = anyio.Event()
+        try:
+            if isinstance(inner, AbstractAsyncContextManager):
+                with anyio.CancelScope(shield=True):
+                    await cast(AbstractAsyncContextManager[object], inner).__aexit__(
+                        exc_type, exc, traceback
+                    )
+        finally:
+            self._entered = 0
+            self._transition = None
+            transition.set()
+
+    def _enter_sync(self) -> None:
+        with self._lock:
+            if self._entered == 0:
+                cast(AbstractContextManager[object], self._inner).__enter__()
+            self._entered += 1
+
+    def _exit_sync(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        with self._lock:
+            if self._entered <= 0:
+                raise RuntimeError(f"{self!r} was exited more often than entered")
+            self._entered -= 1
+            if self._entered == 0:
+                cast(AbstractContextManager[object], self._inner).__exit__(
+                    exc_type, exc, traceback
+                )
+
+    # -- pickling and repr ----------------------------------------------------
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_restore, (self._inner, dict(self._options)))
+
+    def __repr__(self) -> str:
+        options = "".join(f", {name}={value!r}" for name, value in self._options)
+        return (
+            f"<{type(self).__name__}({self._inner!r}{options}) "
+            f"[entered: {self._entered}]>"
+        )
+
+
+@final
+class SyncSharedDiscovery(SharedDiscovery):
+    """A :class:`SharedDiscovery` over a discovery that is a sync context manager.
+
+    What ``SharedDiscovery(inner)`` returns for such an ``inner`` (for
+    example ``wool.LocalDiscovery``): it is a synchronous context manager
+    too, with the same counted, reentrant semantics, sharing one count with
+    the asynchronous protocol. Construct it through :class:`SharedDiscovery`.
+
+    :raises TypeError: if ``inner`` is not a synchronous context manager.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, inner: DiscoveryLike, /, **subscribe_options: Hashable) -> None:
+        if not _is_sync_context_manager(inner):
+            raise TypeError(
+                "SyncSharedDiscovery needs a discovery that is a synchronous "
+                f"context manager, got {type(inner).__name__}"
+            )
+        super().__init__(inner, **subscribe_options)
+
+    def __enter__(self) -> SyncSharedDiscovery:
+        self._enter_sync()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._exit_sync(exc_type, exc, traceback)
+
+
+def _restore(inner: DiscoveryLike, options: dict[str, Hashable]) -> SharedDiscovery:
+    """Unpickle a :class:`SharedDiscovery`: a fresh, unentered wrapper."""
+    return SharedDiscovery(inner, **options)
+
+
+def _is_sync_context_manager(value: object) -> bool:
+    return isinstance(value, AbstractContextManager)
+
+
+# -- the shared upstream ------------------------------------------------------
+
+
+@final
+class _Identity:
+    """Key of an unhashable discovery: equal only to itself."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Identity) and other.value is self.value
+
+    def __hash__(self) -> int:
+        return id(self.value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Identity, (self.value,))
+
+
+def _upstream_key(cls: type, inner: object, options: Options) -> Hashable:
+    """Key the upstream by the discovery (its identity, if unhashable) and options."""
+    try:
+        hash(inner)
+    except TypeError:
+        return (_Identity(inner), options)
+    return (inner, options)
+
+
+@shared_subscription(key=_upstream_key)
+class _UpstreamSubscriber:
+    """The raw, unfiltered subscription to one inner discovery, with given options.
+
+    Constructing it returns a :class:`~wool_pooling.SharedSubscription` keyed
+    by (inner discovery, options), so one raw instance, and one iteration of
+    it, serves every consumer of the pool. ``inner.subscribe(**options)`` is
+    called when that iteration starts, in the task that pulls it, and its
+    result is resolved the way wool's ``WorkerProxy`` resolves a subscriber
+    (a context manager is entered, a factory called, an awaitable awaited)
+    and then iterated. Closing the iteration closes the inner iterator and
+    exits whatever was entered, shielded from cancellation.
+    """
+
+    __slots__ = ("inner", "options")
+
+    def __init__(self, inner: DiscoveryLike, options: Options) -> None:
+        # Any: wool types subscribe() without the options discoveries accept.
+        self.inner: Any = inner
+        self.options = options
+
+    def __aiter__(self) -> AsyncGenerator[DiscoveryEvent, None]:
+        return self._events()
+
+    async def _events(self) -> AsyncGenerator[DiscoveryEvent, None]:
+        async with AsyncExitStack() as stack:
+            subscriber = await _resolve(
+                self.inner.subscribe(**dict(self.options)), stack
+            )
+            iterator = aiter(cast(Any, subscriber))
+            try:
+                async for event in iterator:
+                    yield cast(DiscoveryEvent, event)
+            finally:
+                closer = getattr(iterator, "aclose", None)
+                if closer is not None:
+                    with anyio.CancelScope(shield=True):
+                        await closer()
+
+    def __repr__(self) -> str:
+        return f"_UpstreamSubscriber({self.inner!r}, {self.options!r})"
+
+
+async def _resolve(value: object, stack: AsyncExitStack) -> object:
+    """Resolve a subscriber like wool's ``WorkerProxy`` (CMs entered on ``stack``)."""
+    if isinstance(value, AbstractContextManager):
+        return stack.enter_context(cast(AbstractContextManager[object], value))
+    if isinstance(value, AbstractAsyncContextManager):
+        return await stack.enter_async_context(
+            cast(AbstractAsyncContextManager[object], value)
+        )
+    if callable(value):
+        return await _resolve(value(), stack)
+    if isinstance(value, Awaitable):
+        return await cast(Awaitable[object], value)
+    return value
