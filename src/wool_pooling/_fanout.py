@@ -22,8 +22,8 @@ import anyio
 import anyio.lowlevel
 import attrs
 
-from ._eager import EagerStep
-from ._eager import continue_pull
+from ._eager import PumpOnly
+from ._eager import inline_puller
 from ._loop import EventLoop
 from ._loop import current_loop
 
@@ -106,23 +106,20 @@ class Fanout(Generic[T]):
         "_arrival",
         "_consumers",
         "_demand",
-        "_eager",
         "_end",
-        "_handoff",
         "_head",
-        "_idle",
         "_items",
         "_iterator",
         "_loop",
         "_offset",
         "_pending",
         "_pulled",
+        "_puller",
         "_pulling",
         "_pump_done",
         "_pump_scope",
         "_pumping",
         "_source",
-        "_wake",
     )
 
     def __init__(self, source: AsyncIterable[T]) -> None:
@@ -146,16 +143,13 @@ class Fanout(Generic[T]):
         # wait on _arrival, which is set (and replaced) when that item lands.
         self._demand = 0
         self._arrival: anyio.Event | None = None
-        # The pump: _wake is set to rouse it when demand appears while idle.
+        # The pump: the task that runs (or finishes) every pull.
         self._loop: EventLoop | None = None
         self._pumping = False
         self._pulling = False
-        # asyncio: consumers run a pull's first step inline, as the idle pump
-        # (see _eager.py); a pull that suspends is handed to the pump.
-        self._eager: EagerStep | None = None
-        self._idle = False
-        self._handoff: tuple[Any, Any] | None = None
-        self._wake: anyio.Event | None = None
+        # While the pump idles, a consumer may start a pull inline, as the
+        # pump (see _eager.py); a pull that suspends is left to the pump.
+        self._puller: PumpOnly | None = None
         self._pump_scope: anyio.CancelScope | None = None
         self._pump_done: anyio.Event | None = None
 
@@ -208,8 +202,6 @@ class Fanout(Generic[T]):
             self._pending = []
             self._head = 0
             self._satisfy_waiters()
-            if self._wake is not None:
-                self._wake.set()
             if self._pump_scope is not None:
                 self._pump_scope.cancel()
         with anyio.CancelScope(shield=True):
@@ -275,8 +267,8 @@ class Fanout(Generic[T]):
         for index in range(start, len(pending)):
             pending[index] -= 1
         self._trim()
-        if self._consumers == 0 and self._wake is not None:
-            self._wake.set()  # let an idle pump notice that nobody is left
+        if self._consumers == 0 and self._puller is not None:
+            self._puller.wake()  # let an idle pump notice that nobody is left
 
     # -- demand and the pump ----------------------------------------------
 
@@ -299,8 +291,8 @@ class Fanout(Generic[T]):
         self._demand += 1
         if not self._pumping:
             self._start_pump()
-        elif self._wake is not None:
-            self._wake.set()
+        elif self._puller is not None:
+            self._puller.wake()
         try:
             await arrival.wait()
         finally:
@@ -318,21 +310,18 @@ class Fanout(Generic[T]):
             self._pump, self._pump_scope, self._pump_done, context, context=context
         )
 
-    def _pull_eagerly(self) -> bool:
-        """Start a pull inline, as the idle pump; call only when ``_idle``.
+    def _pull_inline(self, puller: PumpOnly) -> bool:
+        """Start a pull inline, as the idle pump; call only when ``puller.ready``.
 
         :returns: ``True`` if the pull completed (an item was logged or the
-            source ended); ``False`` if it suspended and was handed to the
-            pump, which now owns it.
+            source ended); ``False`` if it suspended and the pump now owns it.
         """
-        eager = self._eager
-        assert eager is not None
         self._pulling = True
         try:
             iterator = self._iterator
             if iterator is None:
                 iterator = self._iterator = aiter(self._source)
-            target, completed, value = eager.start(iterator.__anext__())
+            completed, item = puller.start(iterator.__anext__())
         except StopAsyncIteration:
             self._finish(None)
             return True
@@ -341,13 +330,8 @@ class Fanout(Generic[T]):
             return True
         if completed:
             self._pulling = False
-            self._append(value)
-            return True
-        self._idle = False
-        self._handoff = (target, value)
-        assert self._wake is not None
-        self._wake.set()
-        return False
+            self._append(item)
+        return completed
 
     async def _pump(
         self,
@@ -357,8 +341,8 @@ class Fanout(Generic[T]):
     ) -> None:
         try:
             with scope:
-                self._eager = EagerStep.for_current_task(context)
-                await self._pump_while_needed()
+                self._puller = inline_puller(context)
+                await self._pump_while_needed(self._puller)
         except BaseException:
             if self._pulling and self._end is None:
                 # Cancelled from outside (the loop is shutting down) in the
@@ -372,43 +356,28 @@ class Fanout(Generic[T]):
         finally:
             self._pumping = False
             self._pulling = False
-            self._idle = False
-            self._eager = None
-            self._wake = None
+            self._puller = None
             if self._pump_scope is scope:
                 self._pump_scope = None
             done.set()
 
-    async def _pump_while_needed(self) -> None:
+    async def _pump_while_needed(self, puller: PumpOnly) -> None:
         cancelled = anyio.get_cancelled_exc_class()
         while self._end is None:
-            error: BaseException | None = None
-            if self._handoff is None and self._demand == 0:
+            if self._demand == 0:
                 if self._consumers == 0:
                     return
-                wake = self._wake = anyio.Event()
-                self._idle = True
-                try:
-                    await wake.wait()
-                except cancelled as exc:
-                    if self._handoff is None:
-                        raise
-                    error = exc  # meant for the pull handed over meanwhile
-                finally:
-                    self._idle = False
-                    self._wake = None
-                if self._handoff is None:
+                pull = await puller.idle()
+                if pull is None:
                     continue  # woken by demand (or by the last consumer leaving)
+            else:
+                iterator = self._iterator
+                if iterator is None:
+                    iterator = self._iterator = aiter(self._source)
+                pull = anext(iterator)
             self._pulling = True
             try:
-                handoff, self._handoff = self._handoff, None
-                if handoff is not None:
-                    item = await continue_pull(*handoff, error)
-                else:
-                    iterator = self._iterator
-                    if iterator is None:
-                        iterator = self._iterator = aiter(self._source)
-                    item = await anext(iterator)
+                item = await pull
             except StopAsyncIteration:
                 self._finish(None)
                 return
@@ -425,6 +394,8 @@ class Fanout(Generic[T]):
         traceback = error.__traceback__ if error is not None else None
         self._end = _End(error, traceback)
         self._satisfy_waiters()
+        if self._puller is not None:
+            self._puller.wake()  # an idle pump has nothing left to do
 
 
 @final
@@ -472,7 +443,8 @@ class FanoutConsumer(Generic[T]):
                 if end.error is not None:
                     raise end.error.with_traceback(end.traceback)
                 break
-            if fanout._idle and fanout._eager is not None and fanout._pull_eagerly():
+            puller = fanout._puller
+            if puller is not None and puller.ready and fanout._pull_inline(puller):
                 continue
             self._waiting = True
             try:
