@@ -1,0 +1,80 @@
+"""Smoke run of `benchmarks/fanout_throughput.py --quick`: it runs, writes its files.
+
+Nothing here looks at timings: the figures depend on the machine. The test
+checks that every implementation importable here was measured, so the script
+cannot rot silently.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "fanout_throughput.py"
+
+
+def importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def expected_implementations() -> set[str]:
+    names = {"fanout", "shared_subscription", "pump_streams", "floor"}
+    if importable("wool.utilities.fanout"):
+        names.add("wool_fanout")
+    if importable("asyncstdlib"):
+        names.add("tee")
+    return names
+
+
+def test_quick_run_measures_every_importable_implementation(tmp_path: Path) -> None:
+    """The quick run exits 0 and reports throughput, memory and join for each one."""
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+
+    table = tmp_path / "fanout_throughput.md"
+    raw = tmp_path / "fanout_throughput.json"
+    assert table.is_file()
+    assert raw.is_file()
+    assert "| N | implementation |" in table.read_text(encoding="utf-8")
+    assert "| N | implementation |" in done.stdout  # the table is printed too
+    if importable("matplotlib"):
+        assert (tmp_path / "fanout_throughput.png").is_file()
+
+    report = json.loads(raw.read_text(encoding="utf-8"))
+    expected = expected_implementations()
+    backends = {"asyncio", *(["trio"] if importable("trio") else [])}
+    assert set(report["meta"]["implementations"]) == expected
+    assert backends <= set(report["meta"]["backends"])
+
+    measured = {
+        (entry["backend"], entry["source"], entry["implementation"], entry["n"])
+        for entry in report["throughput"]
+    }
+    for backend in backends:
+        for source in ("never-suspending", "one-checkpoint"):
+            assert (backend, source, "floor", 1) in measured
+            for implementation in expected - {"floor"}:
+                if implementation == "wool_fanout" and backend == "trio":
+                    continue  # wool's Fanout runs on asyncio only
+                for n in (1, 10, 100, 1000):
+                    assert (backend, source, implementation, n) in measured
+    for entry in report["throughput"]:
+        assert len(entry["rates"]) >= 3
+        assert entry["min"] <= entry["median"] <= entry["max"]
+
+    assert {entry["implementation"] for entry in report["memory"]} == expected
+    assert all(entry["events"] == 20_000 for entry in report["memory"])
+    assert {entry["backend"] for entry in report["join"]} >= backends
+    assert all(len(entry["replay_seconds"]) >= 3 for entry in report["join"])
