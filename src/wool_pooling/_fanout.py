@@ -31,6 +31,9 @@ __all__ = ["Fanout", "FanoutConsumer", "FanoutStatistics"]
 
 T = TypeVar("T")
 
+#: What an inline pull returns when it produced no item.
+_SUSPENDED: Any = object()
+
 #: Compact the log once this many freed slots sit at its front (and they are
 #: at least half of it), so trimming stays amortised O(1) per item.
 _COMPACT_AT = 256
@@ -310,11 +313,14 @@ class Fanout(Generic[T]):
             self._pump, self._pump_scope, self._pump_done, context, context=context
         )
 
-    def _pull_inline(self, puller: PumpOnly) -> bool:
-        """Start a pull inline, as the idle pump; call only when ``puller.ready``.
+    def _pull_inline(self, puller: PumpOnly) -> Any:
+        """Pull inline, as the idle pump, for a consumer at the log's end.
 
-        :returns: ``True`` if the pull completed (an item was logged or the
-            source ended); ``False`` if it suspended and the pump now owns it.
+        Call only when ``puller.ready``. On success the item is logged for the
+        other consumers and returned: the caller takes it at once.
+
+        :returns: the item, or ``_SUSPENDED`` if there is none yet: the pull
+            suspended and the pump owns it now, or the source ended.
         """
         self._pulling = True
         try:
@@ -324,14 +330,25 @@ class Fanout(Generic[T]):
             completed, item = puller.start(iterator.__anext__())
         except StopAsyncIteration:
             self._finish(None)
-            return True
+            return _SUSPENDED
         except BaseException as error:
             self._finish(error)
-            return True
-        if completed:
-            self._pulling = False
-            self._append(item)
-        return completed
+            return _SUSPENDED
+        if not completed:
+            return _SUSPENDED
+        self._pulling = False
+        self._pulled += 1
+        others = self._consumers - 1
+        if others:
+            self._items.append(item)
+            self._pending.append(others)
+        else:
+            # Nobody else needs it, and the log is empty (the puller was at
+            # its end): move the end on without storing the item.
+            self._offset += 1
+        if self._arrival is not None:
+            self._satisfy_waiters()
+        return item
 
     async def _pump(
         self,
@@ -428,13 +445,14 @@ class FanoutConsumer(Generic[T]):
         fanout = self._fanout
         while self._registered:
             index = self._cursor - fanout._offset
-            if index < len(fanout._items):
-                item: T = fanout._items[index]
+            items = fanout._items
+            if index < len(items):
+                item: T = items[index]
                 self._cursor += 1
                 pending = fanout._pending
                 left = pending[index] - 1
                 pending[index] = left
-                if left <= 0:
+                if not left:
                     fanout._trim()
                 return item
             end = fanout._end
@@ -444,7 +462,11 @@ class FanoutConsumer(Generic[T]):
                     raise end.error.with_traceback(end.traceback)
                 break
             puller = fanout._puller
-            if puller is not None and puller.ready and fanout._pull_inline(puller):
+            if puller is not None and puller.ready:
+                item = fanout._pull_inline(puller)
+                if item is not _SUSPENDED:
+                    self._cursor += 1  # the puller takes its item straight away
+                    return item
                 continue
             self._waiting = True
             try:
