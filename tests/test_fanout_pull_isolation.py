@@ -212,3 +212,58 @@ async def test_cancelling_at_any_pull_of_a_mixed_source_loses_nothing(
     assert other_items == [list(range(12))] * 3
     assert closed.is_set()  # ended by exhaustion, never closed early
     assert fanout.statistics().buffered == 0
+
+
+async def test_closing_cancels_a_pull_started_inline() -> None:
+    """``aclose()`` cancels a pull a consumer started inline and the pump took over."""
+    send, receive = anyio.create_memory_object_stream[int](10)
+    finalized = anyio.Event()
+
+    async def source() -> AsyncIterator[int]:
+        try:
+            while True:
+                yield await receive.receive()
+        finally:
+            finalized.set()
+
+    fanout = Fanout(source())
+    consumer = fanout.consumer()
+    await send.send(1)
+    with anyio.fail_after(TIMEOUT):
+        assert await anext(consumer) == 1  # the pump is running and idle now
+    ended = anyio.Event()
+
+    async def wait_for_next() -> None:
+        with pytest.raises(StopAsyncIteration):
+            await anext(consumer)
+        ended.set()
+
+    with anyio.fail_after(TIMEOUT):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait_for_next)
+            await anyio.wait_all_tasks_blocked()
+            assert fanout.statistics().pulling
+            await fanout.aclose()
+            await ended.wait()
+    assert finalized.is_set()
+    assert not fanout.statistics().pulling
+
+
+async def test_source_error_in_an_inline_pull_reaches_every_consumer() -> None:
+    """An error raised while a consumer pulls inline reaches all consumers."""
+
+    async def source() -> AsyncIterator[int]:
+        yield 1
+        raise LookupError("inline failure")
+
+    fanout = Fanout(source())
+    first, second = fanout.consumer(), fanout.consumer()
+    with anyio.fail_after(TIMEOUT):
+        assert await anext(first) == 1
+        with pytest.raises(LookupError, match="inline failure"):
+            await anext(first)
+        assert await anext(second) == 1
+        with pytest.raises(LookupError, match="inline failure"):
+            await anext(second)
+        with pytest.raises(StopAsyncIteration):
+            await anext(second)
