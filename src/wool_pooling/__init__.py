@@ -2,6 +2,8 @@
 
 from ._afilter import afilter
 from ._decorator import shared_subscription
+from ._discovery import SharedDiscovery
+from ._discovery import SyncSharedDiscovery
 from ._fanout import Fanout
 from ._fanout import FanoutConsumer
 from ._fanout import FanoutStatistics
@@ -16,9 +18,11 @@ __all__ = [
     "FanoutConsumer",
     "FanoutStatistics",
     "PoolStatistics",
+    "SharedDiscovery",
     "SharedSubscription",
     "SubscriptionConsumer",
     "SubscriptionPool",
+    "SyncSharedDiscovery",
     "afilter",
     "current_pool",
     "shared_subscription",

@@ -360,9 +360,6 @@ class _Identity:
     def __hash__(self) -> int:
         return id(self.value)
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_Identity, (self.value,))
-
 
 def _upstream_key(cls: type, inner: object, options: Options) -> Hashable:
     """Key the upstream by the discovery (its identity, if unhashable) and options."""
@@ -398,7 +395,8 @@ class _UpstreamSubscriber:
         return self._events()
 
     async def _events(self) -> AsyncGenerator[DiscoveryEvent, None]:
-        async with AsyncExitStack() as stack:
+        stack = AsyncExitStack()
+        try:
             subscriber = await _resolve(
                 self.inner.subscribe(**dict(self.options)), stack
             )
@@ -411,6 +409,9 @@ class _UpstreamSubscriber:
                 if closer is not None:
                     with anyio.CancelScope(shield=True):
                         await closer()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await stack.aclose()
 
     def __repr__(self) -> str:
         return f"_UpstreamSubscriber({self.inner!r}, {self.options!r})"

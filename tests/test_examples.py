@@ -1,0 +1,31 @@
+"""The example scripts run as documented and show what they claim."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def test_custom_discovery_example_shares_one_subscription() -> None:
+    """``python examples/custom_discovery.py`` shows two pools on one subscription."""
+    completed = subprocess.run(
+        [sys.executable, str(EXAMPLES / "custom_discovery.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.splitlines()[:2] == [
+        "two pools, one subscription: entries=1 consumers=2",
+        "raw subscribers built in this process: 1",
+    ]
+    nested = completed.stdout.splitlines()[2]
+    assert nested.startswith("multiply_in_a_worker(6, 7) = 42 (worker pid ")
+    assert nested.endswith("its pool: entries=1 consumers=1)")
+    assert completed.stdout.splitlines()[3:] == [
+        "after both pools exit: entries=0 consumers=0"
+    ]
