@@ -7,6 +7,8 @@ from ._discovery import SyncSharedDiscovery
 from ._fanout import Fanout
 from ._fanout import FanoutConsumer
 from ._fanout import FanoutStatistics
+from ._fanout import LagPolicy
+from ._fanout import Lagged
 from ._pool import PoolStatistics
 from ._pool import SubscriptionPool
 from ._pool import current_pool
@@ -17,6 +19,8 @@ __all__ = [
     "Fanout",
     "FanoutConsumer",
     "FanoutStatistics",
+    "LagPolicy",
+    "Lagged",
     "PoolStatistics",
     "SharedDiscovery",
     "SharedSubscription",

@@ -31,6 +31,8 @@ class SubscriptionConfig:
     key: KeyFunction | None
     #: Seconds an unused entry is kept before it is finalised.
     ttl: float
+    #: Events a consumer may fall behind before it is resynchronised.
+    max_lag: int | None
     #: The ``__new__`` the class defined itself, replaced by the decorator.
     own_new: Any
     #: The pooling ``__new__`` the decorator installed.

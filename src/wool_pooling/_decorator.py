@@ -12,27 +12,46 @@ from ._construction import CONFIG_ATTRIBUTE
 from ._construction import KeyFunction
 from ._construction import SubscriptionConfig
 from ._construction import derive_key
+from ._fanout import validate_max_lag
 from ._subscription import SharedSubscription
 
 __all__ = ["shared_subscription"]
 
 C = TypeVar("C", bound=type)
 
+#: Default bound on how far a consumer of a shared subscription may lag.
+DEFAULT_MAX_LAG = 1024
+
 
 @overload
 def shared_subscription(
-    cls: C, /, *, key: KeyFunction | None = None, ttl: float = 0.0
+    cls: C,
+    /,
+    *,
+    key: KeyFunction | None = None,
+    ttl: float = 0.0,
+    max_lag: int | None = DEFAULT_MAX_LAG,
 ) -> C: ...
 
 
 @overload
 def shared_subscription(
-    cls: None = None, /, *, key: KeyFunction | None = None, ttl: float = 0.0
+    cls: None = None,
+    /,
+    *,
+    key: KeyFunction | None = None,
+    ttl: float = 0.0,
+    max_lag: int | None = DEFAULT_MAX_LAG,
 ) -> Callable[[C], C]: ...
 
 
 def shared_subscription(
-    cls: Any = None, /, *, key: KeyFunction | None = None, ttl: float = 0.0
+    cls: Any = None,
+    /,
+    *,
+    key: KeyFunction | None = None,
+    ttl: float = 0.0,
+    max_lag: int | None = DEFAULT_MAX_LAG,
 ) -> Any:
     """Class decorator: constructing the class returns a :class:`SharedSubscription`.
 
@@ -50,9 +69,15 @@ def shared_subscription(
         ``Cls(name="a")`` share an entry. Keys are namespaced by class.
     :param ttl: Seconds an entry is kept once its last consumer is released,
         so a consumer arriving in time reuses the running subscription.
+    :param max_lag: How many events the shared log holds for a consumer that
+        falls behind (``None``: unbounded). A consumer further behind is
+        resynchronised: instead of the events it missed it receives the
+        difference between the workers it last saw and the current ones, so
+        memory is bounded by the number of workers, not of events.
     :raises TypeError: at decoration, if given something other than a class
         or a class without ``__aiter__``, or if ``key`` is not callable.
-    :raises ValueError: if ``ttl`` is negative or not finite.
+    :raises ValueError: if ``ttl`` is negative or not finite, or ``max_lag``
+        is not ``None`` or an int >= 1.
     """
     if key is not None and not callable(key):
         raise TypeError(f"shared_subscription key must be callable, got {key!r}")
@@ -62,6 +87,8 @@ def shared_subscription(
         raise ValueError(
             f"shared_subscription ttl must be a finite number >= 0, got {ttl!r}"
         )
+
+    max_lag = validate_max_lag(max_lag)
 
     def decorate(target: C) -> C:
         if not isinstance(target, type):  # pyright: ignore[reportUnnecessaryIsInstance]
@@ -74,6 +101,7 @@ def shared_subscription(
         config = SubscriptionConfig(
             key=key,
             ttl=float(ttl),
+            max_lag=max_lag,
             own_new=vars(target).get("__new__"),
             pooled_new=_pooled_new,
         )

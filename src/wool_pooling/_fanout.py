@@ -15,6 +15,7 @@ from collections.abc import AsyncIterable
 from collections.abc import AsyncIterator
 from typing import Any
 from typing import Generic
+from typing import Literal
 from typing import TypeVar
 from typing import final
 
@@ -27,9 +28,36 @@ from ._eager import inline_puller
 from ._loop import EventLoop
 from ._loop import current_loop
 
-__all__ = ["Fanout", "FanoutConsumer", "FanoutStatistics"]
+__all__ = ["Fanout", "FanoutConsumer", "FanoutStatistics", "LagPolicy", "Lagged"]
 
 T = TypeVar("T")
+
+#: What to do when a consumer falls ``max_lag`` items behind.
+LagPolicy = Literal["wait", "error"]
+
+
+class Lagged(Exception):
+    """A consumer fell more than ``max_lag`` items behind and skipped some.
+
+    Raised by ``__anext__`` of a :class:`FanoutConsumer` of a fan-out built
+    with ``on_lag="error"``; the consumer's next ``__anext__`` returns the
+    oldest item still held.
+    """
+
+    def __init__(self, skipped: int) -> None:
+        super().__init__(f"consumer fell behind and skipped {skipped} items")
+        #: How many items this consumer missed.
+        self.skipped = skipped
+
+
+def validate_max_lag(max_lag: int | None) -> int | None:
+    """Check a ``max_lag`` argument: ``None`` or an int >= 1."""
+    if max_lag is None:
+        return None
+    if isinstance(max_lag, bool) or not isinstance(max_lag, int) or max_lag < 1:  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise ValueError(f"max_lag must be None or an int >= 1, got {max_lag!r}")
+    return max_lag
+
 
 #: What an inline pull returns when it produced no item.
 _SUSPENDED: Any = object()
@@ -109,11 +137,13 @@ class Fanout(Generic[T]):
         "_arrival",
         "_consumers",
         "_demand",
+        "_drop_lagging",
         "_end",
         "_head",
         "_items",
         "_iterator",
         "_loop",
+        "_max_lag",
         "_offset",
         "_pending",
         "_pulled",
@@ -123,13 +153,25 @@ class Fanout(Generic[T]):
         "_pump_scope",
         "_pumping",
         "_source",
+        "_space",
     )
 
-    def __init__(self, source: AsyncIterable[T]) -> None:
+    def __init__(
+        self,
+        source: AsyncIterable[T],
+        *,
+        max_lag: int | None = None,
+        on_lag: LagPolicy = "wait",
+    ) -> None:
         if not hasattr(source, "__aiter__"):
             raise TypeError(
                 f"Fanout needs an async iterable source, got {type(source).__name__}"
             )
+        self._max_lag = validate_max_lag(max_lag)
+        if on_lag not in ("wait", "error"):
+            raise ValueError(f"on_lag must be 'wait' or 'error', got {on_lag!r}")
+        self._drop_lagging = on_lag == "error"
+        self._space: anyio.Event | None = None
         self._source = source
         self._iterator: AsyncIterator[T] | None = None
         # The log: _items[i] is the item at absolute index _offset + i; the
@@ -205,6 +247,9 @@ class Fanout(Generic[T]):
             self._pending = []
             self._head = 0
             self._satisfy_waiters()
+            if self._space is not None:
+                self._space.set()
+                self._space = None
             if self._pump_scope is not None:
                 self._pump_scope.cancel()
         with anyio.CancelScope(shield=True):
@@ -242,7 +287,42 @@ class Fanout(Generic[T]):
         self._pending.append(consumers)
         if consumers == 0:
             self._trim()
+        elif self._drop_lagging:
+            self._drop_beyond_lag()
         self._satisfy_waiters()
+
+    def _drop_beyond_lag(self) -> None:
+        """``on_lag="error"``: free the oldest items beyond ``max_lag``.
+
+        Consumers that had not read them skip them, with :exc:`Lagged`.
+        """
+        max_lag = self._max_lag
+        if max_lag is None:
+            return
+        excess = len(self._items) - self._head - max_lag
+        if excess > 0:
+            items = self._items
+            head = self._head
+            for index in range(head, head + excess):
+                items[index] = None
+            self._head = head + excess
+            self._trim()
+
+    def _log_is_full(self) -> bool:
+        """``on_lag="wait"``: the slowest consumer is ``max_lag`` items behind."""
+        max_lag = self._max_lag
+        return (
+            max_lag is not None
+            and not self._drop_lagging
+            and len(self._items) - self._head >= max_lag
+        )
+
+    async def _wait_for_space(self) -> None:
+        """Wait until the slowest consumer reads (or leaves) the oldest item."""
+        space = self._space
+        if space is None:
+            space = self._space = anyio.Event()
+        await space.wait()
 
     def _trim(self) -> None:
         """Free every slot at the log's front that no consumer still needs."""
@@ -253,6 +333,9 @@ class Fanout(Generic[T]):
         while head < size and pending[head] <= 0:
             items[head] = None
             head += 1
+        if head != self._head and self._space is not None:
+            self._space.set()  # the slowest consumer moved: a pull may proceed
+            self._space = None
         if head >= _COMPACT_AT and head * 2 >= size:
             del items[:head]
             del pending[:head]
@@ -342,6 +425,8 @@ class Fanout(Generic[T]):
         if others:
             self._items.append(item)
             self._pending.append(others)
+            if self._drop_lagging:
+                self._drop_beyond_lag()
         else:
             # Nobody else needs it, and the log is empty (the puller was at
             # its end): move the end on without storing the item.
@@ -447,6 +532,10 @@ class FanoutConsumer(Generic[T]):
             index = self._cursor - fanout._offset
             items = fanout._items
             if index < len(items):
+                if index < fanout._head:  # its items were dropped (on_lag="error")
+                    skipped = fanout._head - index
+                    self._cursor += skipped
+                    raise Lagged(skipped)
                 item: T = items[index]
                 self._cursor += 1
                 pending = fanout._pending
@@ -461,6 +550,9 @@ class FanoutConsumer(Generic[T]):
                 if end.error is not None:
                     raise end.error.with_traceback(end.traceback)
                 break
+            if fanout._log_is_full():
+                await fanout._wait_for_space()  # on_lag="wait": never pull ahead
+                continue
             puller = fanout._puller
             if puller is not None and puller.ready:
                 item = fanout._pull_inline(puller)
@@ -493,6 +585,18 @@ class FanoutConsumer(Generic[T]):
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+    def _skip_to_end(self) -> None:
+        """Drop everything this consumer has yet to read; resume at the log's end."""
+        fanout = self._fanout
+        if not self._registered or fanout.closed:
+            return
+        pending = fanout._pending
+        start = max(self._cursor - fanout._offset, fanout._head)
+        for index in range(start, len(pending)):
+            pending[index] -= 1
+        self._cursor = fanout._offset + len(fanout._items)
+        fanout._trim()
 
     @property
     def fanout(self) -> Fanout[T]:

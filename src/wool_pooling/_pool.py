@@ -183,7 +183,8 @@ class SubscriptionPool:
         if entry is None:
             raw = subscription._build_raw()
             source = TrackedSource(raw)
-            entry = _Entry(key, raw, source, Fanout(source), subscription.ttl, loop)
+            fanout = Fanout(source, max_lag=subscription.max_lag, on_lag="error")
+            entry = _Entry(key, raw, source, fanout, subscription.ttl, loop)
             self._entries[key] = entry
         entry.refs += 1
         if entry.expiry is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections import deque
 from collections.abc import Hashable
 from typing import Any
@@ -10,11 +11,13 @@ from typing import final
 import anyio
 import cloudpickle
 from wool import DiscoveryEvent
+from wool import WorkerMetadata
 
 from ._construction import CONFIG_ATTRIBUTE
 from ._construction import SubscriptionConfig
 from ._construction import build_raw
 from ._fanout import FanoutConsumer
+from ._fanout import Lagged
 from ._pool import SubscriptionPool
 from ._pool import _Entry
 from ._pool import current_pool
@@ -73,6 +76,12 @@ class SharedSubscription:
         config: SubscriptionConfig = getattr(self._cls, CONFIG_ATTRIBUTE)
         return config.ttl
 
+    @property
+    def max_lag(self) -> int | None:
+        """Events a consumer may fall behind before it is resynchronised."""
+        config: SubscriptionConfig = getattr(self._cls, CONFIG_ATTRIBUTE)
+        return config.max_lag
+
     def __aiter__(self) -> SubscriptionConsumer:
         return SubscriptionConsumer(self)
 
@@ -116,6 +125,13 @@ class SubscriptionConsumer:
     ``worker-added`` event per worker the shared source already knows, then
     the live events after its join point: no gap, no duplicate.
 
+    A consumer that falls more than the class's ``max_lag`` events behind
+    the fastest one is resynchronised instead of holding the log: its next
+    ``__anext__`` returns, in place of the events it missed, the difference
+    between the workers it last saw and the current ones (``worker-added``,
+    ``worker-updated``, ``worker-dropped``), then the live events. Its view
+    of the workers always ends equal to the source's.
+
     It ends, and its reference is released, when the source is exhausted or
     fails (after delivering the error), on :meth:`aclose` or ``async with``
     exit, when a pending ``__anext__`` is cancelled, or when it is garbage
@@ -126,7 +142,15 @@ class SubscriptionConsumer:
     :raises RuntimeError: from ``__anext__`` if the current pool is closed.
     """
 
-    __slots__ = ("_consumer", "_ended", "_entry", "_pool", "_replay", "_subscription")
+    __slots__ = (
+        "_consumer",
+        "_ended",
+        "_entry",
+        "_pool",
+        "_replay",
+        "_subscription",
+        "_view",
+    )
 
     def __init__(self, subscription: SharedSubscription) -> None:
         self._subscription = subscription
@@ -134,6 +158,8 @@ class SubscriptionConsumer:
         self._entry: _Entry | None = None
         self._consumer: FanoutConsumer[Any] | None = None
         self._replay: deque[DiscoveryEvent] | None = None
+        # The workers this consumer has been told about, for resyncs.
+        self._view: dict[uuid.UUID, WorkerMetadata] = {}
         self._ended = False
 
     @property
@@ -150,14 +176,50 @@ class SubscriptionConsumer:
             if self._ended:
                 raise StopAsyncIteration
             consumer = self._join()
-        replay = self._replay
-        if replay and not consumer.fanout.closed:
-            return replay.popleft()
-        try:
-            return await consumer.__anext__()
-        except BaseException:
-            await self._release()
-            raise
+        while True:
+            replay = self._replay
+            if replay and not consumer.fanout.closed:
+                event = replay.popleft()
+                break
+            try:
+                event = await consumer.__anext__()
+                break
+            except Lagged:
+                self._resync(consumer)
+            except BaseException:
+                await self._release()
+                raise
+        if type(event) is DiscoveryEvent:
+            metadata = event.metadata
+            if event.type == "worker-dropped":
+                self._view.pop(metadata.uid, None)
+            else:
+                self._view[metadata.uid] = metadata
+        return event
+
+    def _resync(self, consumer: FanoutConsumer[Any]) -> None:
+        """Replace the events this consumer missed by a diff to the current state.
+
+        The entry's known workers describe the log's end, so the consumer
+        moves there and first receives, for each worker, what changed
+        between its own view and that state.
+        """
+        entry = self._entry
+        assert entry is not None
+        current = entry.source.workers
+        view = self._view
+        diff: deque[DiscoveryEvent] = deque()
+        for uid, metadata in current.items():
+            seen = view.get(uid)
+            if seen is None:
+                diff.append(DiscoveryEvent("worker-added", metadata=metadata))
+            elif seen is not metadata and seen != metadata:
+                diff.append(DiscoveryEvent("worker-updated", metadata=metadata))
+        for uid, metadata in view.items():
+            if uid not in current:
+                diff.append(DiscoveryEvent("worker-dropped", metadata=metadata))
+        consumer._skip_to_end()
+        self._replay = diff
 
     def _join(self) -> FanoutConsumer[Any]:
         pool = current_pool()
