@@ -7,11 +7,12 @@ from ._discovery import SyncSharedDiscovery
 from ._fanout import Fanout
 from ._fanout import FanoutConsumer
 from ._fanout import FanoutStatistics
-from ._fanout import LagPolicy
 from ._fanout import Lagged
+from ._fanout import LagPolicy
 from ._pool import PoolStatistics
 from ._pool import SubscriptionPool
 from ._pool import current_pool
+from ._restart import RestartPolicy
 from ._subscription import SharedSubscription
 from ._subscription import SubscriptionConsumer
 
@@ -22,6 +23,7 @@ __all__ = [
     "LagPolicy",
     "Lagged",
     "PoolStatistics",
+    "RestartPolicy",
     "SharedDiscovery",
     "SharedSubscription",
     "SubscriptionConsumer",

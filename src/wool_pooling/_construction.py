@@ -11,6 +11,8 @@ from typing import cast
 
 import attrs
 
+from ._restart import RestartPolicy
+
 __all__ = ["CONFIG_ATTRIBUTE", "SubscriptionConfig", "build_raw", "derive_key"]
 
 #: Name of the class attribute holding a decorated class's configuration.
@@ -33,6 +35,8 @@ class SubscriptionConfig:
     ttl: float
     #: Events a consumer may fall behind before it is resynchronised.
     max_lag: int | None
+    #: How the raw stream is restarted when it fails, if at all.
+    restart: RestartPolicy | None
     #: The ``__new__`` the class defined itself, replaced by the decorator.
     own_new: Any
     #: The pooling ``__new__`` the decorator installed.

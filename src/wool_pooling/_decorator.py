@@ -13,6 +13,7 @@ from ._construction import KeyFunction
 from ._construction import SubscriptionConfig
 from ._construction import derive_key
 from ._fanout import validate_max_lag
+from ._restart import RestartPolicy
 from ._subscription import SharedSubscription
 
 __all__ = ["shared_subscription"]
@@ -31,6 +32,7 @@ def shared_subscription(
     key: KeyFunction | None = None,
     ttl: float = 0.0,
     max_lag: int | None = DEFAULT_MAX_LAG,
+    restart: RestartPolicy | None = None,
 ) -> C: ...
 
 
@@ -42,6 +44,7 @@ def shared_subscription(
     key: KeyFunction | None = None,
     ttl: float = 0.0,
     max_lag: int | None = DEFAULT_MAX_LAG,
+    restart: RestartPolicy | None = None,
 ) -> Callable[[C], C]: ...
 
 
@@ -52,6 +55,7 @@ def shared_subscription(
     key: KeyFunction | None = None,
     ttl: float = 0.0,
     max_lag: int | None = DEFAULT_MAX_LAG,
+    restart: RestartPolicy | None = None,
 ) -> Any:
     """Class decorator: constructing the class returns a :class:`SharedSubscription`.
 
@@ -74,6 +78,9 @@ def shared_subscription(
         resynchronised: instead of the events it missed it receives the
         difference between the workers it last saw and the current ones, so
         memory is bounded by the number of workers, not of events.
+    :param restart: A :class:`RestartPolicy` to iterate the raw subscriber
+        again when its stream fails (or ends), instead of ending every
+        consumer; ``None`` (the default) ends them with the error.
     :raises TypeError: at decoration, if given something other than a class
         or a class without ``__aiter__``, or if ``key`` is not callable.
     :raises ValueError: if ``ttl`` is negative or not finite, or ``max_lag``
@@ -89,6 +96,10 @@ def shared_subscription(
         )
 
     max_lag = validate_max_lag(max_lag)
+    if restart is not None and not isinstance(restart, RestartPolicy):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise TypeError(
+            f"shared_subscription restart must be a RestartPolicy, got {restart!r}"
+        )
 
     def decorate(target: C) -> C:
         if not isinstance(target, type):  # pyright: ignore[reportUnnecessaryIsInstance]
@@ -102,6 +113,7 @@ def shared_subscription(
             key=key,
             ttl=float(ttl),
             max_lag=max_lag,
+            restart=restart,
             own_new=vars(target).get("__new__"),
             pooled_new=_pooled_new,
         )

@@ -291,6 +291,11 @@ class Fanout(Generic[T]):
             self._drop_beyond_lag()
         self._satisfy_waiters()
 
+    def _inject(self, item: T) -> None:
+        """Log an item that did not come from a pull (a resync's drop), if open."""
+        if self._end is None:
+            self._append(item)
+
     def _drop_beyond_lag(self) -> None:
         """``on_lag="error"``: free the oldest items beyond ``max_lag``.
 

@@ -182,8 +182,9 @@ class SubscriptionPool:
             entry = None
         if entry is None:
             raw = subscription._build_raw()
-            source = TrackedSource(raw)
+            source = TrackedSource(raw, subscription.restart)
             fanout = Fanout(source, max_lag=subscription.max_lag, on_lag="error")
+            source.inject = fanout._inject
             entry = _Entry(key, raw, source, fanout, subscription.ttl, loop)
             self._entries[key] = entry
         entry.refs += 1

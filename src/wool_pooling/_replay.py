@@ -1,26 +1,34 @@
-"""The known workers of one shared discovery stream, and the replay built from them."""
+"""The known workers of one shared discovery stream: replay and restart resync."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections import deque
 from collections.abc import AsyncIterable
 from collections.abc import AsyncIterator
+from collections.abc import Callable
 from typing import Any
 from typing import final
 
+import anyio
 from wool import DiscoveryEvent
 from wool import WorkerMetadata
 
+from ._loop import current_loop
+from ._restart import RestartPolicy
+
 __all__ = ["TrackedSource"]
+
+restart_logger = logging.getLogger("wool_pooling.restart")
 
 
 @final
 class TrackedSource:
-    """The raw subscriber's single iteration, recording which workers are known.
+    """The raw subscriber's iteration, recording which workers are known.
 
     This is the source a pool entry's :class:`~wool_pooling.Fanout` pulls
-    from, so the state is updated exactly once per source event, in the pump,
+    from, so the state is updated exactly once per source event, in the pull,
     before any consumer sees the event. A consumer that registers with the
     fan-out and takes :meth:`replay` in the same synchronous step therefore
     sees every known worker once, then exactly the events after that point:
@@ -30,23 +38,55 @@ class TrackedSource:
     its latest metadata, in the order they were first seen. Items that are not
     discovery events pass through untracked. Memory held: one metadata per
     known worker.
+
+    With a :class:`~wool_pooling.RestartPolicy`, a failure of the raw stream
+    (or its end, if so configured) restarts it instead of ending the
+    consumers. After a restart the new stream's events are translated into
+    the difference with the workers known before: a re-reported worker is
+    repeated only if its metadata changed (as ``worker-updated``), and the
+    workers it has not reported within ``settle`` seconds are dropped.
     """
 
-    __slots__ = ("_iterator", "_raw", "workers")
+    __slots__ = (
+        "_failures",
+        "_iterator",
+        "_raw",
+        "_reported",
+        "_restart",
+        "_settling",
+        "inject",
+        "workers",
+    )
 
-    def __init__(self, raw: AsyncIterable[Any]) -> None:
+    def __init__(
+        self, raw: AsyncIterable[Any], restart: RestartPolicy | None = None
+    ) -> None:
         self._raw = raw
+        self._restart = restart
         self._iterator: AsyncIterator[Any] | None = None
         self.workers: dict[uuid.UUID, WorkerMetadata] = {}
+        # Consecutive restarts without an event in between.
+        self._failures = 0
+        # After a restart: the workers the new stream has reported so far,
+        # and the timer that drops the others once the settle time is over.
+        self._reported: set[uuid.UUID] | None = None
+        self._settling: anyio.CancelScope | None = None
+        #: Delivers an event outside a pull (the fan-out's log append); the
+        #: settle timer uses it, since the new stream may stay silent.
+        self.inject: Callable[[Any], None] | None = None
 
     def __aiter__(self) -> TrackedSource:
         return self
 
     async def __anext__(self) -> Any:
-        iterator = self._iterator
-        if iterator is None:
-            iterator = self._iterator = aiter(self._raw)
-        event = await anext(iterator)
+        if self._restart is None:
+            iterator = self._iterator
+            if iterator is None:
+                iterator = self._iterator = aiter(self._raw)
+            return self._track(await anext(iterator))
+        return await self._next_with_restarts()
+
+    def _track(self, event: Any) -> Any:
         if isinstance(event, DiscoveryEvent):
             metadata = event.metadata
             if event.type == "worker-dropped":
@@ -54,6 +94,98 @@ class TrackedSource:
             else:
                 self.workers[metadata.uid] = metadata
         return event
+
+    async def _next_with_restarts(self) -> Any:
+        policy = self._restart
+        assert policy is not None
+        while True:
+            iterator = self._iterator
+            if iterator is None:
+                iterator = self._iterator = aiter(self._raw)
+            try:
+                event = await anext(iterator)
+            except StopAsyncIteration as end:
+                if not policy.restart_on_end:
+                    raise
+                await self._restart_after(end, policy)
+                continue
+            except Exception as error:
+                await self._restart_after(error, policy)
+                continue
+            self._failures = 0
+            event = self._translate(event)
+            if event is not None:
+                return self._track(event)
+
+    async def _restart_after(self, error: BaseException, policy: RestartPolicy) -> None:
+        """Close the failed iteration and wait out the backoff, or re-raise."""
+        self._failures += 1
+        attempt = self._failures
+        if not policy.allows(attempt):
+            restart_logger.error(
+                "giving up on %r after %d restarts: %r", self._raw, attempt - 1, error
+            )
+            raise error
+        delay = policy.delay(attempt)
+        restart_logger.warning(
+            "restarting %r in %.3fs (attempt %d of %s) after %r",
+            self._raw,
+            delay,
+            attempt,
+            policy.attempts if policy.attempts is not None else "unlimited",
+            error,
+        )
+        iterator, self._iterator = self._iterator, None
+        closer = getattr(iterator, "aclose", None)
+        if closer is not None:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await closer()
+                except Exception:
+                    restart_logger.debug("closing the failed iteration", exc_info=True)
+        await anyio.sleep(delay)
+        self._reported = set()
+        if self._settling is not None:
+            self._settling.cancel()
+        settling = self._settling = anyio.CancelScope()
+        current_loop().spawn(self._settle, settling, policy.settle)
+
+    async def _settle(self, scope: anyio.CancelScope, seconds: float) -> None:
+        """Drop the workers the restarted stream has not reported in time."""
+        with scope:
+            await anyio.sleep(seconds)
+        if self._settling is not scope or scope.cancel_called:
+            return
+        self._settling = None
+        reported = self._reported or set()
+        self._reported = None
+        stale = [
+            DiscoveryEvent("worker-dropped", metadata=metadata)
+            for uid, metadata in self.workers.items()
+            if uid not in reported
+        ]
+        for event in stale:
+            self._track(event)
+            if self.inject is not None:
+                self.inject(event)
+
+    def _translate(self, event: Any) -> Any:
+        """After a restart, turn the new stream's report into a diff."""
+        reported = self._reported
+        if reported is None or not isinstance(event, DiscoveryEvent):
+            return event
+        metadata = event.metadata
+        uid = metadata.uid
+        known = self.workers.get(uid)
+        if event.type == "worker-dropped":
+            reported.discard(uid)
+            return event if known is not None else None
+        reported.add(uid)
+        if known is None:
+            return DiscoveryEvent("worker-added", metadata=metadata)
+        if known is metadata or known == metadata:
+            return None  # re-reported unchanged: nothing new for consumers
+        return DiscoveryEvent("worker-updated", metadata=metadata)
 
     def replay(self) -> deque[DiscoveryEvent]:
         """One ``worker-added`` event per known worker, with its latest metadata."""
@@ -64,6 +196,9 @@ class TrackedSource:
 
     async def aclose(self) -> None:
         """Close the raw subscriber's iterator, if it was started and can be closed."""
+        if self._settling is not None:
+            self._settling.cancel()
+            self._settling = None
         iterator, self._iterator = self._iterator, None
         closer = getattr(iterator, "aclose", None)
         if closer is not None:

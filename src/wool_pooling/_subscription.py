@@ -21,6 +21,7 @@ from ._fanout import Lagged
 from ._pool import SubscriptionPool
 from ._pool import _Entry
 from ._pool import current_pool
+from ._restart import RestartPolicy
 
 __all__ = ["SharedSubscription", "SubscriptionConsumer"]
 
@@ -75,6 +76,12 @@ class SharedSubscription:
         """Seconds an entry is kept after its last consumer is released."""
         config: SubscriptionConfig = getattr(self._cls, CONFIG_ATTRIBUTE)
         return config.ttl
+
+    @property
+    def restart(self) -> RestartPolicy | None:
+        """How the raw stream is restarted when it fails, if at all."""
+        config: SubscriptionConfig = getattr(self._cls, CONFIG_ATTRIBUTE)
+        return config.restart
 
     @property
     def max_lag(self) -> int | None:
