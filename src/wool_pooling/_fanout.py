@@ -121,8 +121,15 @@ class Fanout(Generic[T]):
 
     **Memory.** The log holds an item until every consumer registered when it
     was pulled has received it or has left; a consumer that is garbage
-    collected without ``close()`` leaves. A consumer that stops reading makes
-    the log grow with every item the others pull.
+    collected without ``close()`` leaves. With ``max_lag=None`` a consumer
+    that stops reading makes the log grow with every item the others pull;
+    ``max_lag`` bounds the log to that many items, per ``on_lag``:
+
+    - ``"wait"`` (lossless backpressure): no pull starts while the slowest
+      consumer is ``max_lag`` items behind; the others wait for it.
+    - ``"error"`` (tokio's broadcast semantics): the oldest items are dropped
+      even if unread; a consumer that missed some gets :exc:`Lagged` (with
+      the count) from its next ``__anext__``, then the oldest item held.
 
     **Closing.** :meth:`aclose` cancels a pull in flight, closes the source
     (``aclose()`` of its iterator) and ends every consumer at once: items not
@@ -130,6 +137,11 @@ class Fanout(Generic[T]):
 
     :param source: The async iterable to multicast; ``aiter(source)`` is
         called once, at the first pull.
+    :param max_lag: How many items the log may hold for the slowest
+        consumer, or ``None`` for no bound.
+    :param on_lag: ``"wait"`` or ``"error"``: what happens at the bound.
+    :raises ValueError: if ``max_lag`` is not ``None`` or an int >= 1, or
+        ``on_lag`` is neither ``"wait"`` nor ``"error"``.
     """
 
     __slots__ = (
