@@ -5,12 +5,15 @@ Run from the repository root::
     pip install -e '.[test,bench]'
     python benchmarks/fanout_throughput.py            # full run, about 5 minutes
     python benchmarks/fanout_throughput.py --quick    # smoke run, about 20 s
+    python benchmarks/fanout_throughput.py --only memory  # one section
 
 Everything is measured in one process run and written to ``--out`` (default
 ``benchmarks/results/``): ``fanout_throughput.md`` (the tables, also printed to
 stdout at the end), ``fanout_throughput.json`` (raw figures) and
 ``fanout_throughput.png`` (items/s against N, one panel per backend and
-source). A progress line per case goes to stderr.
+source). A progress line per case goes to stderr. ``--only SECTION``
+(repeatable) runs only some of throughput, memory and join, and names the
+files after them (``fanout_throughput_memory.md``, ...).
 
 **Throughput.** N = 1, 10, 100, 1000 concurrent consumers each take all M
 items of one source; the figure is delivered items per second, M·N / wall
@@ -20,9 +23,11 @@ that one repetition takes about 0.25 s (and is at least 50); ``--quick`` uses
 a few hundred deliveries per case. Compared:
 
 - ``fanout``: this library's :class:`wool_pooling.Fanout`;
-- ``shared_subscription``: a ``@shared_subscription`` class whose
-  ``__aiter__`` yields the source, N consumers of it inside
+- ``shared_subscription``: a ``@shared_subscription(max_lag=None)`` class
+  whose ``__aiter__`` yields the source, N consumers of it inside
   ``async with SubscriptionPool()`` (the source waits for all N to join);
+  unbounded because each consumer must take all M items, and a resync
+  (the default bound) has no worker state to resend for plain ints;
 - ``wool_fanout``: wool's ``wool.utilities.fanout.Fanout`` (asyncio only);
 - ``tee``: ``asyncstdlib.tee``, with ``lock=trio.Lock()`` under trio and
   ``lock=asyncio.Lock()`` under asyncio when the source suspends (without a
@@ -37,14 +42,23 @@ Two sources: an async generator that never suspends, and one that passes one
 checkpoint (``await anyio.lowlevel.checkpoint()``) per item. Backends:
 asyncio, asyncio with uvloop (when importable), trio.
 
-**Memory.** One consumer stalled (after its first item) while another takes
-M = 1,000,000 discovery-shaped events (``DiscoveryEvent``\\ s cycling over 100
-workers; 20,000 with ``--quick``): the growth of the peak resident set size
-during the run (Linux; tracemalloc's peak elsewhere), each implementation in
-a fresh process, i.e. what it holds for the stalled consumer plus transient
-garbage. The pump's streams are unbounded here: with a bounded buffer the
-stalled consumer would block the pump, and the reading consumer would never
-finish.
+**Memory.** One consumer takes its first item and stalls; then another
+takes M = 1,000,000 discovery-shaped events (20,000 with ``--quick``): fresh
+``DiscoveryEvent`` objects over 100 workers that are added, dropped, added back
+and updated (see :func:`churn_event`). Each case runs in a fresh process.
+Reported: the growth of the peak resident set size until the reader is done
+(Linux; tracemalloc's peak elsewhere), i.e. what is held for the stalled
+consumer plus transient garbage; what the fan-out still holds then
+(``statistics().buffered`` for this library's, a queue's or stream's size
+for the others) and its estimated bytes; then the stalled consumer resumes
+and reads to the end, and its view of the workers (uid -> metadata) is
+compared with the reader's. Besides the implementations above:
+``Fanout(max_lag=1024, on_lag="error")`` and the ``SharedSubscription``
+with the decorator's default bound (1,024: a consumer further behind is
+resynchronised with a diff of the workers), and the same without a bound.
+The pump's streams are unbounded here: with a bounded buffer the stalled
+consumer would block the pump, and the reading consumer would never finish
+(likewise ``Fanout(on_lag="wait")``).
 
 **Late join.** W = 10, 1,000, 10,000 (10, 100, 1,000 with ``--quick``)
 ``worker-added`` events are pushed
@@ -64,6 +78,7 @@ import gc
 import hashlib
 import importlib.metadata
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -83,10 +98,12 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
+import attrs
 from wool import DiscoveryEvent
 from wool import WorkerMetadata
 
 from wool_pooling import Fanout
+from wool_pooling import Lagged
 from wool_pooling import SubscriptionPool
 from wool_pooling import shared_subscription
 
@@ -128,10 +145,37 @@ IMPLEMENTATIONS = {
     "floor": "floor (raw source, 1 consumer)",
 }
 
+#: The bound ``@shared_subscription`` applies when none is given.
+DEFAULT_MAX_LAG: int = (
+    inspect.signature(shared_subscription).parameters["max_lag"].default
+)
+
+#: Memory case id -> label, in table order: the implementations above, with
+#: this library's fan-out and shared subscription both unbounded and bounded.
+MEMORY_IMPLEMENTATIONS = {
+    "fanout": "wool_pooling.Fanout(max_lag=None), unbounded",
+    "fanout_bounded": (
+        f'wool_pooling.Fanout(max_lag={DEFAULT_MAX_LAG}, on_lag="error")'
+    ),
+    "shared_subscription": (
+        f"SharedSubscription (pool, default max_lag={DEFAULT_MAX_LAG})"
+    ),
+    "shared_subscription_unbounded": "SharedSubscription (pool, max_lag=None)",
+    "wool_fanout": IMPLEMENTATIONS["wool_fanout"],
+    "tee": IMPLEMENTATIONS["tee"],
+    "pump_streams": IMPLEMENTATIONS["pump_streams"],
+    "floor": IMPLEMENTATIONS["floor"],
+}
+
+#: Sections of a run, for ``--only``.
+SECTIONS = ("throughput", "memory", "join")
+
 CONSUMER_COUNTS = (1, 10, 100, 1000)
 JOIN_WORKERS = (10, 1_000, 10_000)
 QUICK_JOIN_WORKERS = (10, 100, 1_000)
 MEMORY_WORKERS = 100
+#: Metadata versions per worker in the memory stream (updates cycle over them).
+MEMORY_VARIANTS = 4
 PUMP_BUFFER = 256
 NO_PLOT = "matplotlib is not installed: no plot (pip install -e '.[bench]')"
 
@@ -144,6 +188,15 @@ def available_implementations() -> tuple[list[str], dict[str, str]]:
     if not HAVE_ASYNCSTDLIB:
         skipped["tee"] = "asyncstdlib is not installed (pip install -e '.[bench]')"
     return [name for name in IMPLEMENTATIONS if name not in skipped], skipped
+
+
+def memory_implementations(implementations: list[str]) -> list[str]:
+    """The memory cases that can run, given the implementations that can."""
+    return [
+        name
+        for name in MEMORY_IMPLEMENTATIONS
+        if name in implementations or name.startswith(("fanout", "shared_"))
+    ]
 
 
 def runs_on(implementation: str, backend: str) -> bool:
@@ -187,27 +240,85 @@ def make_metadata(count: int) -> list[WorkerMetadata]:
     ]
 
 
-async def discovery_events(
-    m: int, metadata: list[WorkerMetadata], gate: anyio.Event | None = None
+def make_variants(workers: int, versions: int) -> list[list[WorkerMetadata]]:
+    """``versions`` metadata per worker: same uid, different ``version``."""
+    return [
+        [
+            WorkerMetadata(uid=uid, address="127.0.0.1:1", pid=1, version=str(v))
+            for v in range(versions)
+        ]
+        for uid in (uuid.uuid4() for _ in range(workers))
+    ]
+
+
+def churn_event(index: int, variants: list[list[WorkerMetadata]]) -> DiscoveryEvent:
+    """The ``index``-th event of the memory stream, a fresh object.
+
+    Rounds of one event per worker: round 0 adds every worker; afterwards
+    the even workers are dropped in odd rounds and added back in even ones,
+    the odd workers updated; each round uses the next metadata version.
+    """
+    round_, worker = divmod(index, len(variants))
+    if round_ == 0:
+        kind = "worker-added"
+    elif worker % 2 == 0:
+        kind = "worker-dropped" if round_ % 2 else "worker-added"
+    else:
+        kind = "worker-updated"
+    versions = variants[worker]
+    return DiscoveryEvent(kind, metadata=versions[round_ % len(versions)])
+
+
+def churn_state(m: int, variants: list[list[WorkerMetadata]]) -> dict[Any, Any]:
+    """The workers known after the first ``m`` events of the memory stream."""
+    state: dict[Any, Any] = {}
+    for worker in range(min(m, len(variants))):
+        last = worker + (m - 1 - worker) // len(variants) * len(variants)
+        apply_event(state, churn_event(last, variants))
+    return state
+
+
+async def churn_events(
+    m: int, variants: list[list[WorkerMetadata]]
 ) -> AsyncIterator[DiscoveryEvent]:
-    """Yield ``m`` fresh events cycling over ``metadata``: added, then updated."""
-    if gate is not None:
-        await gate.wait()
-    workers = len(metadata)
+    """Yield the ``m`` first events of the memory stream, never suspending."""
     for index in range(m):
-        kind = "worker-added" if index < workers else "worker-updated"
-        yield DiscoveryEvent(kind, metadata=metadata[index % workers])
+        yield churn_event(index, variants)
 
 
-@shared_subscription
-class BenchSubscriber:
-    """A shared subscription whose single iteration is ``factory()``."""
+def apply_event(view: dict[Any, Any], event: Any) -> None:
+    """Update a view (uid -> metadata) with one discovery event."""
+    if not isinstance(event, DiscoveryEvent):
+        return
+    if event.type == "worker-dropped":
+        view.pop(event.metadata.uid, None)
+    else:
+        view[event.metadata.uid] = event.metadata
+
+
+class _Subscriber:
+    """A subscriber whose single iteration is ``factory()``."""
 
     def __init__(self, factory: Callable[[], AsyncIterator[Any]]) -> None:
         self._factory = factory
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return self._factory()
+
+
+@shared_subscription
+class BenchSubscriber(_Subscriber):
+    """A shared subscription with the default bound on lag (late join, memory)."""
+
+
+@shared_subscription(max_lag=None)
+class LosslessBenchSubscriber(_Subscriber):
+    """A shared subscription without bound on lag (throughput, memory).
+
+    Throughput checks that every consumer takes all M items: with a bound, a
+    consumer that falls that many items of a never-suspending source behind
+    would be resynchronised, and plain ints carry no worker state to resend.
+    """
 
 
 # -- throughput: one repetition of one case ------------------------------------
@@ -259,7 +370,7 @@ async def bench_fanout(source: str, m: int, n: int) -> float:
 async def bench_shared_subscription(source: str, m: int, n: int) -> float:
     gate = anyio.Event()
     factory = SOURCE_FACTORIES[source]
-    subscription = BenchSubscriber(lambda: factory(m, gate))
+    subscription = LosslessBenchSubscriber(lambda: factory(m, gate))
     counts = [-1] * n
     async with SubscriptionPool() as pool:
         start = time.perf_counter()
@@ -460,25 +571,63 @@ class MemoryProbe:
         return peak - self._baseline
 
 
+def held_bytes_per_item(variants: list[list[WorkerMetadata]]) -> float:
+    """Bytes one buffered event costs: the fresh event plus two list slots.
+
+    Measured with tracemalloc on 10,000 events, after the case (so neither
+    tracemalloc nor the memory it frees affect the measured peak).
+    """
+    sample = 10_000
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    events = [churn_event(index, variants) for index in range(sample)]
+    counts = [1] * sample
+    used = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    del events, counts
+    return used / sample
+
+
 async def memory_case(implementation: str, m: int, backend: str) -> dict[str, Any]:
-    """Peak memory while one consumer is stalled and another reads ``m`` events."""
-    metadata = make_metadata(MEMORY_WORKERS)
+    """Peak memory while one consumer is stalled and another reads ``m`` events.
+
+    Then the stalled consumer resumes and reads to the end; its view of the
+    workers is compared with the reader's.
+    """
+    variants = make_variants(MEMORY_WORKERS, MEMORY_VARIANTS)
+    expected = churn_state(m, variants)
     probe = MemoryProbe()
-    extra: dict[str, Any] = {}
+    outcome = _StallOutcome()
     probe.start()
     start = time.perf_counter()
+
+    def reader_done(buffered: int | None) -> None:
+        outcome.peak = probe.peak()
+        outcome.buffered = buffered
+
     if implementation == "floor":
-        received = 0
-        async for _ in discovery_events(m, metadata):
-            received += 1
+        view: dict[Any, Any] = {}
+        async for event in churn_events(m, variants):
+            outcome.received += 1
+            apply_event(view, event)
+        outcome.reader_view = view
+        reader_done(None)
     else:
-        received = await _memory_with_stalled_consumer(
-            implementation, m, metadata, backend, extra
+        await _memory_with_stalled_consumer(
+            implementation, m, variants, backend, outcome, reader_done
         )
-    peak = probe.peak()
     elapsed = time.perf_counter() - start
-    if received != m:
-        raise RuntimeError(f"{implementation}: the reader got {received} of {m} events")
+    if outcome.received != m:
+        raise RuntimeError(
+            f"{implementation}: the reader got {outcome.received} of {m} events"
+        )
+    if outcome.reader_view != expected:
+        raise RuntimeError(f"{implementation}: the reader's view is not the source's")
+    peak = outcome.peak
+    stalled = implementation != "floor"
+    # Calibrated last: the memory it frees would otherwise absorb the peak.
+    item_bytes = held_bytes_per_item(variants)
     return {
         "implementation": implementation,
         "backend": backend,
@@ -488,72 +637,125 @@ async def memory_case(implementation: str, m: int, backend: str) -> dict[str, An
         "peak_bytes": peak,
         "peak_mb": peak / 1e6,
         "bytes_per_event": peak / m,
+        "buffered_at_end": outcome.buffered,
+        "item_bytes": item_bytes,
+        "held_estimate_bytes": (
+            None if outcome.buffered is None else outcome.buffered * item_bytes
+        ),
+        "resumed_items": outcome.resumed if stalled else None,
+        "lagged_skipped": outcome.skipped if stalled else None,
+        "view_equal": (
+            outcome.stalled_view == outcome.reader_view if stalled else None
+        ),
         "seconds": elapsed,
         "library_digest": library_digest(),
-        **extra,
     }
+
+
+@attrs.define
+class _StallOutcome:
+    """What one memory case observed."""
+
+    received: int = 0
+    peak: int = 0
+    buffered: int | None = None
+    reader_view: dict[Any, Any] = attrs.Factory(dict)
+    stalled_view: dict[Any, Any] = attrs.Factory(dict)
+    #: Items the stalled consumer received after it resumed.
+    resumed: int = 0
+    #: Items it was told it skipped (``Lagged``), if any.
+    skipped: int = 0
+    #: Items the fan-out holds (for the stalled consumer), where observable.
+    count_buffered: Callable[[], int | None] = lambda: None
 
 
 async def _memory_with_stalled_consumer(
     implementation: str,
     m: int,
-    metadata: list[WorkerMetadata],
+    variants: list[list[WorkerMetadata]],
     backend: str,
-    extra: dict[str, Any],
-) -> int:
-    release = anyio.Event()
-    received = 0
+    outcome: _StallOutcome,
+    reader_done: Callable[[int | None], None],
+) -> None:
+    """Stall one consumer after its first item, read ``m`` items with another.
+
+    The reader starts only once the stalled consumer has taken its first item
+    (for a shared subscription: once it has joined, and pulled the first
+    event). When the reader is done, ``reader_done(buffered)`` records the
+    peak and what the fan-out still holds; then the stalled consumer resumes
+    and reads to the end, catching :exc:`Lagged`.
+    """
+    joined = anyio.Event()
+    resume = anyio.Event()
 
     async def stall(iterator: AsyncIterator[Any]) -> None:
-        await anext(iterator)
-        await release.wait()
+        apply_event(outcome.stalled_view, await anext(iterator))
+        joined.set()
+        await resume.wait()
+        while True:
+            try:
+                event = await anext(iterator)
+            except Lagged as lagged:
+                outcome.skipped += lagged.skipped
+                continue
+            except StopAsyncIteration:
+                break
+            outcome.resumed += 1
+            apply_event(outcome.stalled_view, event)
 
     async def read(iterator: AsyncIterator[Any]) -> None:
-        nonlocal received
-        async for _ in iterator:
-            received += 1
-        release.set()
+        await joined.wait()
+        async for event in iterator:
+            outcome.received += 1
+            apply_event(outcome.reader_view, event)
+        reader_done(outcome.count_buffered())
+        resume.set()
 
     async def race(stalled: AsyncIterator[Any], reader: AsyncIterator[Any]) -> None:
         async with anyio.create_task_group() as group:
             group.start_soon(stall, stalled)
             group.start_soon(read, reader)
 
-    if implementation == "fanout":
-        fanout = Fanout(discovery_events(m, metadata))
-        stalled, reader = fanout.consumer(), fanout.consumer()
-
-        async def read_and_record(iterator: AsyncIterator[Any]) -> None:
-            nonlocal received
-            async for _ in iterator:
-                received += 1
-            extra["buffered_at_end"] = fanout.statistics().buffered
-            release.set()
-
-        async with anyio.create_task_group() as group:
-            group.start_soon(stall, stalled)
-            group.start_soon(read_and_record, reader)
+    if implementation in ("fanout", "fanout_bounded"):
+        if implementation == "fanout":
+            fanout = Fanout(churn_events(m, variants))
+        else:
+            fanout = Fanout(
+                churn_events(m, variants), max_lag=DEFAULT_MAX_LAG, on_lag="error"
+            )
+        outcome.count_buffered = lambda: fanout.statistics().buffered
+        await race(fanout.consumer(), fanout.consumer())
         await fanout.aclose()
-    elif implementation == "shared_subscription":
-        gate = anyio.Event()
-        subscription = BenchSubscriber(lambda: discovery_events(m, metadata, gate))
-        async with SubscriptionPool() as pool, anyio.create_task_group() as group:
-            group.start_soon(stall, aiter(subscription))
-            group.start_soon(read, aiter(subscription))
-            while pool.statistics().consumers < 2:
-                await anyio.lowlevel.checkpoint()
-            gate.set()
+    elif implementation in ("shared_subscription", "shared_subscription_unbounded"):
+        if implementation == "shared_subscription":
+            subscription = BenchSubscriber(lambda: churn_events(m, variants))
+        else:
+            subscription = LosslessBenchSubscriber(lambda: churn_events(m, variants))
+        async with SubscriptionPool() as pool:
+            stalled = aiter(subscription)
+            # The entry's fan-out, through the stalled consumer (private).
+            outcome.count_buffered = lambda: (
+                None
+                if stalled._consumer is None
+                else stalled._consumer.fanout.statistics().buffered
+            )
+            await race(stalled, aiter(subscription))
+            if pool.statistics().entries:
+                raise RuntimeError(f"{implementation}: the entry was not finalised")
     elif implementation == "wool_fanout":
         from wool.utilities.fanout import Fanout as WoolFanout
 
-        wool_fanout = WoolFanout(discovery_events(m, metadata))
-        await race(wool_fanout.consumer(), wool_fanout.consumer())
+        wool_fanout = WoolFanout(churn_events(m, variants))  # pyright: ignore[reportArgumentType]
+        stalled_wool = wool_fanout.consumer()
+        # Its queue: the items, then the end-of-stream sentinel.
+        outcome.count_buffered = lambda: stalled_wool._queue.qsize() - 1
+        await race(stalled_wool, wool_fanout.consumer())
         await wool_fanout.cleanup()
     elif implementation == "tee":
         import asyncstdlib
 
         tee = asyncstdlib.tee(
-            discovery_events(m, metadata),
+            churn_events(m, variants),
             n=2,
             lock=tee_lock(backend, "never-suspending"),
         )
@@ -564,20 +766,20 @@ async def _memory_with_stalled_consumer(
             anyio.create_memory_object_stream[DiscoveryEvent](math.inf)
             for _ in range(2)
         ]
+        outcome.count_buffered = lambda: streams[0][1].statistics().current_buffer_used
 
         async def pump() -> None:
             with streams[0][0], streams[1][0]:
-                async for event in discovery_events(m, metadata):
+                async for event in churn_events(m, variants):
                     for send, _ in streams:
                         send.send_nowait(event)
 
-        async with anyio.create_task_group() as group:
-            group.start_soon(pump)
-            group.start_soon(stall, streams[0][1])
-            group.start_soon(read, streams[1][1])
+        with streams[0][1], streams[1][1]:
+            async with anyio.create_task_group() as group:
+                group.start_soon(pump)
+                group.start_soon(race, streams[0][1], streams[1][1])
     else:
         raise ValueError(implementation)
-    return received
 
 
 # -- late join ---------------------------------------------------------------
@@ -680,9 +882,9 @@ def run_throughput(
 
 
 def run_memory(implementations: list[str], m: int) -> list[dict[str, Any]]:
-    """Each implementation in a fresh interpreter, so no run inherits another's heap."""
+    """Each case in a fresh interpreter, so no run inherits another's heap."""
     results: list[dict[str, Any]] = []
-    for implementation in implementations:
+    for implementation in memory_implementations(implementations):
         began = time.perf_counter()
         command = [
             sys.executable,
@@ -701,9 +903,11 @@ def run_memory(implementations: list[str], m: int) -> list[dict[str, Any]]:
         entry = json.loads(done.stdout.strip().splitlines()[-1])
         results.append(entry)
         log(
-            f"[memory] {IMPLEMENTATIONS[implementation]:<30} M={m:<9} "
+            f"[memory] {MEMORY_IMPLEMENTATIONS[implementation]:<51} M={m:<9} "
             f"peak {entry['peak_mb']:8.1f} MB ({entry['bytes_per_event']:.0f} B/event,"
-            f" {entry['method']})  {time.perf_counter() - began:.1f}s"
+            f" {entry['method']}), buffered {fmt_count(entry['buffered_at_end'])}, "
+            f"view equal {fmt_flag(entry['view_equal'])}  "
+            f"{time.perf_counter() - began:.1f}s"
         )
     return results
 
@@ -888,6 +1092,78 @@ def target_rows(
     return rows
 
 
+def fmt_count(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+def fmt_flag(value: bool | None) -> str:
+    return "-" if value is None else ("yes" if value else "**no**")
+
+
+def resume_text(entry: dict[str, Any]) -> str:
+    """What the stalled consumer received when it resumed."""
+    if entry["resumed_items"] is None:
+        return "-"
+    text = f"{entry['resumed_items']:,} events"
+    if entry["lagged_skipped"]:
+        text = f"Lagged(skipped={entry['lagged_skipped']:,}), then {text}"
+    elif entry["implementation"] == "shared_subscription":
+        text = f"resync diff: {text}"
+    return text
+
+
+#: Issue 5's memory target: the shared subscription's peak, with the default bound.
+MEMORY_TARGET_MB = 1.0
+
+
+def memory_table(memory: list[dict[str, Any]], events: int, method: str) -> list[str]:
+    lines = [
+        "",
+        f"## Memory: one consumer stalled, another takes {events:,} discovery "
+        f"events ({MEMORY_WORKERS} workers)",
+        "",
+        "The stalled consumer takes the first event, then the reader starts. "
+        "Peak = memory above the baseline until the reader is done, on asyncio, "
+        f"each case in a fresh process; measured as {method}. Buffered = what "
+        "the fan-out (queue, stream) still holds for the stalled consumer when "
+        "the reader is done; held = buffered x "
+        f"{memory[0]['item_bytes']:.0f} bytes (one fresh event and its slots, "
+        "measured apart). Then the stalled consumer resumes and reads to the "
+        "end: its view (uid -> metadata, from the events it received) is "
+        "compared with the reader's, which equals the source's.",
+        "",
+        "| implementation | peak MB | bytes/event | buffered at end | held (est.) "
+        "| stalled consumer on resume | view equal after resume |",
+        "|---|---:|---:|---:|---:|---|---|",
+    ]
+    for entry in memory:
+        held = entry["held_estimate_bytes"]
+        lines.append(
+            f"| {MEMORY_IMPLEMENTATIONS[entry['implementation']]} "
+            f"| {entry['peak_mb']:.2f} | {entry['bytes_per_event']:.1f} "
+            f"| {fmt_count(entry['buffered_at_end'])} "
+            f"| {'-' if held is None else f'{held / 1e6:.2f} MB'} "
+            f"| {resume_text(entry)} | {fmt_flag(entry['view_equal'])} |"
+        )
+    bounded = [e for e in memory if e["implementation"] == "shared_subscription"]
+    if bounded:
+        entry = bounded[0]
+        lines += [
+            "",
+            "### Targets of issue 5",
+            "",
+            "| target | measured | met |",
+            "|---|---:|---|",
+            f"| {MEMORY_IMPLEMENTATIONS['shared_subscription']}: peak under "
+            f"{MEMORY_TARGET_MB:g} MB | {entry['peak_mb']:.2f} MB "
+            f"| {fmt_flag(entry['peak_mb'] < MEMORY_TARGET_MB)} |",
+            f"| the same: the stalled consumer's view equals the live view after "
+            f"it resumes | {fmt_flag(entry['view_equal'])} "
+            f"| {fmt_flag(entry['view_equal'])} |",
+        ]
+    return lines
+
+
 def markdown(report: dict[str, Any]) -> str:
     meta = report["meta"]
     methods = {entry["method"] for entry in report["memory"]}
@@ -898,16 +1174,21 @@ def markdown(report: dict[str, Any]) -> str:
         }[method]
         for method in sorted(methods)
     )
+    sections = meta["sections"]
     lines = [
         "# Fan-out throughput",
         "",
         f"`{meta['command']}` on {meta['date']} (wool_pooling source "
         f"{meta['library_digest']}): Python {meta['python']}, "
-        f"{meta['platform']}, {meta['cpus']} CPUs; {meta['repetitions']} "
-        f"repetitions per case (median, min-max)"
-        f"{', QUICK mode' if meta['quick'] else ''}.",
-        "",
-        "Delivered items/s = M x N / wall time, N consumers each taking all M items.",
+        f"{meta['platform']}, {meta['cpus']} CPUs"
+        + (
+            f"; {meta['repetitions']} repetitions per case (median, min-max)"
+            if {"throughput", "join"} & set(sections)
+            else ""
+        )
+        + f"{', QUICK mode' if meta['quick'] else ''}"
+        f"{'' if len(sections) == len(SECTIONS) else ', only ' + ', '.join(sections)}"
+        ".",
         "",
     ]
     if meta["library_changed_during_run"]:
@@ -920,48 +1201,44 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["Skipped here:", ""]
         lines += [f"- {name}: {why}" for name, why in meta["skipped"].items()]
         lines.append("")
-    lines += ["## Throughput", ""]
-    lines += throughput_tables(report["throughput"])
-    lines += [
-        "## Targets of issue 4",
-        "",
-        "| target | measured | met |",
-        "|---|---:|---|",
-    ]
-    for target, measured, met in target_rows(report["throughput"], report["join"]):
-        lines.append(f"| {target} | {measured} | {'yes' if met else '**no**'} |")
-    lines += [
-        "",
-        f"## Memory: one consumer stalled, another takes "
-        f"{meta['memory_events']:,} discovery events ({MEMORY_WORKERS} workers)",
-        "",
-        "Peak memory above the baseline while the reader runs, on asyncio, each "
-        f"implementation in a fresh process; measured as {memory_method}.",
-        "",
-        "| implementation | peak MB | bytes/event |",
-        "|---|---:|---:|",
-    ]
-    for entry in report["memory"]:
-        lines.append(
-            f"| {IMPLEMENTATIONS[entry['implementation']]} | {entry['peak_mb']:.1f} "
-            f"| {entry['bytes_per_event']:.0f} |"
-        )
-    lines += [
-        "",
-        "## Late join: replay of W known workers",
-        "",
-        "| backend | W | arrival of W events (ms) | late joiner's replay (ms) "
-        "| replay min-max (ms) | replay / arrival |",
-        "|---|---:|---:|---:|---|---:|",
-    ]
-    for entry in report["join"]:
-        lines.append(
-            f"| {entry['backend']} | {entry['workers']:,} "
-            f"| {entry['arrival_median'] * 1e3:.2f} "
-            f"| {entry['replay_median'] * 1e3:.3f} "
-            f"| {entry['replay_min'] * 1e3:.3f}-{entry['replay_max'] * 1e3:.3f} "
-            f"| {entry['ratio']:.2f}x |"
-        )
+    if "throughput" in sections:
+        lines += [
+            "## Throughput",
+            "",
+            "Delivered items/s = M x N / wall time, N consumers each taking all "
+            "M items.",
+            "",
+        ]
+        lines += throughput_tables(report["throughput"])
+    targets = target_rows(report["throughput"], report["join"])
+    if targets:
+        lines += [
+            "## Targets of issue 4",
+            "",
+            "| target | measured | met |",
+            "|---|---:|---|",
+        ]
+        for target, measured, met in targets:
+            lines.append(f"| {target} | {measured} | {fmt_flag(met)} |")
+    if report["memory"]:
+        lines += memory_table(report["memory"], meta["memory_events"], memory_method)
+    if report["join"]:
+        lines += [
+            "",
+            "## Late join: replay of W known workers",
+            "",
+            "| backend | W | arrival of W events (ms) | late joiner's replay (ms) "
+            "| replay min-max (ms) | replay / arrival |",
+            "|---|---:|---:|---:|---|---:|",
+        ]
+        for entry in report["join"]:
+            lines.append(
+                f"| {entry['backend']} | {entry['workers']:,} "
+                f"| {entry['arrival_median'] * 1e3:.2f} "
+                f"| {entry['replay_median'] * 1e3:.3f} "
+                f"| {entry['replay_min'] * 1e3:.3f}-{entry['replay_max'] * 1e3:.3f} "
+                f"| {entry['ratio']:.2f}x |"
+            )
     lines.append("")
     return "\n".join(lines)
 
@@ -1065,6 +1342,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="timed repetitions per case, at least 3 (default: 5, --quick: 3)",
     )
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=SECTIONS,
+        help="run only this section (repeatable); the files are then named "
+        "fanout_throughput_<sections>.* so a full run's results are kept",
+    )
     # Internal: one memory case, in a process of its own (see run_memory).
     parser.add_argument("--memory-case", help=argparse.SUPPRESS)
     parser.add_argument("--events", type=int, default=0, help=argparse.SUPPRESS)
@@ -1089,17 +1373,27 @@ def main(argv: list[str] | None = None) -> int:
     # between repetitions is cheap and the collections during one stay small.
     gc.collect()
     gc.freeze()
+    sections = [name for name in SECTIONS if name in (options.only or SECTIONS)]
+    stem = "fanout_throughput"
+    if options.only:
+        stem += "_" + "_".join(sections)
     memory_events = 20_000 if options.quick else 1_000_000
     began = time.perf_counter()
     started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     digest = library_digest()
-    throughput = run_throughput(implementations, reps, options.quick)
-    memory = run_memory(implementations, memory_events)
-    join = run_join(reps, options.quick)
+    throughput = (
+        run_throughput(implementations, reps, options.quick)
+        if "throughput" in sections
+        else []
+    )
+    memory = run_memory(implementations, memory_events) if "memory" in sections else []
+    join = run_join(reps, options.quick) if "join" in sections else []
     report: dict[str, Any] = {
         "meta": {
             "command": "python benchmarks/fanout_throughput.py"
-            + (" --quick" if options.quick else ""),
+            + (" --quick" if options.quick else "")
+            + "".join(f" --only {name}" for name in options.only or ()),
+            "sections": sections,
             "date": started,
             "library_digest": digest,
             "library_changed_during_run": any(
@@ -1115,6 +1409,8 @@ def main(argv: list[str] | None = None) -> int:
             "sources": list(SOURCES),
             "implementations": implementations,
             "labels": IMPLEMENTATIONS,
+            "memory_labels": MEMORY_IMPLEMENTATIONS,
+            "default_max_lag": DEFAULT_MAX_LAG,
             "skipped": skipped,
             "memory_events": memory_events,
             "pump_buffer": PUMP_BUFFER,
@@ -1136,11 +1432,11 @@ def main(argv: list[str] | None = None) -> int:
     }
     options.out.mkdir(parents=True, exist_ok=True)
     table = markdown(report)
-    if plot(report, options.out / "fanout_throughput.png"):
-        table += "\n![items/s against N](fanout_throughput.png)\n"
+    if throughput and plot(report, options.out / f"{stem}.png"):
+        table += f"\n![items/s against N]({stem}.png)\n"
     report["meta"]["seconds"] = time.perf_counter() - began
-    (options.out / "fanout_throughput.md").write_text(table, encoding="utf-8")
-    (options.out / "fanout_throughput.json").write_text(
+    (options.out / f"{stem}.md").write_text(table, encoding="utf-8")
+    (options.out / f"{stem}.json").write_text(
         json.dumps(report, indent=2), encoding="utf-8"
     )
     log(f"done in {report['meta']['seconds']:.0f}s; results in {options.out}")

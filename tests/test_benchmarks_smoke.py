@@ -74,7 +74,23 @@ def test_quick_run_measures_every_importable_implementation(tmp_path: Path) -> N
         assert len(entry["rates"]) >= 3
         assert entry["min"] <= entry["median"] <= entry["max"]
 
-    assert {entry["implementation"] for entry in report["memory"]} == expected
+    memory = {entry["implementation"]: entry for entry in report["memory"]}
+    bounded = {
+        "fanout_bounded",
+        "shared_subscription",
+        "shared_subscription_unbounded",
+    }
+    assert set(memory) == expected | bounded
     assert all(entry["events"] == 20_000 for entry in report["memory"])
+    # The bounded rows hold at most max_lag events for the stalled consumer;
+    # every stalled consumer ends with the reader's view of the workers.
+    max_lag = report["meta"]["default_max_lag"]
+    assert memory["fanout_bounded"]["buffered_at_end"] == max_lag
+    assert memory["shared_subscription"]["buffered_at_end"] == max_lag
+    assert memory["fanout"]["buffered_at_end"] == 20_000 - 1
+    assert memory["fanout_bounded"]["lagged_skipped"] == 20_000 - 1 - max_lag
+    for name, entry in memory.items():
+        assert entry["view_equal"] is (None if name == "floor" else True), name
+    assert "view equal after resume" in table.read_text(encoding="utf-8")
     assert {entry["backend"] for entry in report["join"]} >= backends
     assert all(len(entry["replay_seconds"]) >= 3 for entry in report["join"])
