@@ -77,7 +77,9 @@ def shared_subscription(
         falls behind (``None``: unbounded). A consumer further behind is
         resynchronised: instead of the events it missed it receives the
         difference between the workers it last saw and the current ones, so
-        memory is bounded by the number of workers, not of events.
+        memory is bounded by the number of workers, not of events. The
+        diff covers discovery events only: for a stream of other items,
+        which a consumer must not miss, pass ``max_lag=None``.
     :param restart: A :class:`RestartPolicy` to iterate the raw subscriber
         again when its stream fails (or ends), instead of ending every
         consumer; ``None`` (the default) ends them with the error.
