@@ -80,7 +80,11 @@ class RestartPolicy:
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait before restart number ``attempt`` (from 1)."""
-        base = min(self.max_backoff, self.backoff * self.multiplier ** (attempt - 1))
+        try:
+            grown = self.backoff * self.multiplier ** (attempt - 1)
+        except OverflowError:  # attempts=None: the delay just stays at the cap
+            grown = math.inf
+        base = min(self.max_backoff, grown)
         if self.jitter:
             base *= random.uniform(1 - self.jitter, 1 + self.jitter)
         return min(self.max_backoff, base)
