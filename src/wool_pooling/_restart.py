@@ -80,6 +80,8 @@ class RestartPolicy:
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait before restart number ``attempt`` (from 1)."""
+        if self.backoff == 0:
+            return 0.0
         try:
             grown = self.backoff * self.multiplier ** (attempt - 1)
         except OverflowError:  # attempts=None: the delay just stays at the cap
