@@ -31,7 +31,6 @@ import asyncio
 import contextvars
 import sys
 import types
-from collections.abc import AsyncGenerator
 from collections.abc import Awaitable
 from collections.abc import Generator
 from typing import Any
@@ -49,13 +48,6 @@ except ImportError:  # pragma: no cover
     _current_tasks: dict[Any, Any] = {}
     _enter_task = _leave_task = None
 
-
-async def _probe() -> AsyncGenerator[None]:
-    yield None
-
-
-#: The type of ``agen.__anext__()``: steppable as is, no ``__await__`` needed.
-_ASEND: type = type(_probe().__anext__())
 
 #: Marks a trio pull whose pump adopted the source's wait: resume by sending.
 _ADOPTED = object()
@@ -131,9 +123,7 @@ class _AsyncioInlinePuller(PumpOnly):
         self.ready = ready
 
     def start(self, awaitable: Awaitable[Any]) -> tuple[bool, Any]:
-        target: Any = awaitable
-        if type(target) is not _ASEND:
-            target = _step_target(awaitable)
+        target = _step_target(awaitable)
         loop = self._loop
         caller = _current_tasks.get(loop)
         if caller is None:
