@@ -512,6 +512,7 @@ class Fanout(Generic[T]):
     def _finish(self, error: BaseException | None) -> None:
         traceback = error.__traceback__ if error is not None else None
         self._end = _End(error, traceback)
+        self._pulling = False
         self._satisfy_waiters()
         if self._puller is not None:
             self._puller.wake()  # an idle pump has nothing left to do
