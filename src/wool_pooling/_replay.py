@@ -18,9 +18,41 @@ from wool import WorkerMetadata
 from ._loop import current_loop
 from ._restart import RestartPolicy
 
-__all__ = ["TrackedSource"]
+__all__ = ["TrackedSource", "Workers", "apply_event", "diff_events"]
 
 restart_logger = logging.getLogger("wool_pooling.restart")
+
+Workers = dict[uuid.UUID, WorkerMetadata]
+
+
+def apply_event(workers: Workers, event: object) -> None:
+    """Record in ``workers`` what a discovery event says; ignore other items."""
+    if isinstance(event, DiscoveryEvent):
+        metadata = event.metadata
+        if event.type == "worker-dropped":
+            workers.pop(metadata.uid, None)
+        else:
+            workers[metadata.uid] = metadata
+
+
+def diff_events(seen: Workers, current: Workers) -> deque[DiscoveryEvent]:
+    """The events that turn the view ``seen`` into ``current``.
+
+    ``worker-added`` for a new worker, ``worker-updated`` for changed
+    metadata, ``worker-dropped`` (with the metadata last seen) for a worker
+    that is gone.
+    """
+    diff: deque[DiscoveryEvent] = deque()
+    for uid, metadata in current.items():
+        before = seen.get(uid)
+        if before is None:
+            diff.append(DiscoveryEvent("worker-added", metadata=metadata))
+        elif before is not metadata and before != metadata:
+            diff.append(DiscoveryEvent("worker-updated", metadata=metadata))
+    for uid, metadata in seen.items():
+        if uid not in current:
+            diff.append(DiscoveryEvent("worker-dropped", metadata=metadata))
+    return diff
 
 
 @final
@@ -64,7 +96,7 @@ class TrackedSource:
         self._raw = raw
         self._restart = restart
         self._iterator: AsyncIterator[Any] | None = None
-        self.workers: dict[uuid.UUID, WorkerMetadata] = {}
+        self.workers: Workers = {}
         # Consecutive restarts without an event in between.
         self._failures = 0
         # After a restart: the workers the new stream has reported so far,
@@ -87,12 +119,7 @@ class TrackedSource:
         return await self._next_with_restarts()
 
     def _track(self, event: Any) -> Any:
-        if isinstance(event, DiscoveryEvent):
-            metadata = event.metadata
-            if event.type == "worker-dropped":
-                self.workers.pop(metadata.uid, None)
-            else:
-                self.workers[metadata.uid] = metadata
+        apply_event(self.workers, event)
         return event
 
     async def _next_with_restarts(self) -> Any:

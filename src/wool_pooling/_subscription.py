@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections import deque
 from collections.abc import Hashable
 from typing import Any
@@ -11,7 +10,6 @@ from typing import final
 import anyio
 import cloudpickle
 from wool import DiscoveryEvent
-from wool import WorkerMetadata
 
 from ._construction import CONFIG_ATTRIBUTE
 from ._construction import SubscriptionConfig
@@ -21,6 +19,9 @@ from ._fanout import Lagged
 from ._pool import SubscriptionPool
 from ._pool import _Entry
 from ._pool import current_pool
+from ._replay import Workers
+from ._replay import apply_event
+from ._replay import diff_events
 from ._restart import RestartPolicy
 
 __all__ = ["SharedSubscription", "SubscriptionConsumer"]
@@ -166,7 +167,7 @@ class SubscriptionConsumer:
         self._consumer: FanoutConsumer[Any] | None = None
         self._replay: deque[DiscoveryEvent] | None = None
         # The workers this consumer has been told about, for resyncs.
-        self._view: dict[uuid.UUID, WorkerMetadata] = {}
+        self._view: Workers = {}
         self._ended = False
 
     @property
@@ -196,12 +197,7 @@ class SubscriptionConsumer:
             except BaseException:
                 await self._release()
                 raise
-        if type(event) is DiscoveryEvent:
-            metadata = event.metadata
-            if event.type == "worker-dropped":
-                self._view.pop(metadata.uid, None)
-            else:
-                self._view[metadata.uid] = metadata
+        apply_event(self._view, event)
         return event
 
     def _resync(self, consumer: FanoutConsumer[Any]) -> None:
@@ -213,18 +209,7 @@ class SubscriptionConsumer:
         """
         entry = self._entry
         assert entry is not None
-        current = entry.source.workers
-        view = self._view
-        diff: deque[DiscoveryEvent] = deque()
-        for uid, metadata in current.items():
-            seen = view.get(uid)
-            if seen is None:
-                diff.append(DiscoveryEvent("worker-added", metadata=metadata))
-            elif seen is not metadata and seen != metadata:
-                diff.append(DiscoveryEvent("worker-updated", metadata=metadata))
-        for uid, metadata in view.items():
-            if uid not in current:
-                diff.append(DiscoveryEvent("worker-dropped", metadata=metadata))
+        diff = diff_events(self._view, entry.source.workers)
         consumer._skip_to_end()
         self._replay = diff
 
