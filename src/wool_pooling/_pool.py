@@ -201,22 +201,32 @@ class SubscriptionPool:
         for when the ttl elapses. Shielded from cancellation.
         """
         entry.refs -= 1
+        if entry.refs == 0:
+            await self._after_last_release(entry)
+
+    def _release_soon(self, entry: _Entry) -> None:
+        """Release from a garbage-collection callback, in any thread.
+
+        The reference is dropped at once (statistics show it); what follows
+        the last release runs on the entry's loop.
+        """
+        entry.refs -= 1
+        if entry.refs == 0:
+            entry.loop.run_soon(self._after_last_release_in_background, entry)
+
+    def _after_last_release_in_background(self, entry: _Entry) -> None:
+        entry.loop.spawn(self._after_last_release, entry)
+
+    async def _after_last_release(self, entry: _Entry) -> None:
+        """Finalise an unused entry now, or once its ttl has elapsed."""
         if entry.refs > 0 or entry.finalizing:
-            return
+            return  # attached again meanwhile, or already closing
         if entry.ttl > 0 and not entry.fanout.finished and not self._closed:
             scope = entry.expiry = anyio.CancelScope()
             entry.loop.spawn(self._expire, entry, scope)
             return
         with anyio.CancelScope(shield=True):
             await self._finalize(entry)
-
-    def _release_soon(self, entry: _Entry) -> None:
-        """Release from a garbage-collection callback, in any thread."""
-        if not entry.loop.run_soon(self._release_in_background, entry):
-            entry.refs -= 1  # the loop is gone: nothing left to await
-
-    def _release_in_background(self, entry: _Entry) -> None:
-        entry.loop.spawn(self._release, entry)
 
     async def _expire(self, entry: _Entry, scope: anyio.CancelScope) -> None:
         try:
