@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import AsyncGenerator
+from collections.abc import AsyncIterator
 from collections.abc import Iterable
 from typing import ClassVar
 from typing import Literal
@@ -128,3 +129,19 @@ def make_stub(*, ttl: float = 0.0, shutdown: bool = False) -> type[StreamStub]:
 def subscribe(cls: type[StreamStub], name: str = "a") -> SharedSubscription:
     """``cls(name)``, typed as what the decorator makes it return."""
     return cast(SharedSubscription, cls(name))
+
+
+async def take(it: AsyncIterator[DiscoveryEvent], n: int) -> list[DiscoveryEvent]:
+    """Read exactly ``n`` events (failing instead of hanging)."""
+    with anyio.fail_after(5):
+        return [await anext(it) for _ in range(n)]
+
+
+async def ended(it: AsyncIterator[DiscoveryEvent]) -> bool:
+    """Whether the next ``__anext__`` raises StopAsyncIteration."""
+    with anyio.fail_after(5):
+        try:
+            await anext(it)
+        except StopAsyncIteration:
+            return True
+    return False

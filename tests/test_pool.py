@@ -9,11 +9,13 @@ from collections.abc import AsyncIterator
 import anyio
 import pytest
 from _stubs import StreamStub
+from _stubs import ended
 from _stubs import ev
 from _stubs import make_stub
 from _stubs import meta
 from _stubs import pairs
 from _stubs import subscribe
+from _stubs import take
 from wool import DiscoveryEvent
 
 from wool_pooling import PoolStatistics
@@ -23,22 +25,6 @@ from wool_pooling import current_pool
 pytestmark = pytest.mark.anyio
 
 BACKENDS = ["asyncio", "trio"]
-
-
-async def take(it: AsyncIterator[DiscoveryEvent], n: int) -> list[DiscoveryEvent]:
-    """Read exactly ``n`` events (failing instead of hanging)."""
-    with anyio.fail_after(5):
-        return [await anext(it) for _ in range(n)]
-
-
-async def ended(it: AsyncIterator[DiscoveryEvent]) -> bool:
-    """Whether the next ``__anext__`` raises StopAsyncIteration."""
-    with anyio.fail_after(5):
-        try:
-            await anext(it)
-        except StopAsyncIteration:
-            return True
-    return False
 
 
 async def join_all(stub: type[StreamStub], *consumers: AsyncIterator[DiscoveryEvent]):

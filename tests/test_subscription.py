@@ -10,11 +10,13 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
+from _stubs import ended
 from _stubs import ev
 from _stubs import make_stub
 from _stubs import meta
 from _stubs import pairs
 from _stubs import subscribe
+from _stubs import take
 from wool import DiscoveryEvent
 from wool import DiscoverySubscriberLike
 
@@ -26,26 +28,10 @@ from wool_pooling import SubscriptionPool
 pytestmark = pytest.mark.anyio
 
 
-async def take(it: AsyncIterator[DiscoveryEvent], n: int) -> list[DiscoveryEvent]:
-    """Read exactly ``n`` events (failing instead of hanging)."""
-    with anyio.fail_after(5):
-        return [await anext(it) for _ in range(n)]
-
-
 async def drain(it: AsyncIterator[DiscoveryEvent]) -> list[DiscoveryEvent]:
     """Read until the consumer ends."""
     with anyio.fail_after(5):
         return [event async for event in it]
-
-
-async def ended(it: AsyncIterator[DiscoveryEvent]) -> bool:
-    """Whether the next ``__anext__`` raises StopAsyncIteration."""
-    with anyio.fail_after(5):
-        try:
-            await anext(it)
-        except StopAsyncIteration:
-            return True
-    return False
 
 
 async def settle(pool: SubscriptionPool, *, consumers: int) -> None:
