@@ -53,3 +53,11 @@ class NamedSubscriber:
 
     async def aclose(self) -> None:
         self.closed += 1
+
+
+async def first_uid(consumer: Any) -> uuid.UUID:
+    """Wait (bounded) for a consumer's first event; return the worker it names."""
+    with anyio.fail_after(5):
+        event = await consumer.__anext__()
+    assert event.type == "worker-added"
+    return event.metadata.uid

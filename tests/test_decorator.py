@@ -19,6 +19,7 @@ from typing import ClassVar
 import anyio
 import pytest
 import wool
+from subscribers import first_uid
 from wool import DiscoveryEvent
 from wool import DiscoverySubscriberLike
 from wool import WorkerMetadata
@@ -70,14 +71,6 @@ class Announcer:
     async def _stream(self) -> AsyncGenerator[DiscoveryEvent, None]:
         yield announcement(self)
         await anyio.sleep_forever()
-
-
-async def first_uid(consumer: Any) -> uuid.UUID:
-    """Wait (bounded) for a consumer's first event; return the worker it names."""
-    with anyio.fail_after(5):
-        event = await consumer.__anext__()
-    assert event.type == "worker-added"
-    return event.metadata.uid
 
 
 def uid_of(raw: object) -> uuid.UUID:

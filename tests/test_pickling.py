@@ -23,6 +23,7 @@ import cloudpickle
 import pytest
 from subscribers import NamedSubscriber
 from subscribers import announcement
+from subscribers import first_uid
 from wool import DiscoveryEvent
 from wool import WorkerMetadata
 
@@ -42,14 +43,6 @@ def _fresh_instances() -> Iterator[None]:
     NamedSubscriber.instances.clear()
     yield
     NamedSubscriber.instances.clear()
-
-
-async def first_uid(consumer: Any) -> uuid.UUID:
-    """Wait (bounded) for a consumer's first event; return the worker it names."""
-    with anyio.fail_after(5):
-        event = await consumer.__anext__()
-    assert event.type == "worker-added"
-    return event.metadata.uid
 
 
 def uid_of(raw: object) -> uuid.UUID:
