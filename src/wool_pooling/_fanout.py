@@ -1,16 +1,25 @@
 """Demand-driven multicast of one async iterator: a shared log, one cursor per consumer.
 
-Data path: the source is pulled by a pump task, one item per request, into an
-append-only log; each consumer reads the log through its own cursor. An item
-is held in exactly one place (``Fanout._items``) and freed in exactly one
-place (``Fanout._trim``): when the last consumer that was registered at the
-time it was pulled has read it or left.
+Data path: the source is pulled, one item per request, into a singly linked
+log; each consumer holds a reference to the next node it will read. A node is
+``[item, next, seq]`` (a list: the cheapest object to build and index); the
+fan-out holds only the empty node at the log's end, which the next item fills.
+So an item is held by nothing but the consumers that have yet to read it, and
+is freed by reference counting the moment the last of them moves past it or
+leaves: no counts to keep, nothing to trim. A read is two index operations.
+
+A consumer that must take the slow path at its next read (it lagged, or a
+pull waits for it to make room) has its reference replaced by a *trap*:
+``[None, None, seq, node, kind, arg]``, which has no ``next`` and so is never
+read as an item.
 """
 
 from __future__ import annotations
 
 import contextvars
+import sys
 import types
+import weakref
 from collections.abc import AsyncIterable
 from collections.abc import AsyncIterator
 from typing import Any
@@ -59,12 +68,19 @@ def validate_max_lag(max_lag: int | None) -> int | None:
     return max_lag
 
 
-#: What an inline pull returns when it produced no item.
-_SUSPENDED: Any = object()
+#: A log node: ``[item, next node or None, seq]``; see the module docstring.
+_Node = list[Any]
 
-#: Compact the log once this many freed slots sit at its front (and they are
-#: at least half of it), so trimming stays amortised O(1) per item.
-_COMPACT_AT = 256
+#: Trap kinds (``trap[4]``): the consumer skipped ``trap[5]`` items; or a
+#: pull waits for this consumer to read (``on_lag="wait"``).
+_LAGGED = "lagged"
+_WATCHED = "watched"
+
+#: Where an ended consumer points: a node that never gets a next one.
+_ENDED: _Node = [None, None, -1]
+
+#: ``_lag_check_at`` when no lag bound applies.
+_NEVER = sys.maxsize
 
 
 @attrs.frozen
@@ -151,21 +167,20 @@ class Fanout(Generic[T]):
         "_demand",
         "_drop_lagging",
         "_end",
-        "_head",
-        "_items",
         "_iterator",
+        "_lag_check_at",
         "_loop",
         "_max_lag",
-        "_offset",
-        "_pending",
-        "_pulled",
         "_puller",
         "_pulling",
         "_pump_done",
         "_pump_scope",
         "_pumping",
+        "_registry",
+        "_slowest",
         "_source",
         "_space",
+        "_tail",
     )
 
     def __init__(
@@ -183,18 +198,24 @@ class Fanout(Generic[T]):
         if on_lag not in ("wait", "error"):
             raise ValueError(f"on_lag must be 'wait' or 'error', got {on_lag!r}")
         self._drop_lagging = on_lag == "error"
-        self._space: anyio.Event | None = None
         self._source = source
         self._iterator: AsyncIterator[T] | None = None
-        # The log: _items[i] is the item at absolute index _offset + i; the
-        # first _head slots are freed (None). _pending[i] counts the consumers
-        # that have yet to receive _items[i].
-        self._items: list[Any] = []
-        self._pending: list[int] = []
-        self._offset = 0
-        self._head = 0
-        self._pulled = 0
+        # The log's end: the empty node the next item fills. Its seq is the
+        # number of items logged so far.
+        self._tail: _Node = [None, None, 0]
         self._consumers = 0
+        # The registered consumers, for what needs their positions: the lag
+        # bound, statistics, closing. Weak: a dropped consumer is collected.
+        self._registry: weakref.WeakSet[FanoutConsumer[T]] = weakref.WeakSet()
+        # The lag bound. _slowest is a lower bound on every consumer's seq
+        # (positions only move forward; newcomers start at the end).
+        self._slowest = 0
+        self._lag_check_at = (
+            self._max_lag + 1
+            if self._max_lag is not None and self._drop_lagging
+            else _NEVER
+        )
+        self._space: anyio.Event | None = None
         self._end: _End | None = None
         # Demand: consumers waiting for the item after the log's end. They all
         # wait on _arrival, which is set (and replaced) when that item lands.
@@ -220,8 +241,10 @@ class Fanout(Generic[T]):
         end = self._end
         if end is not None and end.closed:
             raise anyio.ClosedResourceError("this fan-out is closed")
+        consumer = FanoutConsumer(self, self._tail)
         self._consumers += 1
-        return FanoutConsumer(self, self._offset + len(self._items))
+        self._registry.add(consumer)
+        return consumer
 
     @property
     def finished(self) -> bool:
@@ -237,10 +260,10 @@ class Fanout(Generic[T]):
         """Return a snapshot of consumers, buffered items and pump state."""
         return FanoutStatistics(
             consumers=self._consumers,
-            buffered=len(self._items) - self._head,
+            buffered=self._buffered(),
             waiting=self._demand,
             pulling=self._pulling,
-            pulled=self._pulled,
+            pulled=self._tail[2],
         )
 
     async def aclose(self) -> None:
@@ -254,14 +277,14 @@ class Fanout(Generic[T]):
         if first:
             self._end = _End(closed=True)
             self._consumers = 0
-            # Cursors stay valid: each now points at or past the (empty) end.
-            self._items = []
-            self._pending = []
-            self._head = 0
+            # Every consumer moves to the (empty) end: what it had yet to read
+            # is dropped, and its next read finds the fan-out closed.
+            tail = self._tail
+            for consumer in list(self._registry):
+                consumer._node = tail  # pyright: ignore[reportPrivateUsage]
+            self._registry = weakref.WeakSet()
             self._satisfy_waiters()
-            if self._space is not None:
-                self._space.set()
-                self._space = None
+            self._wake_space()
             if self._pump_scope is not None:
                 self._pump_scope.cancel()
         with anyio.CancelScope(shield=True):
@@ -287,89 +310,117 @@ class Fanout(Generic[T]):
             state = "EXHAUSTED"
         return (
             f"<Fanout [{state}, consumers: {self._consumers}, "
-            f"buffered: {len(self._items) - self._head}] of {self._source!r}>"
+            f"buffered: {self._buffered()}] of {self._source!r}>"
         )
 
     # -- the log ---------------------------------------------------------
 
     def _append(self, item: T) -> None:
-        self._pulled += 1
-        consumers = self._consumers
-        self._items.append(item)
-        self._pending.append(consumers)
-        if consumers == 0:
-            self._trim()
-        elif self._drop_lagging:
+        tail = self._tail
+        seq: int = tail[2] + 1
+        following: _Node = [None, None, seq]
+        tail[0] = item
+        tail[1] = following
+        self._tail = following
+        if self._lag_check_at <= seq:
             self._drop_beyond_lag()
-        self._satisfy_waiters()
+        if self._arrival is not None:
+            self._satisfy_waiters()
 
     def _inject(self, item: T) -> None:
         """Log an item that did not come from a pull (a resync's drop), if open."""
         if self._end is None:
             self._append(item)
 
-    def _drop_beyond_lag(self) -> None:
-        """``on_lag="error"``: free the oldest items beyond ``max_lag``.
+    def _positions(self) -> list[int]:
+        """The seq of every registered consumer's next item."""
+        return [
+            consumer._node[2]  # pyright: ignore[reportPrivateUsage]
+            for consumer in self._registry
+            if consumer._registered  # pyright: ignore[reportPrivateUsage]
+        ]
 
-        Consumers that had not read them skip them, with :exc:`Lagged`.
+    def _buffered(self) -> int:
+        if self._end is not None and self._end.closed:
+            return 0
+        return self._tail[2] - min(self._positions(), default=self._tail[2])
+
+    def _drop_beyond_lag(self) -> None:
+        """``on_lag="error"``: drop the items more than ``max_lag`` behind the end.
+
+        Each consumer still short of them is moved to the oldest item kept,
+        behind a trap that raises :exc:`Lagged` (with the count) at its next
+        read; the items it skipped are freed as it lets go of them. Runs only
+        when some consumer may be too far behind (``_lag_check_at``).
         """
         max_lag = self._max_lag
-        if max_lag is None:
-            return
-        excess = len(self._items) - self._head - max_lag
-        if excess > 0:
-            items = self._items
-            head = self._head
-            for index in range(head, head + excess):
-                items[index] = None
-            self._head = head + excess
-            self._trim()
+        assert max_lag is not None
+        end = self._tail[2]
+        oldest = end - max_lag
+        slowest = end
+        for consumer in list(self._registry):
+            node = consumer._node  # pyright: ignore[reportPrivateUsage]
+            seq = node[2]
+            if seq < oldest and consumer._registered:  # pyright: ignore[reportPrivateUsage]
+                trapped = len(node) > 3
+                kept = node[3] if trapped else node
+                while kept[2] < oldest:
+                    kept = kept[1]
+                if trapped and node[4] is _LAGGED:
+                    node[2], node[3], node[5] = oldest, kept, node[5] + oldest - seq
+                else:
+                    consumer._node = [None, None, oldest, kept, _LAGGED, oldest - seq]  # pyright: ignore[reportPrivateUsage]
+                seq = oldest
+            if seq < slowest:
+                slowest = seq
+        self._lag_check_at = slowest + max_lag + 1
 
     def _log_is_full(self) -> bool:
         """``on_lag="wait"``: the slowest consumer is ``max_lag`` items behind."""
         max_lag = self._max_lag
-        return (
-            max_lag is not None
-            and not self._drop_lagging
-            and len(self._items) - self._head >= max_lag
-        )
+        if max_lag is None or self._drop_lagging:
+            return False
+        end = self._tail[2]
+        if end - self._slowest < max_lag:
+            return False
+        self._slowest = min(self._positions(), default=end)
+        return end - self._slowest >= max_lag
 
     async def _wait_for_space(self) -> None:
-        """Wait until the slowest consumer reads (or leaves) the oldest item."""
+        """Wait until the slowest consumer reads (or leaves) the oldest item.
+
+        The consumers at the oldest item get a trap, so that their next read
+        wakes this wait.
+        """
         space = self._space
         if space is None:
             space = self._space = anyio.Event()
+        self._watch_slowest()
         await space.wait()
 
-    def _trim(self) -> None:
-        """Free every slot at the log's front that no consumer still needs."""
-        items = self._items
-        pending = self._pending
-        head = self._head
-        size = len(items)
-        while head < size and pending[head] <= 0:
-            items[head] = None
-            head += 1
-        if head != self._head and self._space is not None:
-            self._space.set()  # the slowest consumer moved: a pull may proceed
-            self._space = None
-        if head >= _COMPACT_AT and head * 2 >= size:
-            del items[:head]
-            del pending[:head]
-            self._offset += head
-            head = 0
-        self._head = head
+    def _watch_slowest(self) -> None:
+        # Not inline in _wait_for_space: its suspended frame must not keep a
+        # consumer alive (a dropped slow consumer must be collectable).
+        slowest = self._slowest
+        for consumer in self._registry:
+            node = consumer._node  # pyright: ignore[reportPrivateUsage]
+            if node[2] == slowest and len(node) == 3 and consumer._registered:  # pyright: ignore[reportPrivateUsage]
+                consumer._node = [None, None, slowest, node, _WATCHED, None]  # pyright: ignore[reportPrivateUsage]
 
-    def _leave(self, cursor: int) -> None:
-        """Unregister a consumer whose next unread item is at ``cursor``."""
+    def _wake_space(self) -> None:
+        """A slow consumer moved or left: let a pull waiting for room look again."""
+        space = self._space
+        if space is not None:
+            self._space = None
+            space.set()
+
+    def _leave(self, consumer: FanoutConsumer[T]) -> None:
+        """Unregister a consumer; what only it held is freed with its node."""
         if self._end is not None and self._end.closed:
             return
         self._consumers -= 1
-        pending = self._pending
-        start = max(cursor - self._offset, self._head)
-        for index in range(start, len(pending)):
-            pending[index] -= 1
-        self._trim()
+        self._registry.discard(consumer)
+        self._wake_space()
         if self._consumers == 0 and self._puller is not None:
             self._puller.wake()  # let an idle pump notice that nobody is left
 
@@ -413,14 +464,12 @@ class Fanout(Generic[T]):
             self._pump, self._pump_scope, self._pump_done, context, context=context
         )
 
-    def _pull_inline(self, puller: PumpOnly) -> Any:
+    def _pull_inline(self, puller: PumpOnly) -> None:
         """Pull inline, as the idle pump, for a consumer at the log's end.
 
-        Call only when ``puller.ready``. On success the item is logged for the
-        other consumers and returned: the caller takes it at once.
-
-        :returns: the item, or ``_SUSPENDED`` if there is none yet: the pull
-            suspended and the pump owns it now, or the source ended.
+        Call only when ``puller.ready``. On success the item is logged, and
+        the caller reads it at once. Otherwise there is no item yet: the pull
+        suspended and the pump owns it now, or the source ended.
         """
         self._pulling = True
         try:
@@ -430,27 +479,13 @@ class Fanout(Generic[T]):
             completed, item = puller.start(iterator.__anext__())
         except StopAsyncIteration:
             self._finish(None)
-            return _SUSPENDED
+            return
         except BaseException as error:
             self._finish(error)
-            return _SUSPENDED
-        if not completed:
-            return _SUSPENDED
-        self._pulling = False
-        self._pulled += 1
-        others = self._consumers - 1
-        if others:
-            self._items.append(item)
-            self._pending.append(others)
-            if self._drop_lagging:
-                self._drop_beyond_lag()
-        else:
-            # Nobody else needs it, and the log is empty (the puller was at
-            # its end): move the end on without storing the item.
-            self._offset += 1
-        if self._arrival is not None:
-            self._satisfy_waiters()
-        return item
+            return
+        if completed:
+            self._pulling = False
+            self._append(item)
 
     async def _pump(
         self,
@@ -533,11 +568,12 @@ class FanoutConsumer(Generic[T]):
     collection. Ending a consumer never affects the source or the others.
     """
 
-    __slots__ = ("_cursor", "_fanout", "_registered", "_waiting")
+    __slots__ = ("__weakref__", "_fanout", "_node", "_registered", "_waiting")
 
-    def __init__(self, fanout: Fanout[T], cursor: int) -> None:
+    def __init__(self, fanout: Fanout[T], node: _Node) -> None:
         self._fanout = fanout
-        self._cursor = cursor
+        # The node of the next item to read (or a trap over it).
+        self._node = node
         self._registered = True
         self._waiting = False
 
@@ -545,53 +581,52 @@ class FanoutConsumer(Generic[T]):
         return self
 
     async def __anext__(self) -> T:
+        node = self._node
+        following = node[1]
+        if following is not None:  # the fast path: an item is buffered
+            self._node = following
+            return node[0]
         fanout = self._fanout
-        while self._registered:
-            index = self._cursor - fanout._offset
-            items = fanout._items
-            if index < len(items):
-                if index < fanout._head:  # its items were dropped (on_lag="error")
-                    skipped = fanout._head - index
-                    self._cursor += skipped
-                    raise Lagged(skipped)
-                item: T = items[index]
-                self._cursor += 1
-                pending = fanout._pending
-                left = pending[index] - 1
-                pending[index] = left
-                if not left:
-                    fanout._trim()
-                return item
-            end = fanout._end
-            if end is not None:
+        while True:
+            if len(node) > 3:  # a trap: step onto the node it covers
+                self._node = node[3]
+                if node[4] is _LAGGED:
+                    raise Lagged(node[5])
+                fanout._wake_space()  # pyright: ignore[reportPrivateUsage]
+            elif not self._registered:
+                raise StopAsyncIteration
+            elif fanout._end is not None:  # pyright: ignore[reportPrivateUsage]
+                end = fanout._end  # pyright: ignore[reportPrivateUsage]
                 self.close()
                 if end.error is not None:
                     raise end.error.with_traceback(end.traceback)
-                break
-            if fanout._log_is_full():
-                await fanout._wait_for_space()  # on_lag="wait": never pull ahead
-                continue
-            puller = fanout._puller
-            if puller is not None and puller.ready:
-                item = fanout._pull_inline(puller)
-                if item is not _SUSPENDED:
-                    self._cursor += 1  # the puller takes its item straight away
-                    return item
-                continue
-            self._waiting = True
-            try:
-                await fanout._wait_for_item()
-            finally:
-                self._waiting = False
-        raise StopAsyncIteration
+                raise StopAsyncIteration
+            elif fanout._log_is_full():  # pyright: ignore[reportPrivateUsage]
+                await fanout._wait_for_space()  # pyright: ignore[reportPrivateUsage]
+            else:
+                puller = fanout._puller  # pyright: ignore[reportPrivateUsage]
+                if puller is not None and puller.ready:
+                    fanout._pull_inline(puller)  # pyright: ignore[reportPrivateUsage]
+                else:
+                    self._waiting = True
+                    try:
+                        await fanout._wait_for_item()  # pyright: ignore[reportPrivateUsage]
+                    finally:
+                        self._waiting = False
+            node = self._node
+            following = node[1]
+            if following is not None:
+                self._node = following
+                return node[0]
 
     def close(self) -> None:
         """End this consumer and free the items it held. Idempotent."""
         if self._registered:
             self._registered = False
-            self._fanout._leave(self._cursor)
+            self._node = _ENDED
+            self._fanout._leave(self)  # pyright: ignore[reportPrivateUsage]
             if self._waiting:
-                self._fanout._satisfy_waiters()  # wake the task waiting on us
+                self._fanout._satisfy_waiters()  # pyright: ignore[reportPrivateUsage]
 
     async def aclose(self) -> None:
         """Like :meth:`close`, with a checkpoint."""
@@ -609,12 +644,8 @@ class FanoutConsumer(Generic[T]):
         fanout = self._fanout
         if not self._registered or fanout.closed:
             return
-        pending = fanout._pending
-        start = max(self._cursor - fanout._offset, fanout._head)
-        for index in range(start, len(pending)):
-            pending[index] -= 1
-        self._cursor = fanout._offset + len(fanout._items)
-        fanout._trim()
+        self._node = fanout._tail  # pyright: ignore[reportPrivateUsage]
+        fanout._wake_space()  # pyright: ignore[reportPrivateUsage]
 
     @property
     def fanout(self) -> Fanout[T]:
@@ -626,12 +657,12 @@ class FanoutConsumer(Generic[T]):
         """Items already pulled that this consumer has yet to receive."""
         if not self._registered or self._fanout.closed:
             return 0
-        return self._fanout._offset + len(self._fanout._items) - self._cursor
+        return self._fanout._tail[2] - self._node[2]  # pyright: ignore[reportPrivateUsage]
 
     def __del__(self) -> None:
         if getattr(self, "_registered", False):
             self._registered = False
-            self._fanout._leave(self._cursor)
+            self._fanout._leave(self)  # pyright: ignore[reportPrivateUsage]
 
     def __repr__(self) -> str:
         state = "ACTIVE" if self._registered else "ENDED"
