@@ -32,13 +32,21 @@ import contextvars
 import sys
 import types
 from collections.abc import Awaitable
+from collections.abc import Callable
 from collections.abc import Generator
 from typing import Any
 from typing import final
 
 import anyio
 
-__all__ = ["PumpOnly", "continue_pull", "inline_puller"]
+__all__ = [
+    "DRIVEN",
+    "SUSPENDED",
+    "PumpOnly",
+    "continue_pull",
+    "forward",
+    "inline_puller",
+]
 
 try:  # pragma: no cover - depends on the interpreter
     from asyncio.tasks import _current_tasks  # type: ignore[attr-defined]
@@ -52,22 +60,39 @@ except ImportError:  # pragma: no cover
 #: Marks a trio pull whose pump adopted the source's wait: resume by sending.
 _ADOPTED = object()
 
+#: What a step returns when the pull suspended and the pump owns it now.
+SUSPENDED: Any = object()
+
+#: What a step returns when the pull suspended at a yield bound to no task
+#: (asyncio's ``sleep(0)``, trio's shielded checkpoint): the consumer that
+#: ran it yields the same to its own task, then runs the next step.
+DRIVEN: Any = object()
+
 
 class PumpOnly:
     """The pump's idle state when pulls cannot start inline: an event to wake it.
 
     ``idle()`` parks the pump until :meth:`wake`; it returns an awaitable that
-    finishes a pull a consumer started inline and handed over, or ``None``.
+    finishes a pull a consumer started inline and handed over (or that the
+    pump takes over from the consumer driving it), or ``None``.
     """
 
-    __slots__ = ("_handoff", "_wake")
+    __slots__ = ("_driven", "_handoff", "_wake", "driving")
 
     #: Whether a consumer may start a pull inline right now.
     ready = False
+    #: What that consumer yields to its own task between two steps.
+    driven_message: Any = None
+    #: What that consumer awaits after its yield to notice its cancellation,
+    #: if the yield itself cannot deliver it (trio's is shielded).
+    cancel_check: Callable[[], Awaitable[None]] | None = None
 
     def __init__(self) -> None:
         self._wake: anyio.Event | None = None
         self._handoff: tuple[Any, Any] | None = None
+        self._driven: Any = None
+        #: Whether a consumer is driving a pull (see :data:`DRIVEN`).
+        self.driving = False
 
     def wake(self) -> None:
         """Rouse the idle pump (a consumer waits, or nobody is left)."""
@@ -81,84 +106,193 @@ class PumpOnly:
         try:
             await wake.wait()
         except anyio.get_cancelled_exc_class() as error:
-            handoff = self._take_handoff()
-            if handoff is None:
+            pull = self._take_over(error)  # the error is meant for the pull
+            if pull is None:
                 raise
-            return continue_pull(*handoff, error)  # meant for the pull
+            return pull
         finally:
             self._set_ready(False)
             self._wake = None
-        handoff = self._take_handoff()
-        return None if handoff is None else continue_pull(*handoff)
+        return self._take_over(None)
 
-    def start(self, awaitable: Awaitable[Any]) -> tuple[bool, Any]:
-        """Start a pull inline; only valid while :attr:`ready`."""
+    def start(self, awaitable: Awaitable[Any]) -> Any:
+        """Run a pull's first step inline, as the pump; only while :attr:`ready`.
+
+        :returns: the pulled item, :data:`SUSPENDED` (the pump owns the pull
+            now) or :data:`DRIVEN` (the caller drives it: yield
+            :attr:`driven_message`, then :meth:`resume` with the reply).
+        """
         raise RuntimeError("pulls cannot start inline here")
+
+    def resume(self, sent: Any) -> Any:
+        """Run the next step of the pull the caller drives, as the pump.
+
+        Returns like :meth:`start`. If the pump was woken meanwhile (it is
+        being cancelled), nothing runs: the pump takes the pull over, and
+        this returns :data:`SUSPENDED`.
+        """
+        raise RuntimeError("no pull is driven here")
+
+    def hand_over(self) -> None:
+        """Give the pull the caller drives to the pump (the caller is leaving)."""
+        target, self._driven = self._driven, None
+        self.driving = False
+        self._handoff = (target, self.driven_message)
+        self._rouse()
+
+    def _rouse(self) -> None:
+        """Wake the pump for a handoff (``ready`` stays false: a pull is in flight)."""
+        if self._wake is not None:
+            self._wake.set()
+
+    def _take_over(self, error: BaseException | None) -> Awaitable[Any] | None:
+        handoff, self._handoff = self._handoff, None
+        if handoff is not None:
+            return continue_pull(*handoff, error)
+        target, self._driven = self._driven, None
+        if target is None:
+            return None
+        # Woken while a consumer drives a pull: the pump carries it on, from
+        # the yield the consumer made (already done: resume with its reply).
+        self.driving = False
+        if error is not None:
+            return continue_pull(target, None, error)
+        return continue_pull(target, None, send=None)
 
     def _set_ready(self, ready: bool) -> None:
         pass
 
-    def _take_handoff(self) -> tuple[Any, Any] | None:
-        handoff, self._handoff = self._handoff, None
-        return handoff
-
 
 @final
 class _AsyncioInlinePuller(PumpOnly):
-    __slots__ = ("_context", "_loop", "_task", "ready")
+    __slots__ = ("_direct", "_loop", "_run", "_task", "ready")
 
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
         task: asyncio.Task[Any],
         context: contextvars.Context,
+        *,
+        direct: bool,
     ) -> None:
         super().__init__()
         self._loop = loop
         self._task = task
-        self._context = context
+        self._run = context.run
+        # Swap the current task by writing asyncio's table directly (see
+        # _direct_swap_works), or through _leave_task/_enter_task.
+        self._direct = direct
         self.ready = False
 
     def _set_ready(self, ready: bool) -> None:
         self.ready = ready
 
-    def start(self, awaitable: Awaitable[Any]) -> tuple[bool, Any]:
-        target = _step_target(awaitable)
-        loop = self._loop
-        caller = _current_tasks.get(loop)
-        if caller is None:
-            raise RuntimeError("an inline pull must start in an asyncio task")
-        _leave_task(loop, caller)  # type: ignore[misc]
-        _enter_task(loop, self._task)  # type: ignore[misc]
+    def start(self, awaitable: Awaitable[Any]) -> Any:
+        target: Any = awaitable
         try:
-            yielded = self._context.run(target.send, None)
-        except StopIteration as stop:
-            return True, stop.value
+            send: Callable[[Any], Any] = target.send
+        except AttributeError:
+            target = target.__await__()
+            send = target.send
+        return self._step(target, send, None)
+
+    def resume(self, sent: Any) -> Any:
+        if self._task.cancelling():
+            return SUSPENDED  # the pump wakes cancelled and takes the pull over
+        target: Any = self._driven
+        return self._step(target, target.send, sent)
+
+    def _step(self, target: Any, send: Callable[[Any], Any], value: Any) -> Any:
+        loop = self._loop
+        pump = self._task
+        tasks = _current_tasks
+        caller = tasks.get(loop)
+        if caller is None:
+            raise RuntimeError("an inline pull must run in an asyncio task")
+        if self._direct:
+            tasks[loop] = pump
+        else:
+            _leave_task(loop, caller)  # type: ignore[misc]
+            _enter_task(loop, pump)  # type: ignore[misc]
+        try:
+            yielded = self._run(send, value)
+        except BaseException as exc:
+            self.driving = False
+            self._driven = None
+            self.ready = True  # the pump is still idle
+            if isinstance(exc, StopIteration):
+                return exc.value
+            raise
         finally:
-            _leave_task(loop, self._task)  # type: ignore[misc]
-            _enter_task(loop, caller)  # type: ignore[misc]
+            if self._direct:
+                tasks[loop] = caller
+            else:
+                _leave_task(loop, pump)  # type: ignore[misc]
+                _enter_task(loop, caller)  # type: ignore[misc]
         self.ready = False
+        if yielded is None:  # a bare yield (sleep(0)): bound to no task
+            self._driven = target
+            self.driving = True
+            return DRIVEN
+        self.driving = False
+        self._driven = None
         self._handoff = (target, yielded)
         self.wake()
-        return False, None
+        return SUSPENDED
+
+
+def _direct_swap_works(loop: asyncio.AbstractEventLoop, task: Any) -> bool:
+    """Whether ``_current_tasks[loop]`` is what ``asyncio.current_task()`` reads.
+
+    True on CPython 3.11-3.13 with or without the C accelerator; checked
+    rather than assumed, since the storage is private.
+    """
+    if _current_tasks.get(loop) is not task:
+        return False
+    marker = object()
+    _current_tasks[loop] = marker
+    try:
+        return asyncio.current_task() is marker  # type: ignore[comparison-overlap]
+    finally:
+        _current_tasks[loop] = task
 
 
 @final
 class _TrioInlinePuller(PumpOnly):
-    __slots__ = ("_context", "_run", "_task", "_trap", "_trio", "ready")
+    __slots__ = (
+        "_context",
+        "_run",
+        "_shielded",
+        "_task",
+        "_trap",
+        "_trio",
+        "cancel_check",
+        "driven_message",
+        "ready",
+    )
 
-    def __init__(self, trio: Any, run: Any, trap: type, task: Any) -> None:
+    def __init__(self, trio: Any, run: Any, traps: Any, task: Any) -> None:
         super().__init__()
         self._trio = trio
         self._run = run
-        self._trap = trap
+        self._trap = traps.WaitTaskRescheduled
+        self._shielded = traps.CancelShieldedCheckpoint
         self._task = task
         self._context: contextvars.Context = task.context
         self.ready = False
+        self.driven_message = self._shielded
+        self.cancel_check = trio.lowlevel.checkpoint_if_cancelled
+
+    def _set_ready(self, ready: bool) -> None:
+        self.ready = ready
 
     def wake(self) -> None:
         if self.ready:
             self.ready = False
+            self._trio.lowlevel.reschedule(self._task)
+
+    def _rouse(self) -> None:
+        if self._task._abort_func is not None:  # else it is awake already
             self._trio.lowlevel.reschedule(self._task)
 
     async def idle(self) -> Awaitable[Any] | None:
@@ -169,17 +303,36 @@ class _TrioInlinePuller(PumpOnly):
             outcome = await _wait_task_rescheduled(self._trap)
         finally:
             self.ready = False
-        handoff = self._take_handoff()
+        handoff, self._handoff = self._handoff, None
         if handoff is None:
-            return outcome.unwrap()  # woken (None), or cancelled (raises)
+            target, self._driven = self._driven, None
+            if target is None:
+                return outcome.unwrap()  # woken (None), or cancelled (raises)
+            # Cancelled while a consumer drives a pull: carry it on from its
+            # shielded checkpoint; the pull's own next checkpoint (run as the
+            # pump) raises the cancellation, which trio delivers again.
+            self.driving = False
+            return continue_pull(target, self._shielded)
         target, yielded = handoff
         if yielded is _ADOPTED:
             return continue_pull(target, None, send=outcome)
         error: BaseException | None = getattr(outcome, "error", None)
+        if yielded is self._shielded:
+            error = None  # never delivered there; trio delivers it again later
         return continue_pull(target, yielded, error)
 
-    def start(self, awaitable: Awaitable[Any]) -> tuple[bool, Any]:
+    def start(self, awaitable: Awaitable[Any]) -> Any:
         target = _step_target(awaitable)
+        return self._step(target, None)
+
+    def resume(self, sent: Any) -> Any:
+        if self._task._abort_func is None:
+            # The pump was rescheduled while idle: it is being cancelled, and
+            # takes the pull over when it runs.
+            return SUSPENDED
+        return self._step(self._driven, sent)
+
+    def _step(self, target: Any, value: Any) -> Any:
         run_context = self._run.GLOBAL_RUN_CONTEXT
         task = self._task
         caller = run_context.task
@@ -187,28 +340,41 @@ class _TrioInlinePuller(PumpOnly):
         task._abort_func = None  # no cancellation delivery while it runs here
         run_context.task = task
         try:
-            message = self._context.run(target.send, None)
+            message = self._context.run(target.send, value)
         except BaseException as exc:
             run_context.task = caller
+            self.driving = False
+            self._driven = None
+            self.ready = True  # the pump is still idle
             task._abort_func = idle_abort
             task._attempt_delivery_of_any_pending_cancel()
             if isinstance(exc, StopIteration):
-                return True, exc.value
+                return exc.value
             raise
         run_context.task = caller
+        self.ready = False
+        if message is self._shielded:
+            # "Reschedule me": bound to no task, the consumer yields it.
+            self._driven = target
+            self.driving = True
+            task._abort_func = idle_abort
+            task._attempt_delivery_of_any_pending_cancel()
+            return DRIVEN
+        self.driving = False
+        self._driven = None
         if type(message) is self._trap:
             # The source parked "the current task", i.e. the pump: the pump
             # now waits for the source's wake-up, with the source's abort.
-            self.ready = False
             self._handoff = (target, _ADOPTED)
             task._abort_func = message.abort_func
             task._attempt_delivery_of_any_pending_cancel()
         else:
-            # Any other trap is not bound to a task: the pump yields it itself.
+            # Any other trap: the pump yields it itself.
             task._abort_func = idle_abort
             self._handoff = (target, message)
+            self.ready = True
             self.wake()
-        return False, None
+        return SUSPENDED
 
 
 def inline_puller(context: contextvars.Context) -> PumpOnly:
@@ -218,10 +384,12 @@ def inline_puller(context: contextvars.Context) -> PumpOnly:
     except RuntimeError:
         pass
     else:
-        task = _current_tasks.get(loop)
+        task = asyncio.current_task()
         if _enter_task is None or task is None:
             return PumpOnly()
-        return _AsyncioInlinePuller(loop, task, context)
+        return _AsyncioInlinePuller(
+            loop, task, context, direct=_direct_swap_works(loop, task)
+        )
     trio = sys.modules.get("trio")
     try:
         from trio._core import _run  # type: ignore[attr-defined]
@@ -232,10 +400,14 @@ def inline_puller(context: contextvars.Context) -> PumpOnly:
         for name in ("_abort_func", "_attempt_delivery_of_any_pending_cancel"):
             if not hasattr(task, name):
                 return PumpOnly()
-        from trio._core._traps import WaitTaskRescheduled  # type: ignore[attr-defined]
+        from trio._core import _traps  # type: ignore[attr-defined]
+
+        for name in ("WaitTaskRescheduled", "CancelShieldedCheckpoint"):
+            if not hasattr(_traps, name):
+                return PumpOnly()
     except Exception:  # pragma: no cover - a trio without these internals
         return PumpOnly()
-    return _TrioInlinePuller(trio, _run, WaitTaskRescheduled, task)
+    return _TrioInlinePuller(trio, _run, _traps, task)
 
 
 def _step_target(awaitable: Awaitable[Any]) -> Any:
@@ -255,6 +427,12 @@ def _abort_succeeded(raise_cancel: Any) -> Any:
 
 
 _NOTHING = object()
+
+
+@types.coroutine
+def forward(message: Any) -> Generator[Any, Any, Any]:
+    """Yield ``message`` to the event loop from the calling task; return the reply."""
+    return (yield message)
 
 
 @types.coroutine

@@ -32,7 +32,10 @@ import anyio
 import anyio.lowlevel
 import attrs
 
+from ._eager import DRIVEN
+from ._eager import SUSPENDED
 from ._eager import PumpOnly
+from ._eager import forward
 from ._eager import inline_puller
 from ._loop import EventLoop
 from ._loop import current_loop
@@ -167,6 +170,7 @@ class Fanout(Generic[T]):
         "_demand",
         "_drop_lagging",
         "_end",
+        "_holds_back",
         "_iterator",
         "_lag_check_at",
         "_loop",
@@ -198,6 +202,8 @@ class Fanout(Generic[T]):
         if on_lag not in ("wait", "error"):
             raise ValueError(f"on_lag must be 'wait' or 'error', got {on_lag!r}")
         self._drop_lagging = on_lag == "error"
+        # on_lag="wait" with a bound: a pull may have to wait for room.
+        self._holds_back = self._max_lag is not None and not self._drop_lagging
         self._source = source
         self._iterator: AsyncIterator[T] | None = None
         # The log's end: the empty node the next item fills. Its seq is the
@@ -445,8 +451,8 @@ class Fanout(Generic[T]):
         self._demand += 1
         if not self._pumping:
             self._start_pump()
-        elif self._puller is not None:
-            self._puller.wake()
+        elif self._puller is not None and not self._puller.driving:
+            self._puller.wake()  # (a driven pull's end wakes every waiter)
         try:
             await arrival.wait()
         finally:
@@ -476,16 +482,65 @@ class Fanout(Generic[T]):
             iterator = self._iterator
             if iterator is None:
                 iterator = self._iterator = aiter(self._source)
-            completed, item = puller.start(iterator.__anext__())
+            item = puller.start(iterator.__anext__())
         except StopAsyncIteration:
             self._finish(None)
             return
         except BaseException as error:
             self._finish(error)
             return
-        if completed:
+        if item is not SUSPENDED and item is not DRIVEN:
             self._pulling = False
-            self._append(item)
+            # _append, inline: this is the path of every ready item.
+            tail = self._tail
+            seq: int = tail[2] + 1
+            following: _Node = [None, None, seq]
+            tail[0] = item
+            tail[1] = following
+            self._tail = following
+            if self._lag_check_at <= seq:
+                self._drop_beyond_lag()
+            if self._arrival is not None:
+                self._satisfy_waiters()
+
+    async def _drive_pull(self, puller: PumpOnly) -> None:
+        """Carry on, in the calling consumer, a pull that ``_pull_inline`` left
+        suspended at a yield bound to no task.
+
+        The consumer makes that yield itself, then runs the next step, still
+        as the pump, until the pull completes or suspends on something bound
+        to a task (which the pump then owns). If the consumer is cancelled at
+        its yield, or the pump is woken meanwhile (closing, a timeout inside
+        the pull), the pump carries the pull on instead; the consumer's
+        cancellation never reaches the source.
+        """
+        checkpoint_if_cancelled = puller.cancel_check
+        while puller.driving:
+            try:
+                sent = await forward(puller.driven_message)
+                if checkpoint_if_cancelled is not None:
+                    await checkpoint_if_cancelled()
+            except BaseException:
+                if puller.driving:
+                    puller.hand_over()
+                raise
+            if not puller.driving:
+                break  # the pump took the pull over
+            try:
+                item = puller.resume(sent)
+            except StopAsyncIteration:
+                self._finish(None)
+                return
+            except BaseException as error:
+                self._finish(error)
+                return
+            if item is SUSPENDED:
+                return
+            if item is not DRIVEN:
+                self._pulling = False
+                self._append(item)
+        if self._consumers == 0:
+            puller.wake()  # the pump stayed parked: let it see nobody is left
 
     async def _pump(
         self,
@@ -601,12 +656,14 @@ class FanoutConsumer(Generic[T]):
                 if end.error is not None:
                     raise end.error.with_traceback(end.traceback)
                 raise StopAsyncIteration
-            elif fanout._log_is_full():  # pyright: ignore[reportPrivateUsage]
+            elif fanout._holds_back and fanout._log_is_full():  # pyright: ignore[reportPrivateUsage]
                 await fanout._wait_for_space()  # pyright: ignore[reportPrivateUsage]
             else:
                 puller = fanout._puller  # pyright: ignore[reportPrivateUsage]
                 if puller is not None and puller.ready:
                     fanout._pull_inline(puller)  # pyright: ignore[reportPrivateUsage]
+                    if puller.driving:
+                        await fanout._drive_pull(puller)  # pyright: ignore[reportPrivateUsage]
                 else:
                     self._waiting = True
                     try:
