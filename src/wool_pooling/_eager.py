@@ -31,10 +31,12 @@ import asyncio
 import contextvars
 import sys
 import types
+from collections.abc import AsyncIterator
 from collections.abc import Awaitable
 from collections.abc import Callable
 from collections.abc import Generator
 from typing import Any
+from typing import cast
 from typing import final
 
 import anyio
@@ -115,8 +117,8 @@ class PumpOnly:
             self._wake = None
         return self._take_over(None)
 
-    def start(self, awaitable: Awaitable[Any]) -> Any:
-        """Run a pull's first step inline, as the pump; only while :attr:`ready`.
+    def start(self, iterator: AsyncIterator[Any]) -> Any:
+        """Start a pull of ``iterator`` inline, as the pump; only while :attr:`ready`.
 
         :returns: the pulled item, :data:`SUSPENDED` (the pump owns the pull
             now) or :data:`DRIVEN` (the caller drives it: yield
@@ -165,7 +167,17 @@ class PumpOnly:
 
 @final
 class _AsyncioInlinePuller(PumpOnly):
-    __slots__ = ("_direct", "_loop", "_run", "_task", "ready")
+    __slots__ = (
+        "_box",
+        "_direct",
+        "_driver",
+        "_loop",
+        "_rest",
+        "_run",
+        "_send",
+        "_task",
+        "ready",
+    )
 
     def __init__(
         self,
@@ -183,26 +195,54 @@ class _AsyncioInlinePuller(PumpOnly):
         # _direct_swap_works), or through _leave_task/_enter_task.
         self._direct = direct
         self.ready = False
+        # One pull at a time runs in the driver (see _driver).
+        self._new_driver()
 
     def _set_ready(self, ready: bool) -> None:
         self.ready = ready
 
-    def start(self, awaitable: Awaitable[Any]) -> Any:
-        target: Any = awaitable
-        try:
-            send: Callable[[Any], Any] = target.send
-        except AttributeError:
+    def start(self, iterator: AsyncIterator[Any]) -> Any:
+        target: Any = iterator.__anext__()
+        if not hasattr(target, "send"):
             target = target.__await__()
-            send = target.send
-        return self._step(target, send, None)
+        if self._driver.gi_yieldfrom is not None:  # pragma: no cover - defensive
+            self._new_driver()
+        # _as_pump and _outcome, inline: this is the path of every ready item.
+        loop = self._loop
+        tasks = _current_tasks
+        caller = tasks.get(loop)
+        if caller is None:
+            raise RuntimeError("an inline pull must run in an asyncio task")
+        if self._direct:
+            tasks[loop] = self._task
+            try:
+                yielded = self._run(self._send, target)
+            finally:
+                tasks[loop] = caller
+        else:
+            yielded = self._as_pump(self._send, target)
+        if yielded is _DONE:
+            box = self._box
+            item = box[0]
+            box[0] = None
+            return item
+        return self._outcome(yielded)
 
     def resume(self, sent: Any) -> Any:
         if self._task.cancelling():
             return SUSPENDED  # the pump wakes cancelled and takes the pull over
-        target: Any = self._driven
-        return self._step(target, target.send, sent)
+        return self._outcome(self._as_pump(self._send, sent))
 
-    def _step(self, target: Any, send: Callable[[Any], Any], value: Any) -> Any:
+    def _new_driver(self) -> None:
+        self._box: list[Any] = [None, None]
+        # (types.coroutine hides that the driver is a generator.)
+        self._driver = cast("types.GeneratorType[Any, Any, None]", _driver(self._box))
+        self._driver.send(None)
+        self._send = self._driver.send
+        self._rest = _Remainder(self._driver, self._box)
+
+    def _as_pump(self, send: Callable[[Any], Any], value: Any) -> Any:
+        """``send(value)`` in the pump's context, with the pump as current task."""
         loop = self._loop
         pump = self._task
         tasks = _current_tasks
@@ -215,30 +255,93 @@ class _AsyncioInlinePuller(PumpOnly):
             _leave_task(loop, caller)  # type: ignore[misc]
             _enter_task(loop, pump)  # type: ignore[misc]
         try:
-            yielded = self._run(send, value)
-        except BaseException as exc:
-            self.driving = False
-            self._driven = None
-            self.ready = True  # the pump is still idle
-            if isinstance(exc, StopIteration):
-                return exc.value
-            raise
+            return self._run(send, value)
         finally:
             if self._direct:
                 tasks[loop] = caller
             else:
                 _leave_task(loop, pump)  # type: ignore[misc]
                 _enter_task(loop, caller)  # type: ignore[misc]
+
+    def _outcome(self, yielded: Any) -> Any:
+        """What a step of the driver means: see :meth:`PumpOnly.start`."""
+        box = self._box
+        if yielded is _DONE or yielded is _FAILED:
+            self.driving = False
+            self._driven = None
+            self.ready = True  # the pump is still idle
+            item, error = box
+            box[0] = box[1] = None
+            if error is not None:
+                raise error
+            return item
         self.ready = False
         if yielded is None:  # a bare yield (sleep(0)): bound to no task
-            self._driven = target
+            self._driven = self._rest
             self.driving = True
             return DRIVEN
         self.driving = False
         self._driven = None
-        self._handoff = (target, yielded)
+        self._handoff = (self._rest, yielded)
         self.wake()
         return SUSPENDED
+
+
+#: What the driver yields once a pull completed, or failed (see the box).
+_DONE: Any = object()
+_FAILED: Any = object()
+
+
+@types.coroutine
+def _driver(box: list[Any]) -> Generator[Any, Any, None]:
+    """Run one pull after another, handing results back without exceptions.
+
+    Send it a pull's awaitable: it runs the pull (``yield from``, so a
+    step that completes costs no ``StopIteration`` in Python), puts the item
+    in ``box[0]`` (or the exception in ``box[1]``) and yields :data:`_DONE`
+    (or :data:`_FAILED`); anything else it yields is the pull suspending.
+    """
+    target = yield
+    while True:
+        try:
+            box[0] = yield from target
+        except GeneratorExit:
+            raise
+        except BaseException as error:
+            box[1] = error
+            target = yield _FAILED
+        else:
+            target = yield _DONE
+
+
+@final
+class _Remainder:
+    """The rest of a suspended pull that runs in a :func:`_driver`, as a plain
+    awaitable step target: it returns the item or raises the source's error."""
+
+    __slots__ = ("_box", "_driver")
+
+    def __init__(
+        self, driver: types.GeneratorType[Any, Any, None], box: list[Any]
+    ) -> None:
+        self._driver = driver
+        self._box = box
+
+    def send(self, value: Any) -> Any:
+        return self._unwrap(self._driver.send(value))
+
+    def throw(self, error: BaseException) -> Any:
+        return self._unwrap(self._driver.throw(error))
+
+    def _unwrap(self, yielded: Any) -> Any:
+        if yielded is not _DONE and yielded is not _FAILED:
+            return yielded
+        box = self._box
+        item, error = box
+        box[0] = box[1] = None
+        if error is not None:
+            raise error
+        raise StopIteration(item)
 
 
 def _direct_swap_works(loop: asyncio.AbstractEventLoop, task: Any) -> bool:
@@ -321,9 +424,8 @@ class _TrioInlinePuller(PumpOnly):
             error = None  # never delivered there; trio delivers it again later
         return continue_pull(target, yielded, error)
 
-    def start(self, awaitable: Awaitable[Any]) -> Any:
-        target = _step_target(awaitable)
-        return self._step(target, None)
+    def start(self, iterator: AsyncIterator[Any]) -> Any:
+        return self._step(_step_target(iterator.__anext__()), None)
 
     def resume(self, sent: Any) -> Any:
         if self._task._abort_func is None:

@@ -470,41 +470,12 @@ class Fanout(Generic[T]):
             self._pump, self._pump_scope, self._pump_done, context, context=context
         )
 
-    def _pull_inline(self, puller: PumpOnly) -> None:
-        """Pull inline, as the idle pump, for a consumer at the log's end.
-
-        Call only when ``puller.ready``. On success the item is logged, and
-        the caller reads it at once. Otherwise there is no item yet: the pull
-        suspended and the pump owns it now, or the source ended.
-        """
-        self._pulling = True
-        try:
-            iterator = self._iterator
-            if iterator is None:
-                iterator = self._iterator = aiter(self._source)
-            item = puller.start(iterator.__anext__())
-        except StopAsyncIteration:
-            self._finish(None)
-            return
-        except BaseException as error:
-            self._finish(error)
-            return
-        if item is not SUSPENDED and item is not DRIVEN:
-            self._pulling = False
-            # _append, inline: this is the path of every ready item.
-            tail = self._tail
-            seq: int = tail[2] + 1
-            following: _Node = [None, None, seq]
-            tail[0] = item
-            tail[1] = following
-            self._tail = following
-            if self._lag_check_at <= seq:
-                self._drop_beyond_lag()
-            if self._arrival is not None:
-                self._satisfy_waiters()
+    def _open(self) -> AsyncIterator[T]:
+        iterator = self._iterator = aiter(self._source)
+        return iterator
 
     async def _drive_pull(self, puller: PumpOnly) -> None:
-        """Carry on, in the calling consumer, a pull that ``_pull_inline`` left
+        """Carry on, in the calling consumer, a pull it started inline that
         suspended at a yield bound to no task.
 
         The consumer makes that yield itself, then runs the next step, still
@@ -661,9 +632,25 @@ class FanoutConsumer(Generic[T]):
             else:
                 puller = fanout._puller  # pyright: ignore[reportPrivateUsage]
                 if puller is not None and puller.ready:
-                    fanout._pull_inline(puller)  # pyright: ignore[reportPrivateUsage]
-                    if puller.driving:
-                        await fanout._drive_pull(puller)  # pyright: ignore[reportPrivateUsage]
+                    # At the log's end with the pump idle: pull inline, as the
+                    # pump (see _eager.py); a ready item costs no task switch.
+                    fanout._pulling = True  # pyright: ignore[reportPrivateUsage]
+                    try:
+                        item = puller.start(
+                            fanout._iterator or fanout._open()  # pyright: ignore[reportPrivateUsage]
+                        )
+                    except StopAsyncIteration:
+                        fanout._finish(None)  # pyright: ignore[reportPrivateUsage]
+                    except BaseException as error:
+                        fanout._finish(error)  # pyright: ignore[reportPrivateUsage]
+                    else:
+                        if item is DRIVEN:
+                            await fanout._drive_pull(puller)  # pyright: ignore[reportPrivateUsage]
+                        elif item is not SUSPENDED:
+                            fanout._pulling = False  # pyright: ignore[reportPrivateUsage]
+                            fanout._append(item)  # pyright: ignore[reportPrivateUsage]
+                            self._node = node[1]
+                            return item
                 else:
                     self._waiting = True
                     try:

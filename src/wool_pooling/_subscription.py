@@ -180,6 +180,16 @@ class SubscriptionConsumer:
 
     async def __anext__(self) -> DiscoveryEvent:
         consumer = self._consumer
+        if consumer is not None and not self._replay:
+            # FanoutConsumer.__anext__'s fast path, inline: a buffered event
+            # costs no nested coroutine.
+            node = consumer._node  # pyright: ignore[reportPrivateUsage]
+            following = node[1]
+            if following is not None:
+                consumer._node = following  # pyright: ignore[reportPrivateUsage]
+                event = node[0]
+                apply_event(self._view, event)
+                return event
         if consumer is None:
             if self._ended:
                 raise StopAsyncIteration
