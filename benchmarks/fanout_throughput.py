@@ -17,10 +17,13 @@ files after them (``fanout_throughput_memory.md``, ...).
 
 **Throughput.** N = 1, 10, 100, 1000 concurrent consumers each take all M
 items of one source; the figure is delivered items per second, M·N / wall
-time (from starting the consumer tasks to the last one finishing), median of
-5 repetitions (3 with ``--quick``), with min-max. M is calibrated per case so
-that one repetition takes about 0.25 s (and is at least 50); ``--quick`` uses
-a few hundred deliveries per case. Compared:
+time (from releasing the N consumer tasks, already started and waiting at a
+gate, to the last one finishing: spawning tasks is not delivery), median of
+5 repetitions (3 with ``--quick``), with min-max. The repetitions of all
+implementations for one backend, source and N are interleaved, one of each
+per round, so that ratios compare figures taken moments apart. M is
+calibrated per case so that one repetition takes about 0.25 s (and is at
+least 50); ``--quick`` uses a few hundred deliveries per case. Compared:
 
 - ``fanout``: this library's :class:`wool_pooling.Fanout`;
 - ``shared_subscription``: a ``@shared_subscription(max_lag=None)`` class
@@ -339,22 +342,40 @@ def check_counts(implementation: str, counts: list[int], m: int) -> None:
         )
 
 
-async def run_consumers(iterators: list[AsyncIterator[Any]]) -> tuple[float, list[int]]:
+async def gated(
+    gate: anyio.Event, function: Callable[..., Awaitable[Any]], *args: Any
+) -> None:
+    await gate.wait()
+    await function(*args)
+
+
+async def run_consumers(
+    iterators: list[AsyncIterator[Any]],
+    *,
+    pump: Callable[[], Awaitable[Any]] | None = None,
+) -> tuple[float, list[int]]:
+    """Drain every iterator in its own task; time from their release to the end.
+
+    The tasks (and ``pump``, if any) are started first and wait at a gate;
+    the clock starts when every one of them is blocked there, so spawning
+    N tasks is not counted as delivery.
+    """
     counts = [-1] * len(iterators)
-    start = time.perf_counter()
+    gate = anyio.Event()
     async with anyio.create_task_group() as group:
+        if pump is not None:
+            group.start_soon(gated, gate, pump)
         for index, iterator in enumerate(iterators):
-            group.start_soon(drain, iterator, counts, index)
+            group.start_soon(gated, gate, drain, iterator, counts, index)
+        await anyio.wait_all_tasks_blocked()
+        start = time.perf_counter()
+        gate.set()
     return time.perf_counter() - start, counts
 
 
 async def bench_floor(source: str, m: int, n: int) -> float:
-    start = time.perf_counter()
-    count = 0
-    async for _ in SOURCE_FACTORIES[source](m):
-        count += 1
-    elapsed = time.perf_counter() - start
-    check_counts("floor", [count], m)
+    elapsed, counts = await run_consumers([SOURCE_FACTORIES[source](m)])
+    check_counts("floor", counts, m)
     return elapsed
 
 
@@ -373,7 +394,6 @@ async def bench_shared_subscription(source: str, m: int, n: int) -> float:
     subscription = LosslessBenchSubscriber(lambda: factory(m, gate))
     counts = [-1] * n
     async with SubscriptionPool() as pool:
-        start = time.perf_counter()
         async with anyio.create_task_group() as group:
             for index in range(n):
                 group.start_soon(drain, aiter(subscription), counts, index)
@@ -381,6 +401,8 @@ async def bench_shared_subscription(source: str, m: int, n: int) -> float:
             # all n are registered, so each takes all m items.
             while pool.statistics().consumers < n:
                 await anyio.lowlevel.checkpoint()
+            await anyio.wait_all_tasks_blocked()
+            start = time.perf_counter()
             gate.set()
         elapsed = time.perf_counter() - start
     check_counts("shared_subscription", counts, m)
@@ -445,13 +467,9 @@ async def bench_pump_streams(source: str, m: int, n: int) -> float:
             for send in senders:
                 send.close()
 
-    counts = [-1] * n
-    start = time.perf_counter()
-    async with anyio.create_task_group() as group:
-        group.start_soon(pump)
-        for index, (_, receive) in enumerate(streams):
-            group.start_soon(drain, receive, counts, index)
-    elapsed = time.perf_counter() - start
+    elapsed, counts = await run_consumers(
+        [receive for _, receive in streams], pump=pump
+    )
     for _, receive in streams:
         receive.close()
     check_counts("pump_streams", counts, m)
@@ -845,39 +863,67 @@ def human(rate: float) -> str:
 def run_throughput(
     implementations: list[str], reps: int, quick: bool
 ) -> list[dict[str, Any]]:
-    cases: list[tuple[str, str, str, int]] = []
+    """Every case, grouped by backend, source and N.
+
+    Within a group the repetitions are interleaved (one of each
+    implementation per round), so that a ratio compares figures taken
+    moments apart on a machine whose speed drifts.
+    """
+    groups: list[tuple[str, str, int, list[str]]] = []
     for backend in BACKENDS:
         for source in SOURCES:
-            cases.append((backend, source, "floor", 1))
             for n in CONSUMER_COUNTS:
-                for implementation in implementations:
-                    if implementation != "floor" and runs_on(implementation, backend):
-                        cases.append((backend, source, implementation, n))
+                members = [
+                    implementation
+                    for implementation in implementations
+                    if implementation != "floor" and runs_on(implementation, backend)
+                ]
+                if n == 1:
+                    members.insert(0, "floor")
+                groups.append((backend, source, n, members))
+    total = sum(len(members) for *_, members in groups)
     results: list[dict[str, Any]] = []
-    for number, (backend, source, implementation, n) in enumerate(cases, 1):
-        bench = throughput_case(implementation, backend)
+    number = 0
+    for backend, source, n, members in groups:
         began = time.perf_counter()
-        m = quick_items(source, n) if quick else calibrate(backend, bench, source, n)
-        times = [run_on(backend, bench, source, m, n) for _ in range(reps)]
-        entry: dict[str, Any] = {
-            "backend": backend,
-            "source": source,
-            "implementation": implementation,
-            "n": n,
-            "m": m,
-            "delivered": m * n,
-            **summarise(times, m * n),
+        sizes: dict[str, int] = {}
+        for implementation in members:
+            bench = throughput_case(implementation, backend)
+            sizes[implementation] = (
+                quick_items(source, n)
+                if quick
+                else calibrate(backend, bench, source, n)
+            )
+        times: dict[str, list[float]] = {
+            implementation: [] for implementation in members
         }
-        if implementation == "tee":
-            entry["variant"] = tee_variant(backend, source)
-        results.append(entry)
-        log(
-            f"[{number:3}/{len(cases)}] {backend:<15} {source:<16} N={n:<5} "
-            f"{IMPLEMENTATIONS[implementation]:<30} M={m:<8} "
-            f"{human(entry['median'])} items/s "
-            f"({human(entry['min'])}-{human(entry['max'])})  "
-            f"{time.perf_counter() - began:.1f}s"
-        )
+        for _ in range(reps):
+            for implementation in members:
+                bench = throughput_case(implementation, backend)
+                m = sizes[implementation]
+                times[implementation].append(run_on(backend, bench, source, m, n))
+        for implementation in members:
+            number += 1
+            m = sizes[implementation]
+            entry: dict[str, Any] = {
+                "backend": backend,
+                "source": source,
+                "implementation": implementation,
+                "n": n,
+                "m": m,
+                "delivered": m * n,
+                **summarise(times[implementation], m * n),
+            }
+            if implementation == "tee":
+                entry["variant"] = tee_variant(backend, source)
+            results.append(entry)
+            log(
+                f"[{number:3}/{total}] {backend:<15} {source:<16} N={n:<5} "
+                f"{IMPLEMENTATIONS[implementation]:<30} M={m:<8} "
+                f"{human(entry['median'])} items/s "
+                f"({human(entry['min'])}-{human(entry['max'])})"
+            )
+        log(f"      group done in {time.perf_counter() - began:.1f}s")
     return results
 
 
