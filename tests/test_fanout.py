@@ -6,6 +6,7 @@ import asyncio
 import gc
 import math
 import traceback
+import weakref
 from collections.abc import AsyncGenerator
 from collections.abc import AsyncIterator
 from collections.abc import Iterator
@@ -1075,3 +1076,55 @@ def test_random_programs_match_the_reference_model(
             assert fanout.statistics().buffered == 0
 
     anyio.run(body, backend=backend)
+
+
+class Token:
+    """An item whose lifetime a test can watch (through a weak reference)."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+
+
+async def tokens(n: int, made: list[weakref.ref[Token]]) -> AsyncIterator[Token]:
+    for number in range(n):
+        box = [Token(number)]
+        made.append(weakref.ref(box[0]))
+        yield box.pop()  # keep no reference in this frame while suspended
+
+
+def alive(made: list[weakref.ref[Token]]) -> list[int]:
+    return [token.number for ref in made if (token := ref()) is not None]
+
+
+async def test_an_item_is_freed_when_the_last_consumer_that_needs_it_reads_it() -> None:
+    """Nothing but the consumers still to read an item keeps it alive."""
+    made: list[weakref.ref[Token]] = []
+    fanout = Fanout(tokens(6, made))
+    first, second = fanout.consumer(), fanout.consumer()
+    with anyio.fail_after(5):
+        for _ in range(6):
+            await anext(first)
+        assert alive(made) == list(range(6))  # all held for `second`
+        for number in range(6):
+            assert (await anext(second)).number == number
+            assert alive(made) == list(range(number + 1, 6))
+    await fanout.aclose()
+
+
+async def test_a_leaving_consumer_frees_what_only_it_held() -> None:
+    """Closing (or dropping) the slowest consumer frees the items only it needed."""
+    made: list[weakref.ref[Token]] = []
+    fanout = Fanout(tokens(8, made))
+    reader, slow, dropped = fanout.consumer(), fanout.consumer(), fanout.consumer()
+    with anyio.fail_after(5):
+        for _ in range(8):
+            await anext(reader)
+        for _ in range(3):
+            await anext(slow)
+        assert alive(made) == list(range(8))  # `dropped` has read nothing
+        del dropped
+        gc.collect()
+        assert alive(made) == list(range(3, 8))
+        slow.close()
+        assert alive(made) == []
+    await fanout.aclose()

@@ -652,3 +652,36 @@ def test_resync_keeps_every_view_consistent_and_converging(
             assert view == final
 
     anyio.run(body, backend=backend)
+
+
+async def test_error_mode_stalled_consumer_pins_at_most_max_lag_items() -> None:
+    """on_lag="error": what a stalled consumer keeps alive stays within the bound."""
+    max_lag = 4
+    alive: set[int] = set()
+
+    class Item:
+        def __init__(self, number: int) -> None:
+            self.number = number
+            alive.add(number)
+
+        def __del__(self) -> None:
+            alive.discard(self.number)
+
+    async def items() -> AsyncGenerator[Item, None]:
+        for number in range(50):
+            yield Item(number)
+
+    fanout = Fanout(items(), max_lag=max_lag, on_lag="error")
+    fast, stalled = fanout.consumer(), fanout.consumer()
+    with anyio.fail_after(5):
+        for number in range(50):
+            assert (await anext(fast)).number == number
+            assert len(alive) <= max_lag
+        assert alive == set(range(50 - max_lag, 50))
+        with pytest.raises(Lagged) as info:
+            await anext(stalled)
+        assert info.value.skipped == 50 - max_lag
+        for number in range(50 - max_lag, 50):
+            assert (await anext(stalled)).number == number
+        assert alive == set()
+    await fanout.aclose()
