@@ -166,8 +166,9 @@ class SubscriptionConsumer:
         self._entry: _Entry | None = None
         self._consumer: FanoutConsumer[Any] | None = None
         self._replay: deque[DiscoveryEvent] | None = None
-        # The workers this consumer has been told about, for resyncs.
-        self._view: Workers = {}
+        # The workers this consumer has been told about, for resyncs (only
+        # with a lag bound: without one, it is never resynchronised).
+        self._view: Workers | None = {}
         self._ended = False
 
     @property
@@ -188,7 +189,8 @@ class SubscriptionConsumer:
             if following is not None:
                 consumer._node = following  # pyright: ignore[reportPrivateUsage]
                 event = node[0]
-                apply_event(self._view, event)
+                if self._view is not None:
+                    apply_event(self._view, event)
                 return event
         if consumer is None:
             if self._ended:
@@ -207,7 +209,8 @@ class SubscriptionConsumer:
             except BaseException:
                 await self._release()
                 raise
-        apply_event(self._view, event)
+        if self._view is not None:
+            apply_event(self._view, event)
         return event
 
     def _resync(self, consumer: FanoutConsumer[Any]) -> None:
@@ -219,6 +222,7 @@ class SubscriptionConsumer:
         """
         entry = self._entry
         assert entry is not None
+        assert self._view is not None  # kept wherever Lagged can be raised
         diff = diff_events(self._view, entry.source.workers)
         consumer._skip_to_end()
         self._replay = diff
@@ -230,6 +234,8 @@ class SubscriptionConsumer:
         self._entry = entry
         consumer = self._consumer = entry.fanout.consumer()
         self._replay = entry.source.replay()
+        if self._subscription.max_lag is None:
+            self._view = None  # never resynchronised: no view to keep
         return consumer
 
     async def aclose(self) -> None:
