@@ -165,19 +165,49 @@ class PumpOnly:
         pass
 
 
+class _InlinePuller(PumpOnly):
+    """What the asyncio and trio pullers share: the driver that runs pulls."""
+
+    __slots__ = ("_box", "_driver", "_rest", "_send", "ready")
+
+    def __init__(self) -> None:
+        super().__init__()
+        # One pull at a time runs in the driver (see _driver).
+        self._new_driver()
+
+    def _new_driver(self) -> None:
+        self._box: list[Any] = [None, None]
+        # (types.coroutine hides that the driver is a generator.)
+        self._driver = cast("types.GeneratorType[Any, Any, None]", _driver(self._box))
+        self._driver.send(None)
+        self._send = self._driver.send
+        self._rest = _Remainder(self._driver, self._box)
+
+    def _first_step(self, iterator: AsyncIterator[Any]) -> Any:
+        """The awaitable of a new pull, for the driver."""
+        target: Any = iterator.__anext__()
+        if not hasattr(target, "send"):
+            target = target.__await__()
+        if self._driver.gi_yieldfrom is not None:  # pragma: no cover - defensive
+            self._new_driver()
+        return target
+
+    def _result(self) -> Any:
+        """The finished pull's item, or its error raised."""
+        box = self._box
+        item, error = box
+        box[0] = box[1] = None
+        self.driving = False
+        self._driven = None
+        self.ready = True  # the pump is still idle
+        if error is not None:
+            raise error
+        return item
+
+
 @final
-class _AsyncioInlinePuller(PumpOnly):
-    __slots__ = (
-        "_box",
-        "_direct",
-        "_driver",
-        "_loop",
-        "_rest",
-        "_run",
-        "_send",
-        "_task",
-        "ready",
-    )
+class _AsyncioInlinePuller(_InlinePuller):
+    __slots__ = ("_direct", "_loop", "_run", "_task")
 
     def __init__(
         self,
@@ -195,18 +225,12 @@ class _AsyncioInlinePuller(PumpOnly):
         # _direct_swap_works), or through _leave_task/_enter_task.
         self._direct = direct
         self.ready = False
-        # One pull at a time runs in the driver (see _driver).
-        self._new_driver()
 
     def _set_ready(self, ready: bool) -> None:
         self.ready = ready
 
     def start(self, iterator: AsyncIterator[Any]) -> Any:
-        target: Any = iterator.__anext__()
-        if not hasattr(target, "send"):
-            target = target.__await__()
-        if self._driver.gi_yieldfrom is not None:  # pragma: no cover - defensive
-            self._new_driver()
+        target = self._first_step(iterator)
         # _as_pump and _outcome, inline: this is the path of every ready item.
         loop = self._loop
         tasks = _current_tasks
@@ -233,14 +257,6 @@ class _AsyncioInlinePuller(PumpOnly):
             return SUSPENDED  # the pump wakes cancelled and takes the pull over
         return self._outcome(self._as_pump(self._send, sent))
 
-    def _new_driver(self) -> None:
-        self._box: list[Any] = [None, None]
-        # (types.coroutine hides that the driver is a generator.)
-        self._driver = cast("types.GeneratorType[Any, Any, None]", _driver(self._box))
-        self._driver.send(None)
-        self._send = self._driver.send
-        self._rest = _Remainder(self._driver, self._box)
-
     def _as_pump(self, send: Callable[[Any], Any], value: Any) -> Any:
         """``send(value)`` in the pump's context, with the pump as current task."""
         loop = self._loop
@@ -265,16 +281,8 @@ class _AsyncioInlinePuller(PumpOnly):
 
     def _outcome(self, yielded: Any) -> Any:
         """What a step of the driver means: see :meth:`PumpOnly.start`."""
-        box = self._box
         if yielded is _DONE or yielded is _FAILED:
-            self.driving = False
-            self._driven = None
-            self.ready = True  # the pump is still idle
-            item, error = box
-            box[0] = box[1] = None
-            if error is not None:
-                raise error
-            return item
+            return self._result()
         self.ready = False
         if yielded is None:  # a bare yield (sleep(0)): bound to no task
             self._driven = self._rest
@@ -361,7 +369,7 @@ def _direct_swap_works(loop: asyncio.AbstractEventLoop, task: Any) -> bool:
 
 
 @final
-class _TrioInlinePuller(PumpOnly):
+class _TrioInlinePuller(_InlinePuller):
     __slots__ = (
         "_context",
         "_run",
@@ -371,7 +379,6 @@ class _TrioInlinePuller(PumpOnly):
         "_trio",
         "cancel_check",
         "driven_message",
-        "ready",
     )
 
     def __init__(self, trio: Any, run: Any, traps: Any, task: Any) -> None:
@@ -425,41 +432,45 @@ class _TrioInlinePuller(PumpOnly):
         return continue_pull(target, yielded, error)
 
     def start(self, iterator: AsyncIterator[Any]) -> Any:
-        return self._step(_step_target(iterator.__anext__()), None)
+        return self._outcome(self._as_pump(self._send, self._first_step(iterator)))
 
     def resume(self, sent: Any) -> Any:
         if self._task._abort_func is None:
             # The pump was rescheduled while idle: it is being cancelled, and
             # takes the pull over when it runs.
             return SUSPENDED
-        return self._step(self._driven, sent)
+        return self._outcome(self._as_pump(self._send, sent))
 
-    def _step(self, target: Any, value: Any) -> Any:
+    def _as_pump(self, send: Callable[[Any], Any], value: Any) -> Any:
+        """``send(value)`` in the pump's context, with the pump as current task.
+
+        The pump's abort function is set aside meanwhile, so that no
+        cancellation is delivered to it while it "runs" here.
+        """
         run_context = self._run.GLOBAL_RUN_CONTEXT
         task = self._task
         caller = run_context.task
         idle_abort = task._abort_func
-        task._abort_func = None  # no cancellation delivery while it runs here
+        task._abort_func = None
         run_context.task = task
         try:
-            message = self._context.run(target.send, value)
-        except BaseException as exc:
+            return self._context.run(send, value)
+        finally:
             run_context.task = caller
-            self.driving = False
-            self._driven = None
-            self.ready = True  # the pump is still idle
             task._abort_func = idle_abort
-            task._attempt_delivery_of_any_pending_cancel()
-            if isinstance(exc, StopIteration):
-                return exc.value
-            raise
-        run_context.task = caller
+
+    def _outcome(self, message: Any) -> Any:
+        """What a step of the driver means: see :meth:`PumpOnly.start`."""
+        task = self._task
+        if message is _DONE or message is _FAILED:
+            if task._cancel_status.effectively_cancelled:
+                task._attempt_delivery_of_any_pending_cancel()
+            return self._result()
         self.ready = False
         if message is self._shielded:
             # "Reschedule me": bound to no task, the consumer yields it.
-            self._driven = target
+            self._driven = self._rest
             self.driving = True
-            task._abort_func = idle_abort
             task._attempt_delivery_of_any_pending_cancel()
             return DRIVEN
         self.driving = False
@@ -467,13 +478,12 @@ class _TrioInlinePuller(PumpOnly):
         if type(message) is self._trap:
             # The source parked "the current task", i.e. the pump: the pump
             # now waits for the source's wake-up, with the source's abort.
-            self._handoff = (target, _ADOPTED)
+            self._handoff = (self._rest, _ADOPTED)
             task._abort_func = message.abort_func
             task._attempt_delivery_of_any_pending_cancel()
         else:
             # Any other trap: the pump yields it itself.
-            task._abort_func = idle_abort
-            self._handoff = (target, message)
+            self._handoff = (self._rest, message)
             self.ready = True
             self.wake()
         return SUSPENDED
@@ -499,7 +509,11 @@ def inline_puller(context: contextvars.Context) -> PumpOnly:
         if trio is None or not hasattr(_run, "GLOBAL_RUN_CONTEXT"):
             return PumpOnly()
         task = trio.lowlevel.current_task()
-        for name in ("_abort_func", "_attempt_delivery_of_any_pending_cancel"):
+        for name in (
+            "_abort_func",
+            "_attempt_delivery_of_any_pending_cancel",
+            "_cancel_status",
+        ):
             if not hasattr(task, name):
                 return PumpOnly()
         from trio._core import _traps  # type: ignore[attr-defined]
@@ -510,10 +524,6 @@ def inline_puller(context: contextvars.Context) -> PumpOnly:
     except Exception:  # pragma: no cover - a trio without these internals
         return PumpOnly()
     return _TrioInlinePuller(trio, _run, _traps, task)
-
-
-def _step_target(awaitable: Awaitable[Any]) -> Any:
-    return awaitable if hasattr(awaitable, "send") else awaitable.__await__()
 
 
 @types.coroutine
