@@ -20,6 +20,20 @@ pull from the start:
   source's abort function, so the source's own wake-up (or a cancellation)
   resumes the pump, which passes the outcome on to the pull.
 
+One kind of suspension needs no pump at all: a yield bound to no task
+(asyncio's bare ``yield`` of ``sleep(0)``, trio's shielded checkpoint) only
+asks to be resumed after other tasks ran. The consumer makes that yield
+itself and runs the next step, again as the pump ("driving" the pull), so a
+source that passes a checkpoint per item costs one loop pass per item, not
+three. The consumer's cancellation is noticed at its own yield (asyncio) or
+right after it (trio's ``checkpoint_if_cancelled``) and then the pump carries
+the pull on; if the pump is woken meanwhile (closing, a timeout inside the
+pull), it takes the pull over and the consumer steps back.
+
+A pull runs inside a persistent driver generator (:func:`_driver`), which
+delegates with ``yield from`` and reports the result through a box: a step
+that completes costs no ``StopIteration`` caught in Python.
+
 This relies on interpreter and trio internals (``asyncio.tasks._enter_task``,
 trio's run context and task fields). Where they are missing, every pull runs
 in the pump (:class:`PumpOnly`): slower, equally correct.
