@@ -23,7 +23,9 @@ gate, to the last one finishing: spawning tasks is not delivery), median of
 implementations for one backend, source and N are interleaved, one of each
 per round, so that ratios compare figures taken moments apart. M is
 calibrated per case so that one repetition takes about 0.25 s (and is at
-least 50); ``--quick`` uses a few hundred deliveries per case. Compared:
+least 50), then set to the median of the group's calibrated values, so that
+all implementations in a row of the table do the same work (the floor keeps
+its own); ``--quick`` uses a few hundred deliveries per case. Compared:
 
 - ``fanout``: this library's :class:`wool_pooling.Fanout`;
 - ``shared_subscription``: a ``@shared_subscription(max_lag=None)`` class
@@ -894,6 +896,15 @@ def run_throughput(
                 if quick
                 else calibrate(backend, bench, source, n)
             )
+        # One M for the whole group (the median of the calibrated ones; the
+        # floor keeps its own), so that every ratio compares the same work:
+        # at large N a smaller M would weigh the fixed per-task costs more.
+        compared = [sizes[name] for name in members if name != "floor"]
+        if compared and not quick:
+            common = max(LEAST_ITEMS, int(statistics.median(compared)))
+            for name in members:
+                if name != "floor":
+                    sizes[name] = common
         times: dict[str, list[float]] = {
             implementation: [] for implementation in members
         }
