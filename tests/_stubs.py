@@ -9,6 +9,7 @@ stream fail with :meth:`StreamStub.fail` and ends it with :meth:`StreamStub.end`
 
 from __future__ import annotations
 
+import asyncio
 import math
 import uuid
 from collections.abc import AsyncGenerator
@@ -20,6 +21,7 @@ from typing import cast
 
 import anyio
 import anyio.lowlevel
+import sniffio
 from wool import DiscoveryEvent
 from wool import WorkerMetadata
 
@@ -145,3 +147,21 @@ async def ended(it: AsyncIterator[DiscoveryEvent]) -> bool:
         except StopAsyncIteration:
             return True
     return False
+
+
+def running_tasks() -> int:
+    """Count every task alive in the current event loop / trio run (a pump too)."""
+    if sniffio.current_async_library() == "asyncio":
+        return len(asyncio.all_tasks())
+    import trio
+
+    count = 0
+    root = trio.lowlevel.current_root_task()
+    assert root is not None
+    stack = [root]
+    while stack:
+        task = stack.pop()
+        count += 1
+        for nursery in task.child_nurseries:
+            stack.extend(nursery.child_tasks)
+    return count

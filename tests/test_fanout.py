@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import math
 import traceback
@@ -17,7 +16,7 @@ import anyio
 import anyio.lowlevel
 import attrs
 import pytest
-import sniffio
+from _stubs import running_tasks
 from anyio.streams.memory import MemoryObjectReceiveStream
 from hypothesis import example
 from hypothesis import given
@@ -120,24 +119,6 @@ async def settle() -> None:
     for _ in range(5):
         await anyio.lowlevel.checkpoint()
     await anyio.wait_all_tasks_blocked()
-
-
-def running_tasks() -> int:
-    """Count every task alive in the current event loop / trio run."""
-    if sniffio.current_async_library() == "asyncio":
-        return len(asyncio.all_tasks())
-    import trio
-
-    count = 0
-    root = trio.lowlevel.current_root_task()
-    assert root is not None
-    stack = [root]
-    while stack:
-        task = stack.pop()
-        count += 1
-        for nursery in task.child_nurseries:
-            stack.extend(nursery.child_tasks)
-    return count
 
 
 async def expect_end(consumer: FanoutConsumer[int]) -> None:

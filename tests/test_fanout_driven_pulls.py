@@ -16,7 +16,6 @@ it claims to.
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import math
 import random
@@ -26,7 +25,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
-import sniffio
+from _stubs import running_tasks
 
 from wool_pooling import Fanout
 from wool_pooling import FanoutConsumer
@@ -67,24 +66,6 @@ async def poll(give_up_at: float) -> None:
     await anyio.lowlevel.checkpoint()
     if anyio.current_time() > give_up_at:
         raise PollGaveUp
-
-
-def running_tasks() -> int:
-    """Count every task alive in the current event loop / trio run (the pump too)."""
-    if sniffio.current_async_library() == "asyncio":
-        return len(asyncio.all_tasks())
-    import trio
-
-    count = 0
-    root = trio.lowlevel.current_root_task()
-    assert root is not None
-    stack = [root]
-    while stack:
-        task = stack.pop()
-        count += 1
-        for nursery in task.child_nurseries:
-            stack.extend(nursery.child_tasks)
-    return count
 
 
 async def wait_until_waiting(fanout: Fanout[Any], n: int) -> None:
