@@ -21,6 +21,7 @@ from typing import cast
 
 import anyio
 import anyio.lowlevel
+import pytest
 import sniffio
 from wool import DiscoveryEvent
 from wool import WorkerMetadata
@@ -165,3 +166,20 @@ def running_tasks() -> int:
         for nursery in task.child_nurseries:
             stack.extend(nursery.child_tasks)
     return count
+
+
+def _uvloop_param() -> list[object]:
+    try:
+        import uvloop  # noqa: F401  # pyright: ignore[reportUnusedImport]
+    except ImportError:
+        return []
+    return [pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")]
+
+
+#: For the modules whose subject is asyncio's internals (the inline pull swaps
+#: the current task): the same tests on uvloop's event loop as well.
+WITH_UVLOOP = [
+    pytest.param("asyncio", id="asyncio"),
+    *_uvloop_param(),
+    pytest.param("trio", id="trio"),
+]

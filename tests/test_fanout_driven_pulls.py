@@ -25,12 +25,20 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
+from _stubs import WITH_UVLOOP
 from _stubs import running_tasks
 
 from wool_pooling import Fanout
 from wool_pooling import FanoutConsumer
 
 pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=WITH_UVLOOP)
+def anyio_backend(request: pytest.FixtureRequest) -> object:
+    """asyncio, uvloop (when installed) and trio."""
+    return request.param
+
 
 TIMEOUT = 5
 

@@ -15,12 +15,20 @@ from collections.abc import AsyncIterator
 import anyio
 import anyio.lowlevel
 import pytest
+from _stubs import WITH_UVLOOP
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from wool_pooling import Fanout
 
 pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=WITH_UVLOOP)
+def anyio_backend(request: pytest.FixtureRequest) -> object:
+    """asyncio, uvloop (when installed) and trio."""
+    return request.param
+
 
 TIMEOUT = 5
 
