@@ -3,7 +3,7 @@
 Run from the repository root::
 
     pip install -e '.[test,bench]'
-    python benchmarks/fanout_throughput.py            # full run, about 7 minutes
+    python benchmarks/fanout_throughput.py            # full run, about 8 minutes
     python benchmarks/fanout_throughput.py --quick    # smoke run, about 20 s
     python benchmarks/fanout_throughput.py --only memory  # one section
 

@@ -94,3 +94,31 @@ def test_quick_run_measures_every_importable_implementation(tmp_path: Path) -> N
     assert "view equal after resume" in table.read_text(encoding="utf-8")
     assert {entry["backend"] for entry in report["join"]} >= backends
     assert all(len(entry["replay_seconds"]) >= 3 for entry in report["join"])
+
+
+CEILING = SCRIPT.with_name("wrapper_ceiling.py")
+
+
+def test_wrapper_ceiling_script_prints_a_ratio_per_backend() -> None:
+    """`benchmarks/wrapper_ceiling.py` runs on both backends and prints its ratio."""
+    for backend in ("asyncio", "trio"):
+        done = subprocess.run(
+            [
+                sys.executable,
+                str(CEILING),
+                "--backend",
+                backend,
+                "--items",
+                "2000",
+                "--reps",
+                "1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-4000:]
+        assert done.stdout.startswith(f"{backend}: pass-through wrapper / floor = ")
+        ratio = float(done.stdout.split("= ")[1].split("x")[0])
+        assert 0 < ratio < 10
