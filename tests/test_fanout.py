@@ -1109,3 +1109,53 @@ async def test_a_leaving_consumer_frees_what_only_it_held() -> None:
         slow.close()
         assert alive(made) == []
     await fanout.aclose()
+
+
+@pytest.mark.parametrize("on_lag", ["wait", "error"])
+async def test_consumers_collected_while_the_fanout_scans_them_are_tolerated(
+    on_lag: Literal["wait", "error"],
+) -> None:
+    """A consumer closed by a finaliser in the middle of a scan of the consumers
+    (the lag bound's) breaks nothing: garbage collection runs at allocations."""
+    fanout = Fanout(counting_source(30), max_lag=2, on_lag=on_lag)
+    fast = fanout.consumer()
+    slow = [fanout.consumer() for _ in range(40)]  # all at the oldest item
+    generations = [200]
+
+    class Holder:
+        """Closes its consumer when collected, as a subscription consumer does,
+        and leaves new cyclic garbage behind, so collections keep finding some."""
+
+        def __init__(self) -> None:
+            self.consumer = fanout.consumer()
+            self.cycle = self
+
+        def __del__(self) -> None:
+            self.consumer.close()
+            if generations[0] > 0:
+                generations[0] -= 1
+                Holder()
+
+    threshold = gc.get_threshold()
+    received: list[int] = []
+
+    async def read_fast() -> None:
+        async for item in fast:
+            received.append(item)
+
+    try:
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                Holder()
+                gc.set_threshold(1)  # collect at (almost) every allocation
+                tg.start_soon(read_fast)
+                await anyio.wait_all_tasks_blocked()
+                gc.set_threshold(*threshold)
+                for consumer in slow:
+                    consumer.close()
+    finally:
+        gc.set_threshold(*threshold)
+        generations[0] = 0
+    gc.collect()
+    assert received == list(range(30))
+    await fanout.aclose()

@@ -294,7 +294,8 @@ class Fanout(Generic[T]):
             # is dropped, and its next read finds the fan-out closed.
             tail = self._tail
             for consumer in list(self._registry):
-                consumer._node = tail  # pyright: ignore[reportPrivateUsage]
+                if consumer._registered:  # pyright: ignore[reportPrivateUsage]
+                    consumer._node = tail  # pyright: ignore[reportPrivateUsage]
             self._registry = weakref.WeakSet()
             self._satisfy_waiters()
             self._wake_space()
@@ -372,9 +373,11 @@ class Fanout(Generic[T]):
         oldest = end - max_lag
         slowest = end
         for consumer in list(self._registry):
+            if not consumer._registered:  # pyright: ignore[reportPrivateUsage]
+                continue
             node = consumer._node  # pyright: ignore[reportPrivateUsage]
             seq = node[2]
-            if seq < oldest and consumer._registered:  # pyright: ignore[reportPrivateUsage]
+            if seq < oldest:
                 trapped = len(node) > 3
                 kept = node[3] if trapped else node
                 while kept[2] < oldest:
@@ -432,7 +435,9 @@ class Fanout(Generic[T]):
         if self._end is not None and self._end.closed:
             return
         self._consumers -= 1
-        self._registry.discard(consumer)
+        # Not removed from the registry: a finaliser may end a consumer while
+        # a scan iterates the registry. Scans skip ended consumers, and the
+        # weak set drops each once it is collected.
         self._wake_space()
         if self._consumers == 0 and self._puller is not None:
             self._puller.wake()  # let an idle pump notice that nobody is left
