@@ -123,7 +123,9 @@ class Fanout(Generic[T]):
     nothing is pulled ahead of that demand. A consumer that has items buffered
     receives them without suspending and without touching the source.
 
-    **Cancellation safety.** Pulls run in a pump task owned by the fan-out, so
+    **Cancellation safety.** Pulls belong to a pump task owned by the fan-out
+    (a consumer at the log's end may run a pull's steps itself, but always as
+    that task, in its context: the source only ever sees the pump), so
     cancelling a consumer, even the one whose request started the pull in
     flight, only abandons that consumer's wait: it never cancels the pull,
     never closes or breaks the source and never loses, duplicates or reorders
