@@ -208,15 +208,10 @@ class _InlinePuller(PumpOnly):
 
     def _result(self) -> Any:
         """The finished pull's item, or its error raised."""
-        box = self._box
-        item, error = box
-        box[0] = box[1] = None
         self.driving = False
         self._driven = None
         self.ready = True  # the pump is still idle
-        if error is not None:
-            raise error
-        return item
+        return _take(self._box)
 
 
 @final
@@ -358,12 +353,16 @@ class _Remainder:
     def _unwrap(self, yielded: Any) -> Any:
         if yielded is not _DONE and yielded is not _FAILED:
             return yielded
-        box = self._box
-        item, error = box
-        box[0] = box[1] = None
-        if error is not None:
-            raise error
-        raise StopIteration(item)
+        raise StopIteration(_take(self._box))
+
+
+def _take(box: list[Any]) -> Any:
+    """Empty a driver's box: return the pull's item, or raise its error."""
+    item, error = box
+    box[0] = box[1] = None
+    if error is not None:
+        raise error
+    return item
 
 
 def _direct_swap_works(loop: asyncio.AbstractEventLoop, task: Any) -> bool:

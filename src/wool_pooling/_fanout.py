@@ -219,9 +219,10 @@ class Fanout(Generic[T]):
         # number of items logged so far.
         self._tail: _Node = [None, None, 0]
         self._consumers = 0
-        # The registered consumers, for what needs their positions: the lag
-        # bound, statistics, closing. Weak: a dropped consumer is collected.
-        self._registry: weakref.WeakSet[FanoutConsumer[T]] = weakref.WeakSet()
+        # Weak references to the registered consumers, for what needs their
+        # positions: the lag bound, statistics, closing (see _live). Weak: a
+        # dropped consumer is collected.
+        self._registry: set[weakref.ref[FanoutConsumer[T]]] = set()
         # The lag bound. _slowest is a lower bound on every consumer's seq
         # (positions only move forward; newcomers start at the end).
         self._slowest = 0
@@ -258,7 +259,8 @@ class Fanout(Generic[T]):
             raise anyio.ClosedResourceError("this fan-out is closed")
         consumer = FanoutConsumer(self, self._tail)
         self._consumers += 1
-        self._registry.add(consumer)
+        registry = self._registry
+        registry.add(weakref.ref(consumer, registry.discard))
         return consumer
 
     @property
@@ -295,10 +297,9 @@ class Fanout(Generic[T]):
             # Every consumer moves to the (empty) end: what it had yet to read
             # is dropped, and its next read finds the fan-out closed.
             tail = self._tail
-            for consumer in list(self._registry):
-                if consumer._registered:  # pyright: ignore[reportPrivateUsage]
-                    consumer._node = tail  # pyright: ignore[reportPrivateUsage]
-            self._registry = weakref.WeakSet()
+            for consumer in self._live():
+                consumer._node = tail  # pyright: ignore[reportPrivateUsage]
+            self._registry = set()
             self._satisfy_waiters()
             self._wake_space()
             if self._pump_scope is not None:
@@ -350,11 +351,23 @@ class Fanout(Generic[T]):
 
     def _positions(self) -> list[int]:
         """The seq of every registered consumer's next item."""
-        return [
-            consumer._node[2]  # pyright: ignore[reportPrivateUsage]
-            for consumer in self._registry
-            if consumer._registered  # pyright: ignore[reportPrivateUsage]
-        ]
+        return [consumer._node[2] for consumer in self._live()]  # pyright: ignore[reportPrivateUsage]
+
+    def _live(self) -> list[FanoutConsumer[T]]:
+        """A snapshot of the registered consumers, for a scan.
+
+        The weak references are copied in one step first: garbage collection
+        may run at any allocation of the scan, and a finaliser it runs may end
+        a consumer or register one. Ending a consumer does not remove its
+        reference (a finaliser may end one mid-scan); the reference removes
+        itself once the consumer is collected.
+        """
+        live: list[FanoutConsumer[T]] = []
+        for reference in list(self._registry):
+            consumer = reference()
+            if consumer is not None and consumer._registered:  # pyright: ignore[reportPrivateUsage]
+                live.append(consumer)
+        return live
 
     def _buffered(self) -> int:
         if self._end is not None and self._end.closed:
@@ -374,9 +387,7 @@ class Fanout(Generic[T]):
         end = self._tail[2]
         oldest = end - max_lag
         slowest = end
-        for consumer in list(self._registry):
-            if not consumer._registered:  # pyright: ignore[reportPrivateUsage]
-                continue
+        for consumer in self._live():
             node = consumer._node  # pyright: ignore[reportPrivateUsage]
             seq = node[2]
             if seq < oldest:
@@ -394,10 +405,12 @@ class Fanout(Generic[T]):
         self._lag_check_at = slowest + max_lag + 1
 
     def _log_is_full(self) -> bool:
-        """``on_lag="wait"``: the slowest consumer is ``max_lag`` items behind."""
+        """``on_lag="wait"``: the slowest consumer is ``max_lag`` items behind.
+
+        Call only when ``_holds_back`` (a bound, in ``"wait"`` mode).
+        """
         max_lag = self._max_lag
-        if max_lag is None or self._drop_lagging:
-            return False
+        assert max_lag is not None
         end = self._tail[2]
         if end - self._slowest < max_lag:
             return False
@@ -420,9 +433,9 @@ class Fanout(Generic[T]):
         # Not inline in _wait_for_space: its suspended frame must not keep a
         # consumer alive (a dropped slow consumer must be collectable).
         slowest = self._slowest
-        for consumer in self._registry:
+        for consumer in self._live():
             node = consumer._node  # pyright: ignore[reportPrivateUsage]
-            if node[2] == slowest and len(node) == 3 and consumer._registered:  # pyright: ignore[reportPrivateUsage]
+            if node[2] == slowest and len(node) == 3:
                 consumer._node = [None, None, slowest, node, _WATCHED, None]  # pyright: ignore[reportPrivateUsage]
 
     def _wake_space(self) -> None:
@@ -437,9 +450,7 @@ class Fanout(Generic[T]):
         if self._end is not None and self._end.closed:
             return
         self._consumers -= 1
-        # Not removed from the registry: a finaliser may end a consumer while
-        # a scan iterates the registry. Scans skip ended consumers, and the
-        # weak set drops each once it is collected.
+        # (It stays in the registry until collected: see _live.)
         self._wake_space()
         if self._consumers == 0 and self._puller is not None:
             self._puller.wake()  # let an idle pump notice that nobody is left
