@@ -210,8 +210,7 @@ async def test_nothing_is_pulled_before_a_consumer_waits(probe: Probe) -> None:
     probe.feed(*range(5))
     fanout = Fanout(probe)
     consumers = [fanout.consumer() for _ in range(3)]
-    for consumer in consumers:
-        assert aiter(consumer) is consumer
+    iterators = [aiter(consumer) for consumer in consumers]
     await settle()
     assert probe.aiter_calls == 0
     assert probe.pulls == 0
@@ -222,6 +221,7 @@ async def test_nothing_is_pulled_before_a_consumer_waits(probe: Probe) -> None:
     assert stats.consumers == 3
     with anyio.fail_after(5):
         assert await anext(consumers[0]) == 0
+        assert await anext(iterators[1]) == 0
     assert probe.pulls == 1
     await fanout.aclose()
 

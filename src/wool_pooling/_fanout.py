@@ -20,6 +20,7 @@ import contextvars
 import sys
 import types
 import weakref
+from collections.abc import AsyncGenerator
 from collections.abc import AsyncIterable
 from collections.abc import AsyncIterator
 from typing import Any
@@ -39,6 +40,7 @@ from ._eager import forward
 from ._eager import inline_puller
 from ._loop import EventLoop
 from ._loop import current_loop
+from ._unhooked import unhooked
 
 __all__ = ["Fanout", "FanoutConsumer", "FanoutStatistics", "LagPolicy", "Lagged"]
 
@@ -499,6 +501,28 @@ class Fanout(Generic[T]):
         iterator = self._iterator = aiter(self._source)
         return iterator
 
+    def _start_pull(self, puller: PumpOnly) -> Any:
+        """Start a pull inline, as the pump, for a consumer at the log's end.
+
+        Call only while ``puller.ready`` (the pump idles). Returns the item,
+        already logged; or :data:`DRIVEN` (the caller must await
+        :meth:`_drive_pull`); or :data:`SUSPENDED` (the pump owns the pull,
+        or the source ended: the caller waits or finds the end).
+        """
+        self._pulling = True
+        try:
+            item = puller.start(self._iterator or self._open())
+        except StopAsyncIteration:
+            self._finish(None)
+            return SUSPENDED
+        except BaseException as error:
+            self._finish(error)
+            return SUSPENDED
+        if item is not DRIVEN and item is not SUSPENDED:
+            self._pulling = False
+            self._append(item)
+        return item
+
     async def _drive_pull(self, puller: PumpOnly) -> None:
         """Carry on, in the calling consumer, a pull it started inline that
         suspended at a yield bound to no task.
@@ -629,8 +653,17 @@ class FanoutConsumer(Generic[T]):
         self._registered = True
         self._waiting = False
 
-    def __aiter__(self) -> FanoutConsumer[T]:
-        return self
+    def __aiter__(self) -> AsyncGenerator[T, None]:
+        """An iterator for ``async for``: buffered items cost no coroutine.
+
+        It reads what this consumer has buffered itself, and pulls or waits
+        through :meth:`__anext__`, with the same guarantees. Like any
+        async generator it ends at the first exception it raises (such as
+        :exc:`Lagged`, or a cancellation): nothing is lost, since the
+        position is this consumer's; iterate the consumer again, or call
+        ``anext()`` on the consumer itself, to go on.
+        """
+        return unhooked(_reads(self))
 
     async def __anext__(self) -> T:
         node = self._node
@@ -660,25 +693,12 @@ class FanoutConsumer(Generic[T]):
             else:
                 puller = fanout._puller  # pyright: ignore[reportPrivateUsage]
                 if puller is not None and puller.ready:
-                    # At the log's end with the pump idle: pull inline, as the
-                    # pump (see _eager.py); a ready item costs no task switch.
-                    fanout._pulling = True  # pyright: ignore[reportPrivateUsage]
-                    try:
-                        item = puller.start(
-                            fanout._iterator or fanout._open()  # pyright: ignore[reportPrivateUsage]
-                        )
-                    except StopAsyncIteration:
-                        fanout._finish(None)  # pyright: ignore[reportPrivateUsage]
-                    except BaseException as error:
-                        fanout._finish(error)  # pyright: ignore[reportPrivateUsage]
-                    else:
-                        if item is DRIVEN:
-                            await fanout._drive_pull(puller)  # pyright: ignore[reportPrivateUsage]
-                        elif item is not SUSPENDED:
-                            fanout._pulling = False  # pyright: ignore[reportPrivateUsage]
-                            fanout._append(item)  # pyright: ignore[reportPrivateUsage]
-                            self._node = node[1]
-                            return item
+                    item = fanout._start_pull(puller)  # pyright: ignore[reportPrivateUsage]
+                    if item is DRIVEN:
+                        await fanout._drive_pull(puller)  # pyright: ignore[reportPrivateUsage]
+                    elif item is not SUSPENDED:
+                        self._node = node[1]
+                        return item
                 else:
                     self._waiting = True
                     try:
@@ -739,3 +759,38 @@ class FanoutConsumer(Generic[T]):
     def __repr__(self) -> str:
         state = "ACTIVE" if self._registered else "ENDED"
         return f"<FanoutConsumer [{state}, buffered: {self.buffered}]>"
+
+
+async def _reads(consumer: FanoutConsumer[T]) -> AsyncGenerator[T, None]:
+    """Every item of ``consumer``, in order (see :meth:`FanoutConsumer.__aiter__`)."""
+    fanout = consumer._fanout  # pyright: ignore[reportPrivateUsage]
+    read = consumer.__anext__
+    while True:
+        node = consumer._node  # pyright: ignore[reportPrivateUsage]
+        following = node[1]
+        if following is not None:  # buffered: __anext__'s fast path
+            consumer._node = following  # pyright: ignore[reportPrivateUsage]
+            yield node[0]
+            continue
+        puller = fanout._puller  # pyright: ignore[reportPrivateUsage]
+        if (
+            puller is not None
+            and puller.ready
+            and len(node) == 3  # not a trap
+            and consumer._registered  # pyright: ignore[reportPrivateUsage]
+            and fanout._end is None  # pyright: ignore[reportPrivateUsage]
+            and not (fanout._holds_back and fanout._log_is_full())  # pyright: ignore[reportPrivateUsage]
+        ):
+            # __anext__'s inline pull, without its coroutine.
+            item = fanout._start_pull(puller)  # pyright: ignore[reportPrivateUsage]
+            if item is DRIVEN:
+                await fanout._drive_pull(puller)  # pyright: ignore[reportPrivateUsage]
+            elif item is not SUSPENDED:
+                consumer._node = node[1]  # pyright: ignore[reportPrivateUsage]
+                yield item
+            continue
+        try:
+            item = await read()
+        except StopAsyncIteration:
+            return
+        yield item

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import AsyncGenerator
 from collections.abc import Hashable
 from typing import Any
 from typing import final
@@ -23,6 +24,7 @@ from ._replay import Workers
 from ._replay import apply_event
 from ._replay import diff_events
 from ._restart import RestartPolicy
+from ._unhooked import unhooked
 
 __all__ = ["SharedSubscription", "SubscriptionConsumer"]
 
@@ -176,8 +178,16 @@ class SubscriptionConsumer:
         """The subscription this consumer iterates."""
         return self._subscription
 
-    def __aiter__(self) -> SubscriptionConsumer:
-        return self
+    def __aiter__(self) -> AsyncGenerator[DiscoveryEvent, None]:
+        """An iterator for ``async for``: buffered events cost no coroutine.
+
+        It reads the events this consumer has buffered itself, and goes
+        through :meth:`__anext__` for everything else (joining, replay,
+        waiting, resyncs), with the same guarantees. It ends with this
+        consumer: at the end of the stream, or at the exception that ends
+        the consumer.
+        """
+        return unhooked(_events(self))
 
     async def __anext__(self) -> DiscoveryEvent:
         consumer = self._consumer
@@ -281,3 +291,28 @@ class SubscriptionConsumer:
         else:
             state = f"ACTIVE, replay: {len(self._replay or ())}"
         return f"<SubscriptionConsumer [{state}] of {self._subscription!r}>"
+
+
+async def _events(
+    consumer: SubscriptionConsumer,
+) -> AsyncGenerator[DiscoveryEvent, None]:
+    """Every event of ``consumer`` (see :meth:`SubscriptionConsumer.__aiter__`)."""
+    read = consumer.__anext__
+    while True:
+        fanout_consumer = consumer._consumer  # pyright: ignore[reportPrivateUsage]
+        if fanout_consumer is not None and not consumer._replay:  # pyright: ignore[reportPrivateUsage]
+            node = fanout_consumer._node  # pyright: ignore[reportPrivateUsage]
+            following = node[1]
+            if following is not None:  # buffered: __anext__'s fast path
+                fanout_consumer._node = following  # pyright: ignore[reportPrivateUsage]
+                event: DiscoveryEvent = node[0]
+                view = consumer._view  # pyright: ignore[reportPrivateUsage]
+                if view is not None:
+                    apply_event(view, event)
+                yield event
+                continue
+        try:
+            event = await read()
+        except StopAsyncIteration:
+            return
+        yield event
