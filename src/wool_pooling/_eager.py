@@ -30,9 +30,10 @@ right after it (trio's ``checkpoint_if_cancelled``) and then the pump carries
 the pull on; if the pump is woken meanwhile (closing, a timeout inside the
 pull), it takes the pull over and the consumer steps back.
 
-A pull runs inside a persistent driver generator (:func:`_driver`), which
-delegates with ``yield from`` and reports the result through a box: a step
-that completes costs no ``StopIteration`` caught in Python.
+Pulls run inside a persistent driver generator bound to the source's
+iterator (:func:`_driver`): it calls ``__anext__`` itself, delegates with
+``yield from`` and reports the result through a box, so a pull that
+completes costs one ``send`` and no ``StopIteration`` caught in Python.
 
 This relies on interpreter and trio internals (``asyncio.tasks._enter_task``,
 trio's run context and task fields). Where they are missing, every pull runs
@@ -182,29 +183,22 @@ class PumpOnly:
 class _InlinePuller(PumpOnly):
     """What the asyncio and trio pullers share: the driver that runs pulls."""
 
-    __slots__ = ("_box", "_driver", "_rest", "_send", "ready")
+    __slots__ = ("_box", "_driver", "_iterator", "_rest", "_send", "ready")
 
     def __init__(self) -> None:
         super().__init__()
-        # One pull at a time runs in the driver (see _driver).
-        self._new_driver()
+        self._iterator: AsyncIterator[Any] | None = None
 
-    def _new_driver(self) -> None:
+    def _bind(self, iterator: AsyncIterator[Any]) -> None:
+        """Run the pulls of ``iterator`` from now on, in a driver of its own."""
+        self._iterator = iterator
         self._box: list[Any] = [None, None]
         # (types.coroutine hides that the driver is a generator.)
-        self._driver = cast("types.GeneratorType[Any, Any, None]", _driver(self._box))
-        self._driver.send(None)
+        self._driver = cast(
+            "types.GeneratorType[Any, Any, None]", _driver(iterator, self._box)
+        )
         self._send = self._driver.send
         self._rest = _Remainder(self._driver, self._box)
-
-    def _first_step(self, iterator: AsyncIterator[Any]) -> Any:
-        """The awaitable of a new pull, for the driver."""
-        target: Any = iterator.__anext__()
-        if not hasattr(target, "send"):
-            target = target.__await__()
-        if self._driver.gi_yieldfrom is not None:  # pragma: no cover - defensive
-            self._new_driver()
-        return target
 
     def _result(self) -> Any:
         """The finished pull's item, or its error raised."""
@@ -239,7 +233,8 @@ class _AsyncioInlinePuller(_InlinePuller):
         self.ready = ready
 
     def start(self, iterator: AsyncIterator[Any]) -> Any:
-        target = self._first_step(iterator)
+        if iterator is not self._iterator:
+            self._bind(iterator)
         # _as_pump and _outcome, inline: this is the path of every ready item.
         loop = self._loop
         tasks = _current_tasks
@@ -249,11 +244,11 @@ class _AsyncioInlinePuller(_InlinePuller):
         if self._direct:
             tasks[loop] = self._task
             try:
-                yielded = self._run(self._send, target)
+                yielded = self._run(self._send, None)
             finally:
                 tasks[loop] = caller
         else:
-            yielded = self._as_pump(self._send, target)
+            yielded = self._as_pump(self._send, None)
         if yielded is _DONE:
             box = self._box
             item = box[0]
@@ -310,25 +305,31 @@ _FAILED: Any = object()
 
 
 @types.coroutine
-def _driver(box: list[Any]) -> Generator[Any, Any, None]:
-    """Run one pull after another, handing results back without exceptions.
+def _driver(iterator: AsyncIterator[Any], box: list[Any]) -> Generator[Any, Any, None]:
+    """Run one pull of ``iterator`` after another, reporting without exceptions.
 
-    Send it a pull's awaitable: it runs the pull (``yield from``, so a
-    step that completes costs no ``StopIteration`` in Python), puts the item
-    in ``box[0]`` (or the exception in ``box[1]``) and yields :data:`_DONE`
-    (or :data:`_FAILED`); anything else it yields is the pull suspending.
+    Send it ``None``: it starts the next pull and runs it (``yield from``, so
+    a step that completes costs no ``StopIteration`` in Python), puts the
+    item in ``box[0]`` (or the exception in ``box[1]``) and yields
+    :data:`_DONE` (or :data:`_FAILED`); anything else it yields is the pull
+    suspending. Between pulls it waits at that yield, holding nothing.
     """
-    target = yield
+    pull = iterator.__anext__
     while True:
+        target: Any = pull()
+        if not hasattr(target, "send"):  # an awaitable that is not a coroutine
+            target = target.__await__()
         try:
             box[0] = yield from target
         except GeneratorExit:
             raise
         except BaseException as error:
             box[1] = error
-            target = yield _FAILED
+            outcome = _FAILED
         else:
-            target = yield _DONE
+            outcome = _DONE
+        del target  # the finished pull: pin nothing while waiting
+        yield outcome
 
 
 @final
@@ -445,7 +446,9 @@ class _TrioInlinePuller(_InlinePuller):
         return continue_pull(target, yielded, error)
 
     def start(self, iterator: AsyncIterator[Any]) -> Any:
-        return self._outcome(self._as_pump(self._send, self._first_step(iterator)))
+        if iterator is not self._iterator:
+            self._bind(iterator)
+        return self._outcome(self._as_pump(self._send, None))
 
     def resume(self, sent: Any) -> Any:
         if self._task._abort_func is None:
