@@ -644,7 +644,14 @@ class FanoutConsumer(Generic[T]):
     collection. Ending a consumer never affects the source or the others.
     """
 
-    __slots__ = ("__weakref__", "_fanout", "_node", "_registered", "_waiting")
+    __slots__ = (
+        "__weakref__",
+        "_driving",
+        "_fanout",
+        "_node",
+        "_registered",
+        "_waiting",
+    )
 
     def __init__(self, fanout: Fanout[T], node: _Node) -> None:
         self._fanout = fanout
@@ -652,6 +659,9 @@ class FanoutConsumer(Generic[T]):
         self._node = node
         self._registered = True
         self._waiting = False
+        # Set by _pull when the pull it started must be driven by whoever
+        # awaits __anext__ next (at once: no await in between).
+        self._driving = False
 
     def __aiter__(self) -> AsyncGenerator[T, None]:
         """An iterator for ``async for``: buffered items cost no coroutine.
@@ -673,7 +683,12 @@ class FanoutConsumer(Generic[T]):
             return node[0]
         fanout = self._fanout
         while True:
-            if len(node) > 3:  # a trap: step onto the node it covers
+            if self._driving:  # _pull started a pull that this call drives
+                self._driving = False
+                puller = fanout._puller  # pyright: ignore[reportPrivateUsage]
+                if puller is not None:
+                    await fanout._drive_pull(puller)  # pyright: ignore[reportPrivateUsage]
+            elif len(node) > 3:  # a trap: step onto the node it covers
                 self._node = node[3]
                 if node[4] is _LAGGED:
                     skipped: int = node[5]
@@ -710,6 +725,35 @@ class FanoutConsumer(Generic[T]):
             if following is not None:
                 self._node = following
                 return node[0]
+
+    def _pull(self) -> Any:
+        """Start a pull inline, if this consumer (at the log's end) may now.
+
+        For the iterators of ``async for``, which must not create a coroutine
+        per item. Returns the item, already read, if the pull completed
+        without suspending; otherwise :data:`SUSPENDED`: await
+        :meth:`__anext__` for the item (it drives the pull started here, if
+        it must be driven).
+        """
+        fanout = self._fanout
+        puller = fanout._puller  # pyright: ignore[reportPrivateUsage]
+        node = self._node
+        if (
+            puller is None
+            or not puller.ready
+            or len(node) > 3  # a trap
+            or not self._registered
+            or fanout._end is not None  # pyright: ignore[reportPrivateUsage]
+            or (fanout._holds_back and fanout._log_is_full())  # pyright: ignore[reportPrivateUsage]
+        ):
+            return SUSPENDED
+        item = fanout._start_pull(puller)  # pyright: ignore[reportPrivateUsage]
+        if item is DRIVEN:
+            self._driving = True
+            return SUSPENDED
+        if item is not SUSPENDED:
+            self._node = node[1]
+        return item
 
     def close(self) -> None:
         """End this consumer and free the items it held. Idempotent."""
@@ -763,7 +807,7 @@ class FanoutConsumer(Generic[T]):
 
 async def _reads(consumer: FanoutConsumer[T]) -> AsyncGenerator[T, None]:
     """Every item of ``consumer``, in order (see :meth:`FanoutConsumer.__aiter__`)."""
-    fanout = consumer._fanout  # pyright: ignore[reportPrivateUsage]
+    pull = consumer._pull  # pyright: ignore[reportPrivateUsage]
     read = consumer.__anext__
     while True:
         node = consumer._node  # pyright: ignore[reportPrivateUsage]
@@ -772,25 +816,10 @@ async def _reads(consumer: FanoutConsumer[T]) -> AsyncGenerator[T, None]:
             consumer._node = following  # pyright: ignore[reportPrivateUsage]
             yield node[0]
             continue
-        puller = fanout._puller  # pyright: ignore[reportPrivateUsage]
-        if (
-            puller is not None
-            and puller.ready
-            and len(node) == 3  # not a trap
-            and consumer._registered  # pyright: ignore[reportPrivateUsage]
-            and fanout._end is None  # pyright: ignore[reportPrivateUsage]
-            and not (fanout._holds_back and fanout._log_is_full())  # pyright: ignore[reportPrivateUsage]
-        ):
-            # __anext__'s inline pull, without its coroutine.
-            item = fanout._start_pull(puller)  # pyright: ignore[reportPrivateUsage]
-            if item is DRIVEN:
-                await fanout._drive_pull(puller)  # pyright: ignore[reportPrivateUsage]
-            elif item is not SUSPENDED:
-                consumer._node = node[1]  # pyright: ignore[reportPrivateUsage]
-                yield item
-            continue
-        try:
-            item = await read()
-        except StopAsyncIteration:
-            return
+        item = pull()
+        if item is SUSPENDED:
+            try:
+                item = await read()
+            except StopAsyncIteration:
+                return
         yield item

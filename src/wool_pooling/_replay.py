@@ -111,12 +111,19 @@ class TrackedSource:
         return self
 
     async def __anext__(self) -> Any:
-        if self._restart is None:
-            iterator = self._iterator
-            if iterator is None:
-                iterator = self._iterator = aiter(self._raw)
-            return self._track(await anext(iterator))
-        return await self._next_with_restarts()
+        if self._restart is not None:
+            return await self._next_with_restarts()
+        iterator = self._iterator
+        if iterator is None:
+            iterator = self._iterator = aiter(self._raw)
+        event = await iterator.__anext__()
+        if isinstance(event, DiscoveryEvent):  # apply_event, inline: every pull
+            metadata = event.metadata
+            if event.type == "worker-dropped":
+                self.workers.pop(metadata.uid, None)
+            else:
+                self.workers[metadata.uid] = metadata
+        return event
 
     def _track(self, event: Any) -> Any:
         apply_event(self.workers, event)

@@ -15,6 +15,7 @@ from wool import DiscoveryEvent
 from ._construction import CONFIG_ATTRIBUTE
 from ._construction import SubscriptionConfig
 from ._construction import build_raw
+from ._eager import SUSPENDED
 from ._fanout import FanoutConsumer
 from ._fanout import Lagged
 from ._pool import SubscriptionPool
@@ -301,16 +302,24 @@ async def _events(
     while True:
         fanout_consumer = consumer._consumer  # pyright: ignore[reportPrivateUsage]
         if fanout_consumer is not None and not consumer._replay:  # pyright: ignore[reportPrivateUsage]
-            node = fanout_consumer._node  # pyright: ignore[reportPrivateUsage]
-            following = node[1]
-            if following is not None:  # buffered: __anext__'s fast path
-                fanout_consumer._node = following  # pyright: ignore[reportPrivateUsage]
-                event: DiscoveryEvent = node[0]
-                view = consumer._view  # pyright: ignore[reportPrivateUsage]
+            # Joined and replayed: read the fan-out directly while that needs
+            # no wait. Only __anext__ (below) joins, replays or resyncs; an
+            # ended consumer's fan-out consumer is ended too, so _pull stops.
+            pull = fanout_consumer._pull  # pyright: ignore[reportPrivateUsage]
+            view = consumer._view  # pyright: ignore[reportPrivateUsage]
+            while True:
+                node = fanout_consumer._node  # pyright: ignore[reportPrivateUsage]
+                following = node[1]
+                if following is not None:  # buffered: __anext__'s fast path
+                    fanout_consumer._node = following  # pyright: ignore[reportPrivateUsage]
+                    event: DiscoveryEvent = node[0]
+                else:  # a pull started here, if it completes at once
+                    event = pull()
+                    if event is SUSPENDED:
+                        break
                 if view is not None:
                     apply_event(view, event)
                 yield event
-                continue
         try:
             event = await read()
         except StopAsyncIteration:
