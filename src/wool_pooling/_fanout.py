@@ -501,28 +501,6 @@ class Fanout(Generic[T]):
         iterator = self._iterator = aiter(self._source)
         return iterator
 
-    def _start_pull(self, puller: PumpOnly) -> Any:
-        """Start a pull inline, as the pump, for a consumer at the log's end.
-
-        Call only while ``puller.ready`` (the pump idles). Returns the item,
-        already logged; or :data:`DRIVEN` (the caller must await
-        :meth:`_drive_pull`); or :data:`SUSPENDED` (the pump owns the pull,
-        or the source ended: the caller waits or finds the end).
-        """
-        self._pulling = True
-        try:
-            item = puller.start(self._iterator or self._open())
-        except StopAsyncIteration:
-            self._finish(None)
-            return SUSPENDED
-        except BaseException as error:
-            self._finish(error)
-            return SUSPENDED
-        if item is not DRIVEN and item is not SUSPENDED:
-            self._pulling = False
-            self._append(item)
-        return item
-
     async def _drive_pull(self, puller: PumpOnly) -> None:
         """Carry on, in the calling consumer, a pull it started inline that
         suspended at a yield bound to no task.
@@ -708,12 +686,11 @@ class FanoutConsumer(Generic[T]):
             else:
                 puller = fanout._puller  # pyright: ignore[reportPrivateUsage]
                 if puller is not None and puller.ready:
-                    item = fanout._start_pull(puller)  # pyright: ignore[reportPrivateUsage]
-                    if item is DRIVEN:
-                        await fanout._drive_pull(puller)  # pyright: ignore[reportPrivateUsage]
-                    elif item is not SUSPENDED:
-                        self._node = node[1]
+                    item = self._pull()
+                    if item is not SUSPENDED:
                         return item
+                    # Else the pump owns the pull now, or the source ended,
+                    # or this call drives the pull (next round).
                 else:
                     self._waiting = True
                     try:
@@ -727,13 +704,14 @@ class FanoutConsumer(Generic[T]):
                 return node[0]
 
     def _pull(self) -> Any:
-        """Start a pull inline, if this consumer (at the log's end) may now.
+        """Start a pull inline, as the pump, if this consumer (at the log's
+        end) may now: the pump idles, nothing holds the pull back.
 
-        For the iterators of ``async for``, which must not create a coroutine
-        per item. Returns the item, already read, if the pull completed
-        without suspending; otherwise :data:`SUSPENDED`: await
-        :meth:`__anext__` for the item (it drives the pull started here, if
-        it must be driven).
+        Synchronous, for the iterators of ``async for``, which must not
+        create a coroutine per item. Returns the item, logged and read, if
+        the pull completed without suspending; otherwise :data:`SUSPENDED`:
+        await :meth:`__anext__` for the item (it drives the pull started
+        here, if that pull must be driven).
         """
         fanout = self._fanout
         puller = fanout._puller  # pyright: ignore[reportPrivateUsage]
@@ -747,11 +725,21 @@ class FanoutConsumer(Generic[T]):
             or (fanout._holds_back and fanout._log_is_full())  # pyright: ignore[reportPrivateUsage]
         ):
             return SUSPENDED
-        item = fanout._start_pull(puller)  # pyright: ignore[reportPrivateUsage]
+        fanout._pulling = True  # pyright: ignore[reportPrivateUsage]
+        try:
+            item = puller.start(fanout._iterator or fanout._open())  # pyright: ignore[reportPrivateUsage]
+        except StopAsyncIteration:
+            fanout._finish(None)  # pyright: ignore[reportPrivateUsage]
+            return SUSPENDED
+        except BaseException as error:
+            fanout._finish(error)  # pyright: ignore[reportPrivateUsage]
+            return SUSPENDED
         if item is DRIVEN:
             self._driving = True
             return SUSPENDED
         if item is not SUSPENDED:
+            fanout._pulling = False  # pyright: ignore[reportPrivateUsage]
+            fanout._append(item)  # pyright: ignore[reportPrivateUsage]
             self._node = node[1]
         return item
 
