@@ -16,6 +16,7 @@ read as an item.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import sys
 import types
@@ -238,7 +239,8 @@ class Fanout(Generic[T]):
         # Demand: consumers waiting for the item after the log's end. They all
         # wait on _arrival, which is set (and replaced) when that item lands.
         self._demand = 0
-        self._arrival: anyio.Event | None = None
+        # On asyncio, the list of the waiters' futures; on trio, an Event.
+        self._arrival: list[asyncio.Future[None]] | anyio.Event | None = None
         # The pump: the task that runs (or finishes) every pull.
         self._loop: EventLoop | None = None
         self._pumping = False
@@ -464,7 +466,12 @@ class Fanout(Generic[T]):
         if arrival is not None:
             self._arrival = None
             self._demand = 0
-            arrival.set()
+            if isinstance(arrival, list):
+                for waiter in arrival:
+                    if not waiter.done():
+                        waiter.set_result(None)
+            else:
+                arrival.set()
 
     async def _wait_for_item(self) -> None:
         """Register demand for the item after the log's end and wait for it.
@@ -474,14 +481,29 @@ class Fanout(Generic[T]):
         """
         arrival = self._arrival
         if arrival is None:
-            arrival = self._arrival = anyio.Event()
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = current_loop()
+            arrival = self._arrival = [] if loop.backend == "asyncio" else anyio.Event()
         self._demand += 1
         if not self._pumping:
             self._start_pump()
         elif self._puller is not None and not self._puller.driving:
             self._puller.wake()  # (a driven pull's end wakes every waiter)
         try:
-            await arrival.wait()
+            if isinstance(arrival, list):
+                # asyncio: a future per waiter, awaited directly (an Event
+                # would add two coroutines per wait).
+                waiter = asyncio.get_running_loop().create_future()
+                arrival.append(waiter)
+                try:
+                    await waiter
+                except BaseException:
+                    if self._arrival is arrival:  # not woken: hold nothing
+                        arrival.remove(waiter)
+                    raise
+            else:
+                await arrival.wait()
         finally:
             if self._arrival is arrival:
                 self._demand -= 1
