@@ -88,6 +88,9 @@ _ENDED: _Node = [None, None, -1]
 #: ``_lag_check_at`` when no lag bound applies.
 _NEVER = sys.maxsize
 
+#: What FanoutConsumer._pull returns when a pull is in flight: wait for it.
+WAITING: Any = object()
+
 
 @attrs.frozen
 class FanoutStatistics:
@@ -473,8 +476,9 @@ class Fanout(Generic[T]):
             else:
                 arrival.set()
 
-    async def _wait_for_item(self) -> None:
-        """Register demand for the item after the log's end and wait for it.
+    async def _wait_for_item(self, consumer: FanoutConsumer[T]) -> None:
+        """Register ``consumer``'s demand for the item after the log's end and
+        wait for it (or for the consumer to be closed).
 
         Cancelling this wait withdraws the demand but never the pull in
         flight, which the pump completes and logs for everyone.
@@ -490,6 +494,7 @@ class Fanout(Generic[T]):
             self._start_pump()
         elif self._puller is not None and not self._puller.driving:
             self._puller.wake()  # (a driven pull's end wakes every waiter)
+        consumer._waiting = True  # pyright: ignore[reportPrivateUsage]
         try:
             if isinstance(arrival, list):
                 # asyncio: a future per waiter, awaited directly (an Event
@@ -505,6 +510,7 @@ class Fanout(Generic[T]):
             else:
                 await arrival.wait()
         finally:
+            consumer._waiting = False  # pyright: ignore[reportPrivateUsage]
             if self._arrival is arrival:
                 self._demand -= 1
 
@@ -714,11 +720,7 @@ class FanoutConsumer(Generic[T]):
                     # Else the pump owns the pull now, or the source ended,
                     # or this call drives the pull (next round).
                 else:
-                    self._waiting = True
-                    try:
-                        await fanout._wait_for_item()  # pyright: ignore[reportPrivateUsage]
-                    finally:
-                        self._waiting = False
+                    await fanout._wait_for_item(self)  # pyright: ignore[reportPrivateUsage]
             node = self._node
             following = node[1]
             if following is not None:
@@ -731,22 +733,24 @@ class FanoutConsumer(Generic[T]):
 
         Synchronous, for the iterators of ``async for``, which must not
         create a coroutine per item. Returns the item, logged and read, if
-        the pull completed without suspending; otherwise :data:`SUSPENDED`:
-        await :meth:`__anext__` for the item (it drives the pull started
-        here, if that pull must be driven).
+        the pull completed without suspending; :data:`WAITING` if a pull is
+        in flight (or the pump is not running): await
+        ``fanout._wait_for_item(consumer)``, then look again; otherwise
+        :data:`SUSPENDED`: await :meth:`__anext__` for the item (it drives
+        the pull started here, if that pull must be driven).
         """
         fanout = self._fanout
-        puller = fanout._puller  # pyright: ignore[reportPrivateUsage]
         node = self._node
         if (
-            puller is None
-            or not puller.ready
-            or len(node) > 3  # a trap
+            len(node) > 3  # a trap
             or not self._registered
             or fanout._end is not None  # pyright: ignore[reportPrivateUsage]
             or (fanout._holds_back and fanout._log_is_full())  # pyright: ignore[reportPrivateUsage]
         ):
             return SUSPENDED
+        puller = fanout._puller  # pyright: ignore[reportPrivateUsage]
+        if puller is None or not puller.ready:
+            return WAITING
         fanout._pulling = True  # pyright: ignore[reportPrivateUsage]
         try:
             item = puller.start(fanout._iterator or fanout._open())  # pyright: ignore[reportPrivateUsage]
@@ -818,6 +822,7 @@ class FanoutConsumer(Generic[T]):
 async def _reads(consumer: FanoutConsumer[T]) -> AsyncGenerator[T, None]:
     """Every item of ``consumer``, in order (see :meth:`FanoutConsumer.__aiter__`)."""
     pull = consumer._pull  # pyright: ignore[reportPrivateUsage]
+    wait = consumer._fanout._wait_for_item  # pyright: ignore[reportPrivateUsage]
     read = consumer.__anext__
     while True:
         node = consumer._node  # pyright: ignore[reportPrivateUsage]
@@ -827,6 +832,9 @@ async def _reads(consumer: FanoutConsumer[T]) -> AsyncGenerator[T, None]:
             yield node[0]
             continue
         item = pull()
+        if item is WAITING:
+            await wait(consumer)
+            continue
         if item is SUSPENDED:
             try:
                 item = await read()

@@ -16,6 +16,7 @@ from ._construction import CONFIG_ATTRIBUTE
 from ._construction import SubscriptionConfig
 from ._construction import build_raw
 from ._eager import SUSPENDED
+from ._fanout import WAITING
 from ._fanout import FanoutConsumer
 from ._fanout import Lagged
 from ._pool import SubscriptionPool
@@ -306,6 +307,7 @@ async def _events(
             # no wait. Only __anext__ (below) joins, replays or resyncs; an
             # ended consumer's fan-out consumer is ended too, so _pull stops.
             pull = fanout_consumer._pull  # pyright: ignore[reportPrivateUsage]
+            wait = fanout_consumer.fanout._wait_for_item  # pyright: ignore[reportPrivateUsage]
             view = consumer._view  # pyright: ignore[reportPrivateUsage]
             while True:
                 node = fanout_consumer._node  # pyright: ignore[reportPrivateUsage]
@@ -315,6 +317,13 @@ async def _events(
                     event: DiscoveryEvent = node[0]
                 else:  # a pull started here, if it completes at once
                     event = pull()
+                    if event is WAITING:  # a pull is in flight
+                        try:
+                            await wait(fanout_consumer)
+                        except BaseException:
+                            await consumer._release()  # pyright: ignore[reportPrivateUsage]
+                            raise
+                        continue
                     if event is SUSPENDED:
                         break
                 if view is not None:
