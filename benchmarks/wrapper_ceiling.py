@@ -5,13 +5,19 @@ Run from the repository root::
     python benchmarks/wrapper_ceiling.py [--backend asyncio|trio] [--items M]
 
 Times one consumer iterating a never-suspending async generator directly
-(the floor of ``fanout_throughput.py``) and through the thinnest possible
-wrapper: an ``__anext__`` coroutine that only awaits the source's, with no
-log, no bookkeeping and no protection of the source from the consumer's
-cancellation. Repetitions alternate, and the ratio of items/s (wrapper /
-floor) is printed with its median. Any fan-out whose consumers are async
-iterators with a Python ``__anext__`` pays at least this wrapper's cost per
-item, so its N = 1 figure cannot exceed this ratio of the floor.
+(the floor of ``fanout_throughput.py``), then through the thinnest possible
+wrappers, with no log, no bookkeeping and no protection of the source from
+the consumer's cancellation:
+
+- ``coroutine``: an ``__anext__`` coroutine that only awaits the source's;
+- ``async generator``: ``async for item in source: yield item``, what
+  ``async for`` over a :class:`~wool_pooling.FanoutConsumer` costs at best;
+
+and through a one-consumer :class:`~wool_pooling.Fanout`. Repetitions
+alternate, and each ratio of items/s (wrapper / floor) is printed with its
+median and spread. A fan-out's N = 1 figure cannot exceed the async
+generator's ratio: everything the fan-out does besides (logging the item,
+running the pull as its pump task) comes out of what is left.
 """
 
 from __future__ import annotations
@@ -20,9 +26,12 @@ import argparse
 import statistics
 import time
 from collections.abc import AsyncIterator
+from collections.abc import Callable
 from typing import Any
 
 import anyio
+
+from wool_pooling import Fanout
 
 
 async def never_suspending(m: int) -> AsyncIterator[int]:
@@ -43,19 +52,40 @@ class PassThrough:
         return await self._source.__anext__()
 
 
-async def seconds(iterator: AsyncIterator[Any]) -> float:
+async def pass_through_generator(source: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """``source`` again, through one async-generator step per item."""
+    async for item in source:
+        yield item
+
+
+async def seconds(iterator: Any) -> float:
     start = time.perf_counter()
     async for _ in iterator:
         pass
     return time.perf_counter() - start
 
 
-async def measure(m: int, reps: int) -> list[float]:
-    ratios: list[float] = []
+async def through_fanout(m: int) -> float:
+    fanout = Fanout(never_suspending(m))
+    try:
+        return await seconds(fanout.consumer())
+    finally:
+        await fanout.aclose()
+
+
+WRAPPERS: dict[str, Callable[[int], Any]] = {
+    "coroutine": lambda m: seconds(PassThrough(never_suspending(m))),
+    "async generator": lambda m: seconds(pass_through_generator(never_suspending(m))),
+    "wool_pooling.Fanout": through_fanout,
+}
+
+
+async def measure(m: int, reps: int) -> dict[str, list[float]]:
+    ratios: dict[str, list[float]] = {name: [] for name in WRAPPERS}
     for _ in range(reps):
-        floor = await seconds(never_suspending(m))
-        wrapped = await seconds(PassThrough(never_suspending(m)))
-        ratios.append(floor / wrapped)
+        for name, run in WRAPPERS.items():
+            floor = await seconds(never_suspending(m))
+            ratios[name].append(floor / await run(m))
     return ratios
 
 
@@ -66,11 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=7)
     args = parser.parse_args(argv)
     ratios = anyio.run(measure, args.items, args.reps, backend=args.backend)
-    print(
-        f"{args.backend}: pass-through wrapper / floor = "
-        f"{statistics.median(ratios):.2f}x (median of {args.reps}; "
-        f"{min(ratios):.2f}-{max(ratios):.2f})"
-    )
+    for name, values in ratios.items():
+        print(
+            f"{args.backend}: {name} / floor = "
+            f"{statistics.median(values):.2f}x (median of {args.reps}; "
+            f"{min(values):.2f}-{max(values):.2f})"
+        )
     return 0
 
 

@@ -100,7 +100,7 @@ CEILING = SCRIPT.with_name("wrapper_ceiling.py")
 
 
 def test_wrapper_ceiling_script_prints_a_ratio_per_backend() -> None:
-    """`benchmarks/wrapper_ceiling.py` runs on both backends and prints its ratio."""
+    """`benchmarks/wrapper_ceiling.py` runs on both backends and prints each ratio."""
     for backend in ("asyncio", "trio"):
         done = subprocess.run(
             [
@@ -119,6 +119,10 @@ def test_wrapper_ceiling_script_prints_a_ratio_per_backend() -> None:
             check=False,
         )
         assert done.returncode == 0, done.stderr[-4000:]
-        assert done.stdout.startswith(f"{backend}: pass-through wrapper / floor = ")
-        ratio = float(done.stdout.split("= ")[1].split("x")[0])
-        assert 0 < ratio < 10
+        lines = done.stdout.splitlines()
+        names = ["coroutine", "async generator", "wool_pooling.Fanout"]
+        assert len(lines) == len(names)
+        for line, name in zip(lines, names, strict=True):
+            assert line.startswith(f"{backend}: {name} / floor = ")
+            ratio = float(line.split("= ")[1].split("x")[0])
+            assert 0 < ratio < 10
