@@ -386,7 +386,7 @@ def _direct_swap_works(loop: asyncio.AbstractEventLoop, task: Any) -> bool:
 class _TrioInlinePuller(_InlinePuller):
     __slots__ = (
         "_context",
-        "_run",
+        "_run_context",
         "_shielded",
         "_task",
         "_trap",
@@ -398,7 +398,8 @@ class _TrioInlinePuller(_InlinePuller):
     def __init__(self, trio: Any, run: Any, traps: Any, task: Any) -> None:
         super().__init__()
         self._trio = trio
-        self._run = run
+        # trio's thread-local run state, one object for the process.
+        self._run_context = run.GLOBAL_RUN_CONTEXT
         self._trap = traps.WaitTaskRescheduled
         self._shielded = traps.CancelShieldedCheckpoint
         self._task = task
@@ -448,7 +449,26 @@ class _TrioInlinePuller(_InlinePuller):
     def start(self, iterator: AsyncIterator[Any]) -> Any:
         if iterator is not self._iterator:
             self._bind(iterator)
-        return self._outcome(self._as_pump(self._send, None))
+        # _as_pump and _outcome, inline: this is the path of every ready item.
+        run_context = self._run_context
+        task = self._task
+        caller = run_context.task
+        idle_abort = task._abort_func
+        task._abort_func = None
+        run_context.task = task
+        try:
+            message = self._context.run(self._send, None)
+        finally:
+            run_context.task = caller
+            task._abort_func = idle_abort
+        if message is _DONE:
+            if task._cancel_status.effectively_cancelled:
+                task._attempt_delivery_of_any_pending_cancel()
+            box = self._box
+            item = box[0]
+            box[0] = None
+            return item
+        return self._outcome(message)
 
     def resume(self, sent: Any) -> Any:
         if self._task._abort_func is None:
@@ -463,7 +483,7 @@ class _TrioInlinePuller(_InlinePuller):
         The pump's abort function is set aside meanwhile, so that no
         cancellation is delivered to it while it "runs" here.
         """
-        run_context = self._run.GLOBAL_RUN_CONTEXT
+        run_context = self._run_context
         task = self._task
         caller = run_context.task
         idle_abort = task._abort_func
