@@ -646,9 +646,10 @@ class FanoutConsumer(Generic[T]):
     waits for the next pull. Cancelling ``__anext__`` loses nothing: the
     consumer stays registered and its next ``__anext__`` returns the item it
     would have received. ``async for`` goes through :meth:`__aiter__`, an
-    async generator over the same position (cheaper per item). :meth:`close` (or :meth:`aclose`, or leaving
-    ``async with``) ends the consumer and frees what it held; so does garbage
-    collection. Ending a consumer never affects the source or the others.
+    async generator over the same position (cheaper per item).
+    :meth:`close` (or :meth:`aclose`, or leaving ``async with``) ends the
+    consumer and frees what it held; so does garbage collection. Ending a
+    consumer never affects the source or the others.
     """
 
     __slots__ = (

@@ -210,7 +210,7 @@ class SubscriptionConsumer:
             consumer = self._join()
         while True:
             replay = self._replay
-            if replay and not consumer.fanout.closed:
+            if replay and not _closed(consumer):
                 event = replay.popleft()
                 break
             try:
@@ -302,7 +302,20 @@ async def _events(
     read = consumer.__anext__
     while True:
         fanout_consumer = consumer._consumer  # pyright: ignore[reportPrivateUsage]
-        if fanout_consumer is not None and not consumer._replay:  # pyright: ignore[reportPrivateUsage]
+        replay = consumer._replay  # pyright: ignore[reportPrivateUsage]
+        if fanout_consumer is not None and replay:
+            # The replay (or a resync's diff), one pass; it stops where
+            # __anext__'s would: the consumer ended or the fan-out closed.
+            view = consumer._view  # pyright: ignore[reportPrivateUsage]
+            while replay and not _closed(fanout_consumer):
+                event = replay.popleft()
+                if view is not None:
+                    apply_event(view, event)
+                yield event
+                if consumer._replay is not replay:  # pyright: ignore[reportPrivateUsage]
+                    break  # ended, or resynchronised meanwhile
+            # Then (or if the fan-out closed) __anext__ says what comes next.
+        elif fanout_consumer is not None:
             # Joined and replayed: read the fan-out directly while that needs
             # no wait. Only __anext__ (below) joins, replays or resyncs; an
             # ended consumer's fan-out consumer is ended too, so _pull stops.
@@ -334,3 +347,9 @@ async def _events(
         except StopAsyncIteration:
             return
         yield event
+
+
+def _closed(consumer: FanoutConsumer[Any]) -> bool:
+    """Whether ``consumer``'s fan-out was closed (``fanout.closed``, inline)."""
+    end = consumer._fanout._end  # pyright: ignore[reportPrivateUsage]
+    return end is not None and end.closed
