@@ -767,3 +767,29 @@ async def test_cancelled_puller_does_not_disturb_others() -> None:
             assert pairs(await take(it, 1)) == pairs([more])
             await it.aclose()
         assert raw.close_calls == 1
+
+
+async def test_async_for_replay_stops_when_the_consumer_is_closed_mid_replay() -> None:
+    """Closing a consumer in an ``async for`` over its replay ends the loop there."""
+    stub = make_stub()
+    events = [ev("worker-added", meta()) for _ in range(5)]
+    async with SubscriptionPool():
+        sub = subscribe(stub)
+        async with aiter(sub) as first:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(take, first, 1)
+                await anyio.wait_all_tasks_blocked()
+                stub.instances[-1].push(*events)
+            assert pairs(await take(first, 4)) == pairs(events[1:])
+            late = aiter(sub)
+            seen: list[DiscoveryEvent] = []
+            with anyio.fail_after(5):
+                async for event in late:
+                    seen.append(event)
+                    if len(seen) == 2:
+                        await late.aclose()
+            # Two of the five replayed workers, then the end: nothing after
+            # the close, and no live event either.
+            assert len(seen) == 2
+            assert {e.metadata.uid for e in seen} <= {e.metadata.uid for e in events}
+            assert await ended(late)
