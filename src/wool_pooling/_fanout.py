@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 from typing import Generic
 from typing import Literal
+from typing import Protocol
 from typing import TypeVar
 from typing import final
 
@@ -90,6 +91,21 @@ _NEVER = sys.maxsize
 
 #: What FanoutConsumer._pull returns when a pull is in flight: wait for it.
 WAITING: Any = object()
+
+
+class _ParkingLot(Protocol):
+    """What the fan-out uses of ``trio.lowlevel.ParkingLot``."""
+
+    async def park(self) -> None: ...
+
+    def unpark_all(self) -> object: ...
+
+
+def _parking_lot() -> _ParkingLot:
+    """A new ``trio.lowlevel.ParkingLot`` (trio is imported only under trio)."""
+    import trio
+
+    return trio.lowlevel.ParkingLot()
 
 
 @attrs.frozen
@@ -242,8 +258,9 @@ class Fanout(Generic[T]):
         # Demand: consumers waiting for the item after the log's end. They all
         # wait on _arrival, which is set (and replaced) when that item lands.
         self._demand = 0
-        # On asyncio, the list of the waiters' futures; on trio, an Event.
-        self._arrival: list[asyncio.Future[None]] | anyio.Event | None = None
+        # On asyncio, the list of the waiters' futures; on trio, a parking
+        # lot (awaited directly: an Event would add two coroutines per wait).
+        self._arrival: list[asyncio.Future[None]] | _ParkingLot | None = None
         # The pump: the task that runs (or finishes) every pull.
         self._loop: EventLoop | None = None
         self._pumping = False
@@ -474,7 +491,7 @@ class Fanout(Generic[T]):
                     if not waiter.done():
                         waiter.set_result(None)
             else:
-                arrival.set()
+                arrival.unpark_all()
 
     async def _wait_for_item(self, consumer: FanoutConsumer[T]) -> None:
         """Register ``consumer``'s demand for the item after the log's end and
@@ -488,7 +505,9 @@ class Fanout(Generic[T]):
             loop = self._loop
             if loop is None:
                 loop = self._loop = current_loop()
-            arrival = self._arrival = [] if loop.backend == "asyncio" else anyio.Event()
+            arrival = self._arrival = (
+                [] if loop.backend == "asyncio" else _parking_lot()
+            )
         self._demand += 1
         if not self._pumping:
             self._start_pump()
@@ -508,7 +527,7 @@ class Fanout(Generic[T]):
                         arrival.remove(waiter)
                     raise
             else:
-                await arrival.wait()
+                await arrival.park()  # trio: woken by unpark_all
         finally:
             consumer._waiting = False  # pyright: ignore[reportPrivateUsage]
             if self._arrival is arrival:
