@@ -1189,3 +1189,42 @@ async def test_cancelled_waits_leave_nothing_behind(probe: Probe) -> None:
     with anyio.fail_after(5):
         assert await anext(impatient) == 7
     await fanout.aclose()
+
+
+class _SyncRaising:
+    """A source whose plain ``__anext__`` raises at the end instead of awaiting."""
+
+    def __init__(self, items: int, error: Exception | None) -> None:
+        self._left = items
+        self._count = 0
+        self._error = error
+
+    def __aiter__(self) -> _SyncRaising:
+        return self
+
+    def __anext__(self) -> Any:
+        if self._count == self._left:
+            raise self._error or StopAsyncIteration
+        self._count += 1
+        return self._value(self._count)
+
+    async def _value(self, value: int) -> int:
+        return value
+
+
+@pytest.mark.parametrize("error", [None, ValueError("boom")])
+async def test_a_source_anext_that_raises_synchronously_ends_every_consumer(
+    error: Exception | None,
+) -> None:
+    """An ``__anext__`` raising before returning an awaitable ends every consumer."""
+    fanout = Fanout(_SyncRaising(3, error))
+    first, second = fanout.consumer(), fanout.consumer()
+    for consumer in (first, second):
+        with anyio.fail_after(5):
+            assert await take(consumer, 3) == [1, 2, 3]
+            if error is None:
+                assert [item async for item in consumer] == []
+            else:
+                with pytest.raises(ValueError, match="boom"):
+                    await anext(consumer)
+    await fanout.aclose()

@@ -733,15 +733,13 @@ class FanoutConsumer(Generic[T]):
             elif fanout._holds_back and fanout._log_is_full():  # pyright: ignore[reportPrivateUsage]
                 await fanout._wait_for_space()  # pyright: ignore[reportPrivateUsage]
             else:
-                puller = fanout._puller  # pyright: ignore[reportPrivateUsage]
-                if puller is not None and puller.ready:
-                    item = self._pull()
-                    if item is not SUSPENDED:
-                        return item
-                    # Else the pump owns the pull now, or the source ended,
-                    # or this call drives the pull (next round).
-                else:
+                item = self._pull()
+                if item is WAITING:
                     await fanout._wait_for_item(self)  # pyright: ignore[reportPrivateUsage]
+                elif item is not SUSPENDED:
+                    return item
+                # Else the pump owns the pull now, or the source ended, or
+                # this call drives the pull (next round).
             node = self._node
             following = node[1]
             if following is not None:
