@@ -22,6 +22,7 @@ from typing import cast
 import anyio
 import anyio.lowlevel
 import pytest
+from _loops import asyncio_options
 import sniffio
 from wool import DiscoveryEvent
 from wool import WorkerMetadata
@@ -179,7 +180,7 @@ def _uvloop_param() -> list[object]:
 #: For the modules whose subject is asyncio's internals (the inline pull swaps
 #: the current task): the same tests on uvloop's event loop as well.
 WITH_UVLOOP = [
-    pytest.param("asyncio", id="asyncio"),
+    pytest.param(("asyncio", asyncio_options()), id="asyncio"),
     *_uvloop_param(),
     pytest.param("trio", id="trio"),
 ]

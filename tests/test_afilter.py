@@ -6,12 +6,15 @@ from collections.abc import AsyncGenerator
 from collections.abc import AsyncIterable
 from collections.abc import Callable
 from collections.abc import Sequence
+from typing import Any
 from typing import Literal
 
 import anyio
 import anyio.lowlevel
 import cloudpickle
 import pytest
+from _loops import BACKENDS
+from _loops import run as run_on_backend
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -462,11 +465,11 @@ def replay(stream: list[DiscoveryEvent]) -> dict[uuid.UUID, WorkerMetadata]:
     return state
 
 
-@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("backend", BACKENDS)
 @settings(max_examples=100, deadline=None)
 @given(specs=specs_strategy)
 def test_stream_matches_reference_model(
-    backend: str, specs: list[tuple[int, EventType, bool]]
+    backend: tuple[str, dict[str, Any]], specs: list[tuple[int, EventType, bool]]
 ) -> None:
     """After every prefix, the replayed filtered stream equals the model's view."""
     events = build_events(specs)
@@ -476,4 +479,4 @@ def test_stream_matches_reference_model(
             stream = [e async for e in afilter(is_gpu, ListSubscriber(events[:n]))]
             assert replay(stream) == model(events[:n], is_gpu)
 
-    anyio.run(body, backend=backend)
+    run_on_backend(body, backend)

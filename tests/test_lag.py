@@ -17,6 +17,8 @@ from typing import cast
 import anyio
 import anyio.lowlevel
 import pytest
+from _loops import BACKENDS
+from _loops import run as run_on_backend
 from _stubs import ev
 from _stubs import meta
 from _stubs import pairs
@@ -593,7 +595,7 @@ async def test_default_bound_applies_to_the_shared_log() -> None:
             assert slow_view == fast_view
 
 
-@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("backend", BACKENDS)
 @settings(max_examples=40, deadline=None)
 @given(
     ops=st.lists(st.tuples(st.integers(0, 4), st.booleans()), min_size=8, max_size=40),
@@ -605,7 +607,7 @@ async def test_default_bound_applies_to_the_shared_log() -> None:
     join_first=st.booleans(),
 )
 def test_resync_keeps_every_view_consistent_and_converging(
-    backend: str,
+    backend: tuple[str, dict[str, Any]],
     ops: list[tuple[int, bool]],
     bursts: list[tuple[int, int]],
     max_lag: int,
@@ -651,7 +653,7 @@ def test_resync_keeps_every_view_consistent_and_converging(
         for view in views:
             assert view == final
 
-    anyio.run(body, backend=backend)
+    run_on_backend(body, backend)
 
 
 async def test_error_mode_stalled_consumer_pins_at_most_max_lag_items() -> None:

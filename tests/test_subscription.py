@@ -461,8 +461,9 @@ async def test_cancelled_anext_ends_consumer_and_propagates() -> None:
         await keeper.aclose()
 
 
-async def test_shutdown_called_when_no_aclose() -> None:
-    """A raw instance without aclose() is finalised with _shutdown(), once."""
+async def test_private_shutdown_is_not_called_when_there_is_no_aclose() -> None:
+    """A raw instance without aclose() is finalised without calling its private
+    ``_shutdown()`` (wool's, a no-op there): only its iterator is closed."""
     stub = make_stub(shutdown=True)
     assert not hasattr(stub, "aclose")
     async with SubscriptionPool() as pool:
@@ -474,7 +475,7 @@ async def test_shutdown_called_when_no_aclose() -> None:
             await anyio.wait_all_tasks_blocked()
             raw = stub.instances[-1]
             raw.push(ev("worker-added", meta()))
-        assert raw.close_calls == raw.closes_done == 1
+        assert raw.close_calls == raw.closes_done == 0
         assert raw.finally_runs == 1
         assert pool.statistics().entries == 0
 

@@ -31,6 +31,7 @@ from typing import Any
 import anyio
 import pytest
 import wool
+from _loops import asyncio_options
 from anyio.abc import TaskStatus
 from e2e_routines import add
 from e2e_routines import nested_add
@@ -54,9 +55,10 @@ DEADLINE = 20
 
 
 @pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    """wool is asyncio-only: run this module on asyncio, in one loop."""
-    return "asyncio"
+def anyio_backend() -> tuple[str, dict[str, Any]]:
+    """wool is asyncio-only: run this module on asyncio (see ``_loops``), in
+    one loop."""
+    return ("asyncio", asyncio_options())
 
 
 @pytest.fixture(scope="module")

@@ -39,8 +39,6 @@ class SubscriptionConfig:
     restart: RestartPolicy | None
     #: The ``__new__`` the class defined itself, replaced by the decorator.
     own_new: Any
-    #: The pooling ``__new__`` the decorator installed.
-    pooled_new: Any
 
 
 def derive_key(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable:

@@ -117,7 +117,6 @@ def shared_subscription(
             max_lag=max_lag,
             restart=restart,
             own_new=vars(target).get("__new__"),
-            pooled_new=_pooled_new,
         )
         setattr(target, CONFIG_ATTRIBUTE, config)
         target.__new__ = staticmethod(_pooled_new)  # type: ignore[assignment]

@@ -5,23 +5,23 @@ from __future__ import annotations
 import inspect
 import logging
 import weakref
+from collections.abc import Callable
 from collections.abc import Hashable
 from contextvars import ContextVar
 from contextvars import Token
-from typing import TYPE_CHECKING
 from typing import Any
 from typing import final
 
 import anyio
 import attrs
 
+from ._backend import EventLoop
+from ._backend import current_loop
+from ._construction import SubscriptionConfig
 from ._fanout import Fanout
-from ._loop import EventLoop
-from ._loop import current_loop
-from ._replay import TrackedSource
-
-if TYPE_CHECKING:
-    from ._subscription import SharedSubscription
+from ._restart import RestartingSource
+from ._tracking import TrackedSource
+from ._tracking import Tracking
 
 __all__ = ["PoolStatistics", "SubscriptionPool", "current_pool"]
 
@@ -73,7 +73,7 @@ class _Entry:
 
     key: tuple[type, Hashable]
     raw: Any
-    source: TrackedSource
+    source: Tracking
     fanout: Fanout[Any]
     ttl: float
     loop: EventLoop
@@ -92,8 +92,8 @@ class SubscriptionPool:
     iteration of it. An entry is built when its first consumer starts
     iterating and finalised when its last consumer is released and the ttl has
     elapsed: the fan-out is closed (cancelling a pull in flight and closing
-    the raw iterator), then the raw instance's ``aclose()`` (or wool's
-    ``_shutdown()``) is awaited, exactly once. An entry whose source ended or
+    the raw iterator), then the raw instance's ``aclose()`` (if it has one) is awaited, exactly
+    once. An entry whose source ended or
     failed is never reused: the next consumer gets a fresh raw instance.
 
     ``async with SubscriptionPool() as pool:`` makes the pool current for the
@@ -158,34 +158,47 @@ class SubscriptionPool:
 
     # -- attaching and releasing consumers -----------------------------------
 
-    def _acquire(self, subscription: SharedSubscription) -> _Entry:
-        """Attach one consumer of ``subscription``, building its entry if needed.
+    def _acquire(
+        self,
+        key: tuple[type, Hashable],
+        config: SubscriptionConfig,
+        build: Callable[[], Any],
+        what: str,
+    ) -> _Entry:
+        """Attach one consumer of ``key``, building its entry if needed: the
+        raw instance from ``build()``, its source per ``config``, a fan-out.
 
         Synchronous, so that no other task can run between finding the entry
         and registering the consumer with its fan-out.
+
+        :raises RuntimeError: naming ``what`` if the pool is closed or bound
+            to another event loop.
         """
         if self._closed:
-            raise RuntimeError(
-                f"cannot iterate {subscription!r}: its subscription pool is closed"
-            )
+            raise RuntimeError(f"cannot iterate {what}: its subscription pool is closed")
         loop = current_loop()
         if self._loop is None:
             self._loop = loop
         elif self._loop is not loop:
             raise RuntimeError(
-                "a SubscriptionPool is bound to the event loop that first used it"
+                f"cannot iterate {what}: a SubscriptionPool is bound to the event "
+                "loop that first used it"
             )
-        key = (subscription.cls, subscription.key)
         entry = self._entries.get(key)
         if entry is not None and entry.fanout.finished:
             self._retire(entry)
             entry = None
         if entry is None:
-            raw = subscription._build_raw()
-            source = TrackedSource(raw, subscription.restart)
-            fanout = Fanout(source, max_lag=subscription.max_lag, on_lag="error")
-            source.inject = fanout._inject
-            entry = _Entry(key, raw, source, fanout, subscription.ttl, loop)
+            raw = build()
+            source: Tracking
+            if config.restart is None:
+                source = TrackedSource(raw)
+                fanout = Fanout(source, max_lag=config.max_lag, on_lag="error")
+            else:
+                restarting = source = RestartingSource(raw, config.restart)
+                fanout = Fanout(source, max_lag=config.max_lag, on_lag="error")
+                restarting.deliver_to(fanout.inject)
+            entry = _Entry(key, raw, source, fanout, config.ttl, loop)
             self._entries[key] = entry
         entry.refs += 1
         if entry.expiry is not None:
@@ -207,9 +220,16 @@ class SubscriptionPool:
     def _release_soon(self, entry: _Entry) -> None:
         """Release from a garbage-collection callback, in any thread.
 
-        The reference is dropped at once (statistics show it); what follows
-        the last release runs on the entry's loop.
+        In the loop's own thread the reference is dropped at once (statistics
+        show it); from another thread the release is handed to the loop.
+        Either way, what follows the last release runs on the entry's loop.
         """
+        if entry.loop.in_own_thread():
+            self._release_in_background(entry)
+        else:
+            entry.loop.run_soon(self._release_in_background, entry)
+
+    def _release_in_background(self, entry: _Entry) -> None:
         entry.refs -= 1
         if entry.refs == 0:
             entry.loop.run_soon(self._after_last_release_in_background, entry)
@@ -270,10 +290,8 @@ class SubscriptionPool:
 
 
 async def _close_raw(raw: Any) -> None:
-    """Await ``raw.aclose()`` if it exists, else wool's ``raw._shutdown()``."""
+    """Await ``raw.aclose()`` if the raw instance has one."""
     closer = getattr(raw, "aclose", None)
-    if closer is None:
-        closer = getattr(raw, "_shutdown", None)
     if closer is None:
         return
     try:

@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import random
+import uuid
+import weakref
+from collections.abc import AsyncIterable
+from collections.abc import AsyncIterator
+from collections.abc import Callable
+from typing import Any
+from typing import final
 
+import anyio
 import attrs
+from wool import DiscoveryEvent
 
-__all__ = ["RestartPolicy"]
+from ._backend import current_loop
+from ._tracking import Workers
+from ._tracking import apply_event
+
+__all__ = ["RestartPolicy", "RestartingSource"]
+
+restart_logger = logging.getLogger("wool_pooling.restart")
 
 
 def _non_negative(name: str, value: float) -> None:
@@ -90,3 +106,157 @@ class RestartPolicy:
         if self.jitter:
             base *= random.uniform(1 - self.jitter, 1 + self.jitter)
         return min(self.max_backoff, base)
+
+
+@final
+class RestartingSource:
+    """The raw subscriber's iteration under a :class:`RestartPolicy`,
+    recording which workers are known (as
+    :class:`~wool_pooling._tracking.TrackedSource` does).
+
+    A failure of the raw stream (or its end, with ``restart_on_end``) closes
+    the failed iteration, waits out the backoff and iterates the raw
+    subscriber again, all within the pull that met it. The new stream's
+    events are translated into the difference with the workers known before:
+    a re-reported worker is repeated only if its metadata changed (as
+    ``worker-updated``), and the workers it has not reported within
+    ``settle`` seconds are dropped by a timer, which logs the drops through
+    :meth:`deliver_to` outside any pull (the new stream may stay silent).
+    """
+
+    __slots__ = (
+        "_deliver",
+        "_failures",
+        "_iterator",
+        "_policy",
+        "_raw",
+        "_reported",
+        "_settling",
+        "workers",
+    )
+
+    def __init__(self, raw: AsyncIterable[Any], policy: RestartPolicy) -> None:
+        self._raw = raw
+        self._policy = policy
+        self._iterator: AsyncIterator[Any] | None = None
+        self.workers: Workers = {}
+        # Consecutive restarts without an event in between.
+        self._failures = 0
+        # After a restart: the workers the new stream has reported so far,
+        # and the timer that drops the others once the settle time is over.
+        self._reported: set[uuid.UUID] | None = None
+        self._settling: anyio.CancelScope | None = None
+        # Where the settle timer's drops go; held weakly (the fan-out holds
+        # this source: a strong reference back would keep both alive).
+        self._deliver: weakref.WeakMethod[Callable[[Any], None]] | None = None
+
+    def deliver_to(self, inject: Callable[[Any], None]) -> None:
+        """Send events produced outside a pull to the bound method ``inject``
+        (a fan-out's :meth:`~wool_pooling.Fanout.inject`), held weakly."""
+        self._deliver = weakref.WeakMethod(inject)
+
+    def __aiter__(self) -> RestartingSource:
+        return self
+
+    async def __anext__(self) -> Any:
+        policy = self._policy
+        while True:
+            iterator = self._iterator
+            try:
+                if iterator is None:
+                    iterator = self._iterator = aiter(self._raw)
+                event = await iterator.__anext__()
+            except StopAsyncIteration as end:
+                if not policy.restart_on_end:
+                    raise
+                await self._restart_after(end, policy)
+                continue
+            except Exception as error:
+                await self._restart_after(error, policy)
+                continue
+            self._failures = 0
+            event = self._translate(event)
+            if event is not None:
+                apply_event(self.workers, event)
+                return event
+
+    async def _restart_after(self, error: BaseException, policy: RestartPolicy) -> None:
+        """Close the failed iteration and wait out the backoff, or re-raise."""
+        self._failures += 1
+        attempt = self._failures
+        if not policy.allows(attempt):
+            restart_logger.error(
+                "giving up on %r after %d restarts: %r", self._raw, attempt - 1, error
+            )
+            raise error
+        delay = policy.delay(attempt)
+        restart_logger.warning(
+            "restarting %r in %.3fs (attempt %d of %s) after %r",
+            self._raw,
+            delay,
+            attempt,
+            policy.attempts if policy.attempts is not None else "unlimited",
+            error,
+        )
+        iterator, self._iterator = self._iterator, None
+        closer = getattr(iterator, "aclose", None)
+        if closer is not None:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await closer()
+                except Exception:
+                    restart_logger.debug("closing the failed iteration", exc_info=True)
+        await anyio.sleep(delay)
+        self._reported = set()
+        if self._settling is not None:
+            self._settling.cancel()
+        settling = self._settling = anyio.CancelScope()
+        current_loop().spawn(self._settle, settling, policy.settle)
+
+    async def _settle(self, scope: anyio.CancelScope, seconds: float) -> None:
+        """Drop the workers the restarted stream has not reported in time."""
+        with scope:
+            await anyio.sleep(seconds)
+        if self._settling is not scope or scope.cancel_called:
+            return
+        self._settling = None
+        reported = self._reported or set()
+        self._reported = None
+        stale = [
+            DiscoveryEvent("worker-dropped", metadata=metadata)
+            for uid, metadata in self.workers.items()
+            if uid not in reported
+        ]
+        deliver = self._deliver() if self._deliver is not None else None
+        for event in stale:
+            apply_event(self.workers, event)
+            if deliver is not None:
+                deliver(event)
+
+    def _translate(self, event: Any) -> Any:
+        """After a restart, turn the new stream's report into a diff."""
+        reported = self._reported
+        if reported is None or not isinstance(event, DiscoveryEvent):
+            return event
+        metadata = event.metadata
+        uid = metadata.uid
+        known = self.workers.get(uid)
+        if event.type == "worker-dropped":
+            reported.discard(uid)
+            return event if known is not None else None
+        reported.add(uid)
+        if known is None:
+            return DiscoveryEvent("worker-added", metadata=metadata)
+        if known is metadata or known == metadata:
+            return None  # re-reported unchanged: nothing new for consumers
+        return DiscoveryEvent("worker-updated", metadata=metadata)
+
+    async def aclose(self) -> None:
+        """Stop the settle timer; close the raw iterator, if started and closable."""
+        if self._settling is not None:
+            self._settling.cancel()
+            self._settling = None
+        iterator, self._iterator = self._iterator, None
+        closer = getattr(iterator, "aclose", None)
+        if closer is not None:
+            await closer()

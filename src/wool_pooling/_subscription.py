@@ -3,30 +3,28 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncGenerator
 from collections.abc import Hashable
 from typing import Any
 from typing import final
 
 import anyio
+import anyio.lowlevel
 import cloudpickle
 from wool import DiscoveryEvent
 
 from ._construction import CONFIG_ATTRIBUTE
 from ._construction import SubscriptionConfig
 from ._construction import build_raw
-from ._eager import SUSPENDED
-from ._fanout import WAITING
 from ._fanout import FanoutConsumer
 from ._fanout import Lagged
 from ._pool import SubscriptionPool
 from ._pool import _Entry
 from ._pool import current_pool
-from ._replay import Workers
-from ._replay import apply_event
-from ._replay import diff_events
 from ._restart import RestartPolicy
-from ._unhooked import unhooked
+from ._tracking import Workers
+from ._tracking import apply_event
+from ._tracking import diff_events
+from ._tracking import replay_events
 
 __all__ = ["SharedSubscription", "SubscriptionConsumer"]
 
@@ -79,20 +77,20 @@ class SharedSubscription:
     @property
     def ttl(self) -> float:
         """Seconds an entry is kept after its last consumer is released."""
-        config: SubscriptionConfig = getattr(self._cls, CONFIG_ATTRIBUTE)
-        return config.ttl
+        return self._config().ttl
 
     @property
     def restart(self) -> RestartPolicy | None:
         """How the raw stream is restarted when it fails, if at all."""
-        config: SubscriptionConfig = getattr(self._cls, CONFIG_ATTRIBUTE)
-        return config.restart
+        return self._config().restart
 
     @property
     def max_lag(self) -> int | None:
         """Events a consumer may fall behind before it is resynchronised."""
-        config: SubscriptionConfig = getattr(self._cls, CONFIG_ATTRIBUTE)
-        return config.max_lag
+        return self._config().max_lag
+
+    def _config(self) -> SubscriptionConfig:
+        return getattr(self._cls, CONFIG_ATTRIBUTE)
 
     def __aiter__(self) -> SubscriptionConsumer:
         return SubscriptionConsumer(self)
@@ -144,14 +142,26 @@ class SubscriptionConsumer:
     ``worker-updated``, ``worker-dropped``), then the live events. Its view
     of the workers always ends equal to the source's.
 
-    It ends, and its reference is released, when the source is exhausted or
-    fails (after delivering the error), on :meth:`aclose` or ``async with``
-    exit, when a pending ``__anext__`` is cancelled, or when it is garbage
-    collected. Releasing the last reference of an entry with ``ttl == 0``
-    finalises the entry before the release returns. Ending a consumer never
-    disturbs the other consumers or the shared source.
+    **Cancellation.** Cancelling a pending ``__anext__`` (a timeout around
+    ``async for event in consumer``, say) ends this consumer and releases its
+    reference at once, so an abandoned iteration never keeps the shared
+    subscription open; the other consumers and the shared source are not
+    disturbed (unlike a :class:`~wool_pooling.FanoutConsumer`, which stays
+    where it was). Start a new consumer (``aiter(subscription)``) to go on:
+    it is replayed the known workers. One task at a time may wait on a
+    consumer: a second gets :exc:`~anyio.BusyResourceError`.
 
-    :raises RuntimeError: from ``__anext__`` if the current pool is closed.
+    **Release.** It ends, and its reference is released, when the source is
+    exhausted or fails (after delivering the error), when a pending
+    ``__anext__`` is cancelled, on :meth:`aclose` or ``async with`` exit, or
+    when it is garbage collected (in any thread: the
+    release is handed to its event loop). Releasing the last reference of an
+    entry with ``ttl == 0`` in :meth:`aclose` finalises the entry before
+    ``aclose()`` returns. Ending a consumer never disturbs the other
+    consumers or the shared source.
+
+    :raises RuntimeError: from ``__anext__`` if the current pool is closed,
+        or if the consumer joined under another event loop.
     """
 
     __slots__ = (
@@ -180,47 +190,45 @@ class SubscriptionConsumer:
         """The subscription this consumer iterates."""
         return self._subscription
 
-    def __aiter__(self) -> AsyncGenerator[DiscoveryEvent, None]:
-        """An iterator for ``async for``: buffered events cost no coroutine.
-
-        It reads the events this consumer has buffered itself, and goes
-        through :meth:`__anext__` for everything else (joining, replay,
-        waiting, resyncs), with the same guarantees. It ends with this
-        consumer: at the end of the stream, or at the exception that ends
-        the consumer.
-        """
-        return unhooked(_events(self))
+    def __aiter__(self) -> SubscriptionConsumer:
+        return self
 
     async def __anext__(self) -> DiscoveryEvent:
         consumer = self._consumer
-        if consumer is not None and not self._replay:
-            # FanoutConsumer.__anext__'s fast path, inline: a buffered event
-            # costs no nested coroutine.
-            node = consumer._node  # pyright: ignore[reportPrivateUsage]
-            following = node[1]
-            if following is not None:
-                consumer._node = following  # pyright: ignore[reportPrivateUsage]
-                event = node[0]
-                if self._view is not None:
-                    apply_event(self._view, event)
-                return event
         if consumer is None:
             if self._ended:
                 raise StopAsyncIteration
             consumer = self._join()
         while True:
             replay = self._replay
-            if replay and not _closed(consumer):
+            if replay and not consumer.fanout.closed:
                 event = replay.popleft()
                 break
             try:
-                event = await consumer.__anext__()
+                event = consumer.receive_nowait()
                 break
+            except anyio.WouldBlock:
+                pass
             except Lagged:
                 self._resync(consumer)
+                continue
+            except anyio.BusyResourceError:
+                raise
+            except anyio.EndOfStream:
+                await self._release()
+                raise StopAsyncIteration from None
             except BaseException:
                 await self._release()
                 raise
+            try:
+                await consumer.wait_readable()
+            except (anyio.BusyResourceError, RuntimeError):
+                raise  # another task waits, or another event loop: not ours to end
+            except BaseException:
+                await self._release()  # cancelled: this consumer ends
+                raise
+            if self._consumer is None:
+                raise StopAsyncIteration  # released while it waited
         if self._view is not None:
             apply_event(self._view, event)
         return event
@@ -235,18 +243,23 @@ class SubscriptionConsumer:
         entry = self._entry
         assert entry is not None
         assert self._view is not None  # kept wherever Lagged can be raised
-        diff = diff_events(self._view, entry.source.workers)
-        consumer._skip_to_end()
-        self._replay = diff
+        self._replay = diff_events(self._view, entry.source.workers)
+        consumer.skip_buffered()
 
     def _join(self) -> FanoutConsumer[Any]:
+        subscription = self._subscription
         pool = current_pool()
-        entry = pool._acquire(self._subscription)
+        entry = pool._acquire(
+            (subscription.cls, subscription.key),
+            subscription._config(),
+            subscription._build_raw,
+            repr(subscription),
+        )
         self._pool = pool
         self._entry = entry
         consumer = self._consumer = entry.fanout.consumer()
-        self._replay = entry.source.replay()
-        if self._subscription.max_lag is None:
+        self._replay = replay_events(entry.source.workers)
+        if subscription.max_lag is None:
             self._view = None  # never resynchronised: no view to keep
         return consumer
 
@@ -279,8 +292,10 @@ class SubscriptionConsumer:
         consumer = getattr(self, "_consumer", None)
         if consumer is None:
             return
+        # Dropping the fan-out consumer ends it (its own finaliser hands the
+        # leave to the loop's thread if need be).
         self._consumer = None
-        consumer.close()
+        del consumer
         pool, entry = self._pool, self._entry
         if pool is not None and entry is not None:
             pool._release_soon(entry)
@@ -293,63 +308,3 @@ class SubscriptionConsumer:
         else:
             state = f"ACTIVE, replay: {len(self._replay or ())}"
         return f"<SubscriptionConsumer [{state}] of {self._subscription!r}>"
-
-
-async def _events(
-    consumer: SubscriptionConsumer,
-) -> AsyncGenerator[DiscoveryEvent, None]:
-    """Every event of ``consumer`` (see :meth:`SubscriptionConsumer.__aiter__`)."""
-    read = consumer.__anext__
-    while True:
-        fanout_consumer = consumer._consumer  # pyright: ignore[reportPrivateUsage]
-        replay = consumer._replay  # pyright: ignore[reportPrivateUsage]
-        if fanout_consumer is not None and replay:
-            # The replay (or a resync's diff), one pass; it stops where
-            # __anext__'s would: the consumer ended or the fan-out closed.
-            view = consumer._view  # pyright: ignore[reportPrivateUsage]
-            while replay and not _closed(fanout_consumer):
-                event = replay.popleft()
-                if view is not None:
-                    apply_event(view, event)
-                yield event
-                if consumer._replay is not replay:  # pyright: ignore[reportPrivateUsage]
-                    break  # ended, or resynchronised meanwhile
-            # Then (or if the fan-out closed) __anext__ says what comes next.
-        elif fanout_consumer is not None:
-            # Joined and replayed: read the fan-out directly while that needs
-            # no wait. Only __anext__ (below) joins, replays or resyncs; an
-            # ended consumer's fan-out consumer is ended too, so _pull stops.
-            pull = fanout_consumer._pull  # pyright: ignore[reportPrivateUsage]
-            wait = fanout_consumer.fanout._wait_for_item  # pyright: ignore[reportPrivateUsage]
-            view = consumer._view  # pyright: ignore[reportPrivateUsage]
-            while True:
-                node = fanout_consumer._node  # pyright: ignore[reportPrivateUsage]
-                following = node[1]
-                if following is not None:  # buffered: __anext__'s fast path
-                    fanout_consumer._node = following  # pyright: ignore[reportPrivateUsage]
-                    event: DiscoveryEvent = node[0]
-                else:  # a pull started here, if it completes at once
-                    event = pull()
-                    if event is WAITING:  # a pull is in flight
-                        try:
-                            await wait(fanout_consumer)
-                        except BaseException:
-                            await consumer._release()  # pyright: ignore[reportPrivateUsage]
-                            raise
-                        continue
-                    if event is SUSPENDED:
-                        break
-                if view is not None:
-                    apply_event(view, event)
-                yield event
-        try:
-            event = await read()
-        except StopAsyncIteration:
-            return
-        yield event
-
-
-def _closed(consumer: FanoutConsumer[Any]) -> bool:
-    """Whether ``consumer``'s fan-out was closed (``fanout.closed``, inline)."""
-    end = consumer._fanout._end  # pyright: ignore[reportPrivateUsage]
-    return end is not None and end.closed

@@ -1,0 +1,125 @@
+"""The known workers of one shared discovery stream: apply, diff, replay."""
+
+from __future__ import annotations
+
+import uuid
+from collections import deque
+from collections.abc import AsyncIterable
+from collections.abc import AsyncIterator
+from typing import Any
+from typing import Protocol
+from typing import final
+
+from wool import DiscoveryEvent
+from wool import WorkerMetadata
+
+__all__ = [
+    "TrackedSource",
+    "Tracking",
+    "Workers",
+    "apply_event",
+    "diff_events",
+    "replay_events",
+]
+
+Workers = dict[uuid.UUID, WorkerMetadata]
+
+
+def apply_event(workers: Workers, event: object) -> None:
+    """Record in ``workers`` what a discovery event says; ignore other items."""
+    if isinstance(event, DiscoveryEvent):
+        metadata = event.metadata
+        if event.type == "worker-dropped":
+            workers.pop(metadata.uid, None)
+        else:
+            workers[metadata.uid] = metadata
+
+
+def diff_events(seen: Workers, current: Workers) -> deque[DiscoveryEvent]:
+    """The events that turn the view ``seen`` into ``current``.
+
+    ``worker-added`` for a new worker, ``worker-updated`` for changed
+    metadata, ``worker-dropped`` (with the metadata last seen) for a worker
+    that is gone.
+    """
+    diff: deque[DiscoveryEvent] = deque()
+    for uid, metadata in current.items():
+        before = seen.get(uid)
+        if before is None:
+            diff.append(DiscoveryEvent("worker-added", metadata=metadata))
+        elif before is not metadata and before != metadata:
+            diff.append(DiscoveryEvent("worker-updated", metadata=metadata))
+    for uid, metadata in seen.items():
+        if uid not in current:
+            diff.append(DiscoveryEvent("worker-dropped", metadata=metadata))
+    return diff
+
+
+def replay_events(workers: Workers) -> deque[DiscoveryEvent]:
+    """One ``worker-added`` event per known worker, with its latest metadata."""
+    return deque(
+        DiscoveryEvent("worker-added", metadata=metadata)
+        for metadata in workers.values()
+    )
+
+
+class Tracking(Protocol):
+    """A pool entry's source: it iterates the raw subscriber and keeps
+    :attr:`workers` up to date, once per event, before the event is logged."""
+
+    #: The workers known at the log's end.
+    workers: Workers
+
+    def __aiter__(self) -> AsyncIterator[Any]: ...
+
+    async def __anext__(self) -> Any: ...
+
+    async def aclose(self) -> None: ...
+
+
+@final
+class TrackedSource:
+    """The raw subscriber's iteration, recording which workers are known.
+
+    This is the source a pool entry's :class:`~wool_pooling.Fanout` pulls
+    from, so the state is updated exactly once per source event, in the pull,
+    before any consumer sees the event. A consumer that registers with the
+    fan-out and takes the replay of :attr:`workers` in the same synchronous
+    step therefore sees every known worker once, then exactly the events
+    after that point: no gap, no duplicate.
+
+    Known workers are those added or updated and not dropped since, each with
+    its latest metadata, in the order they were first seen. Items that are not
+    discovery events pass through untracked. Memory held: one metadata per
+    known worker. (Restarts are :class:`~wool_pooling._restart.RestartingSource`'s.)
+    """
+
+    __slots__ = ("_iterator", "_raw", "workers")
+
+    def __init__(self, raw: AsyncIterable[Any]) -> None:
+        self._raw = raw
+        self._iterator: AsyncIterator[Any] | None = None
+        self.workers: Workers = {}
+
+    def __aiter__(self) -> TrackedSource:
+        return self
+
+    async def __anext__(self) -> Any:
+        iterator = self._iterator
+        if iterator is None:
+            iterator = self._iterator = aiter(self._raw)
+        event = await iterator.__anext__()
+        if isinstance(event, DiscoveryEvent):  # apply_event, inline: every pull
+            metadata = event.metadata
+            if event.type == "worker-dropped":
+                self.workers.pop(metadata.uid, None)
+            else:
+                self.workers[metadata.uid] = metadata
+        return event
+
+    async def aclose(self) -> None:
+        """Close the raw subscriber's iterator, if it was started and can be closed."""
+        iterator, self._iterator = self._iterator, None
+        closer = getattr(iterator, "aclose", None)
+        if closer is not None:
+            await closer()
