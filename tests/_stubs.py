@@ -22,8 +22,8 @@ from typing import cast
 import anyio
 import anyio.lowlevel
 import pytest
-from _loops import asyncio_options
 import sniffio
+from _loops import asyncio_options
 from wool import DiscoveryEvent
 from wool import WorkerMetadata
 

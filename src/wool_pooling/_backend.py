@@ -23,6 +23,7 @@ every interpreter (the test suite runs under both).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import os
@@ -44,9 +45,10 @@ logger = logging.getLogger("wool_pooling")
 
 #: Whether asyncio pulls start eagerly (CPython 3.12+, unless
 #: ``WOOL_POOLING_PULLS=task``).
-EAGER_PULLS = sys.version_info >= (3, 12) and os.environ.get(
-    "WOOL_POOLING_PULLS", "eager"
-) != "task"
+EAGER_PULLS = (
+    sys.version_info >= (3, 12)
+    and os.environ.get("WOOL_POOLING_PULLS", "eager") != "task"
+)
 
 _asyncio_handles: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, EventLoop] = (
     weakref.WeakKeyDictionary()
@@ -99,10 +101,8 @@ class _FutureWaiters:
             await future
         except BaseException:
             if not future.done() or future.cancelled():
-                try:
+                with contextlib.suppress(ValueError):  # woken meanwhile
                     self._futures.remove(future)
-                except ValueError:
-                    pass  # woken (or forgotten) meanwhile
             raise
 
     def wake(self) -> None:

@@ -33,6 +33,7 @@ from typing import Any
 from typing import Generic
 from typing import Literal
 from typing import TypeVar
+from typing import cast
 from typing import final
 
 import anyio
@@ -127,6 +128,7 @@ class _FanoutState(Generic[T]):
         "context",
         "drop_lagging",
         "end",
+        "handle",
         "holds_back",
         "iterator",
         "lag_check_at",
@@ -180,6 +182,19 @@ class _FanoutState(Generic[T]):
         self.pulling = False
         self.pull: PullTask | None = None
         self.pull_done: anyio.Event | None = None
+        # The Fanout object over this state, held weakly (consumers hold the
+        # state, not the fan-out object).
+        self.handle: weakref.ref[Fanout[T]] | None = None
+
+    def fanout(self) -> Fanout[T]:
+        """The :class:`Fanout` over this state (a new one if it was dropped)."""
+        existing = self.handle() if self.handle is not None else None
+        if existing is not None:
+            return existing
+        fanout = cast("Fanout[T]", object.__new__(Fanout))
+        fanout._state = self
+        self.handle = weakref.ref(fanout)
+        return fanout
 
     # -- the log -----------------------------------------------------------
 
@@ -395,11 +410,12 @@ class _FanoutState(Generic[T]):
         if first:
             self.end = _End(closed=True)
             self.consumers = 0
-            # Every consumer moves to the (empty) end: what it had yet to read
-            # is dropped, and its next read finds the fan-out closed.
-            tail = self.tail
+            # Every consumer ends: what it had yet to read is dropped, and it
+            # lets go of this state (a consumer kept alive by, say, the
+            # traceback of its cancelled wait then pins nothing).
             for consumer in self.live():
-                consumer._node = tail
+                consumer._node = _ENDED
+                consumer._state = _ended_state()
             self.registry = set()
             self.wake_waiters()
             self.wake_space()
@@ -416,9 +432,12 @@ class _FanoutState(Generic[T]):
                 await done.wait()
             if first:
                 iterator, self.iterator = self.iterator, None
-                if iterator is None and hasattr(self.source, "__anext__"):
-                    iterator = self.source  # type: ignore[assignment]
+                source, self.source = self.source, _CLOSED_SOURCE
+                if iterator is None and hasattr(source, "__anext__"):
+                    iterator = source  # type: ignore[assignment]
+                del source
                 closer = getattr(iterator, "aclose", None)
+                del iterator
                 if closer is not None:
                     await closer()
 
@@ -449,6 +468,29 @@ async def _run_pull(ref: weakref.ref[_FanoutState[Any]]) -> None:
     state = ref()
     if state is not None:
         state.pulled(item)
+
+
+class _ClosedSource:
+    """What a closed fan-out's state iterates instead of its source."""
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        raise anyio.ClosedResourceError("this fan-out is closed")
+
+    def __repr__(self) -> str:
+        return "<closed source>"
+
+
+_CLOSED_SOURCE: Any = _ClosedSource()
+_ENDED_STATES: list[_FanoutState[Any]] = []
+
+
+def _ended_state() -> _FanoutState[Any]:
+    """The state every ended consumer points to: closed, holding nothing."""
+    if not _ENDED_STATES:
+        state: _FanoutState[Any] = _FanoutState(_CLOSED_SOURCE, None, False)
+        state.end = _End(closed=True)
+        _ENDED_STATES.append(state)
+    return _ENDED_STATES[0]
 
 
 @final
@@ -543,6 +585,7 @@ class Fanout(Generic[T]):
         if on_lag not in ("wait", "error"):
             raise ValueError(f"on_lag must be 'wait' or 'error', got {on_lag!r}")
         self._state = _FanoutState(source, max_lag, on_lag == "error")
+        self._state.handle = weakref.ref(self)
 
     def consumer(self) -> FanoutConsumer[T]:
         """Register a new consumer that receives every item pulled from now on.
@@ -553,7 +596,7 @@ class Fanout(Generic[T]):
         end = state.end
         if end is not None and end.closed:
             raise anyio.ClosedResourceError("this fan-out is closed")
-        consumer = FanoutConsumer(state, self, state.tail)
+        consumer = FanoutConsumer(state, state.tail)
         state.consumers += 1
         registry = state.registry
         registry.add(weakref.ref(consumer, registry.discard))
@@ -637,13 +680,14 @@ class FanoutConsumer(Generic[T]):
     consumer never affects the source or the others.
     """
 
-    __slots__ = ("__weakref__", "_busy", "_fanout", "_node", "_state")
+    __slots__ = ("__weakref__", "_busy", "_node", "_state")
 
-    def __init__(self, state: _FanoutState[T], fanout: Fanout[T], node: _Node) -> None:
-        self._state = state
-        self._fanout = fanout
+    def __init__(self, state: _FanoutState[T], node: _Node) -> None:
+        # The shared state while this consumer is registered; once it ends,
+        # a placeholder: an ended consumer pins nothing of its fan-out.
+        self._state: _FanoutState[Any] = state
         # The node of the next item to read (or a trap over it).
-        self._node = node
+        self._node: _Node = node
         # Whether a task is waiting in __anext__.
         self._busy = False
 
@@ -715,6 +759,9 @@ class FanoutConsumer(Generic[T]):
         """
         if self._busy:
             raise anyio.BusyResourceError("receiving from")
+        if self._node is _ENDED:
+            await anyio.lowlevel.checkpoint()
+            return
         self._busy = True
         try:
             await self._state.wait_readable(self)
@@ -742,6 +789,7 @@ class FanoutConsumer(Generic[T]):
         if self._node is not _ENDED:
             self._node = _ENDED
             state = self._state
+            self._state = _ended_state()
             state.leave()
             if self._busy:
                 state.wake_waiters()  # let its wait see the end
@@ -760,8 +808,15 @@ class FanoutConsumer(Generic[T]):
 
     @property
     def fanout(self) -> Fanout[T]:
-        """The fan-out this consumer reads from."""
-        return self._fanout
+        """The fan-out this consumer reads from (once it has ended, a closed
+        stand-in: an ended consumer keeps nothing of its fan-out alive)."""
+        return self._state.fanout()
+
+    @property
+    def closed(self) -> bool:
+        """Whether this consumer has ended: closed, its fan-out closed, or
+        the source's end (or error) delivered to it."""
+        return self._node is _ENDED
 
     @property
     def buffered(self) -> int:

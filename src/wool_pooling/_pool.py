@@ -92,9 +92,9 @@ class SubscriptionPool:
     iteration of it. An entry is built when its first consumer starts
     iterating and finalised when its last consumer is released and the ttl has
     elapsed: the fan-out is closed (cancelling a pull in flight and closing
-    the raw iterator), then the raw instance's ``aclose()`` (if it has one) is awaited, exactly
-    once. An entry whose source ended or
-    failed is never reused: the next consumer gets a fresh raw instance.
+    the raw iterator), then the raw instance's ``aclose()`` (if it has one)
+    is awaited, exactly once. An entry whose source ended or failed is never
+    reused: the next consumer gets a fresh raw instance.
 
     ``async with SubscriptionPool() as pool:`` makes the pool current for the
     block (see :func:`current_pool`) and, on exit, finalises every entry:
@@ -175,7 +175,9 @@ class SubscriptionPool:
             to another event loop.
         """
         if self._closed:
-            raise RuntimeError(f"cannot iterate {what}: its subscription pool is closed")
+            raise RuntimeError(
+                f"cannot iterate {what}: its subscription pool is closed"
+            )
         loop = current_loop()
         if self._loop is None:
             self._loop = loop

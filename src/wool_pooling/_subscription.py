@@ -201,7 +201,7 @@ class SubscriptionConsumer:
             consumer = self._join()
         while True:
             replay = self._replay
-            if replay and not consumer.fanout.closed:
+            if replay and not consumer.closed:
                 event = replay.popleft()
                 break
             try:
