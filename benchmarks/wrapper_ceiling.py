@@ -6,24 +6,35 @@ Run from the repository root::
 
 Times one consumer iterating a never-suspending async generator directly
 (the floor of ``fanout_throughput.py``), then through the thinnest possible
-wrappers, with no log, no bookkeeping and no protection of the source from
-the consumer's cancellation:
+wrappers, with no log and no bookkeeping:
 
-- ``coroutine``: an ``__anext__`` coroutine that only awaits the source's;
-- ``async generator``: ``async for item in source: yield item``, what
-  ``async for`` over a :class:`~wool_pooling.FanoutConsumer` costs at best;
+- ``coroutine``: an ``__anext__`` coroutine that only awaits the source's,
+  what ``async for`` over a :class:`~wool_pooling.FanoutConsumer` (whose
+  ``__aiter__`` returns itself) costs at best;
+- ``async generator``: ``async for item in source: yield item``, for
+  reference (the shape of the consumers of the previous core);
+- ``task per item``: the ``coroutine`` wrapper, but each ``__anext__`` of the
+  source runs as a task of its own that the consumer awaits, started the way
+  the fan-out starts its pulls (eagerly on asyncio with CPython 3.12+ unless
+  ``WOOL_POOLING_PULLS=task``; at the loop's next pass on 3.11 and on trio,
+  where it is a system task the consumer waits for on an event): the least
+  a wrapper that keeps the consumer's cancellation away from the source can
+  cost;
 
 and through a one-consumer :class:`~wool_pooling.Fanout`. Repetitions
-alternate, and each ratio of items/s (wrapper / floor) is printed with its
-median and spread. A fan-out's N = 1 figure cannot exceed the async
-generator's ratio: everything the fan-out does besides (logging the item,
-running the pull as its pump task) comes out of what is left.
+alternate, and each ratio of items/s (wrapper / floor) is printed, to three
+significant digits, with its median and spread. A fan-out's N = 1 figure
+cannot exceed the ``task per item`` ratio: everything the fan-out does
+besides (logging the item, waking its waiters) comes out of what is left.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
 import statistics
+import sys
 import time
 from collections.abc import AsyncIterator
 from collections.abc import Callable
@@ -58,6 +69,57 @@ async def pass_through_generator(source: AsyncIterator[Any]) -> AsyncIterator[An
         yield item
 
 
+#: Whether pulls start eagerly, as ``wool_pooling``'s do (same rule, same variable).
+EAGER = (
+    sys.version_info >= (3, 12)
+    and os.environ.get("WOOL_POOLING_PULLS", "eager") != "task"
+)
+
+
+class TaskPerItem:
+    """An async iterator over ``source`` that runs each of its steps in a new task."""
+
+    def __init__(self, source: AsyncIterator[Any]) -> None:
+        self._source = source
+
+    def __aiter__(self) -> TaskPerItem:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # trio
+            return await self._trio_step()
+        if EAGER:
+            task = asyncio.eager_task_factory(loop, self._step())  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType, reportUnknownVariableType]
+        else:
+            task = loop.create_task(self._step())
+        return await task  # pyright: ignore[reportUnknownVariableType]
+
+    async def _step(self) -> Any:
+        return await self._source.__anext__()
+
+    async def _trio_step(self) -> Any:
+        import trio
+
+        done = trio.Event()
+        outcome: list[Any] = []
+
+        async def step() -> None:
+            try:
+                outcome.append((True, await self._step()))
+            except BaseException as error:  # handed to the consumer
+                outcome.append((False, error))
+            done.set()
+
+        trio.lowlevel.spawn_system_task(step)
+        await done.wait()
+        ok, value = outcome[0]
+        if ok:
+            return value
+        raise value
+
+
 async def seconds(iterator: Any) -> float:
     start = time.perf_counter()
     async for _ in iterator:
@@ -76,6 +138,7 @@ async def through_fanout(m: int) -> float:
 WRAPPERS: dict[str, Callable[[int], Any]] = {
     "coroutine": lambda m: seconds(PassThrough(never_suspending(m))),
     "async generator": lambda m: seconds(pass_through_generator(never_suspending(m))),
+    "task per item": lambda m: seconds(TaskPerItem(never_suspending(m))),
     "wool_pooling.Fanout": through_fanout,
 }
 
@@ -99,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, values in ratios.items():
         print(
             f"{args.backend}: {name} / floor = "
-            f"{statistics.median(values):.2f}x (median of {args.reps}; "
-            f"{min(values):.2f}-{max(values):.2f})"
+            f"{statistics.median(values):.3g}x (median of {args.reps}; "
+            f"{min(values):.3g}-{max(values):.3g})"
         )
     return 0
 

@@ -120,9 +120,64 @@ def test_wrapper_ceiling_script_prints_a_ratio_per_backend() -> None:
         )
         assert done.returncode == 0, done.stderr[-4000:]
         lines = done.stdout.splitlines()
-        names = ["coroutine", "async generator", "wool_pooling.Fanout"]
+        names = [
+            "coroutine",
+            "async generator",
+            "task per item",
+            "wool_pooling.Fanout",
+        ]
         assert len(lines) == len(names)
         for line, name in zip(lines, names, strict=True):
             assert line.startswith(f"{backend}: {name} / floor = ")
             ratio = float(line.split("= ")[1].split("x")[0])
             assert 0 < ratio < 10
+
+
+PULL_TARGETS = SCRIPT.with_name("pull_targets.py")
+
+
+def test_pull_targets_quick_run_has_a_row_per_case(tmp_path: Path) -> None:
+    """`benchmarks/pull_targets.py --quick` exits 0 and fills every table row."""
+    out = tmp_path / "x.md"
+    done = subprocess.run(
+        [sys.executable, str(PULL_TARGETS), "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    text = out.read_text(encoding="utf-8")
+    assert sys.version in text
+    assert out.with_suffix(".json").is_file()
+
+    rows: set[tuple[str, str, int, str]] = set()
+    section: tuple[str, str] | None = None
+    for line in text.splitlines():
+        if line.startswith("### "):
+            backend, source = line[4:].split(" / ")
+            section = (backend, source)
+        elif line.startswith("| ") and not line.startswith("| N |"):
+            assert section is not None, line
+            cells = [cell.strip() for cell in line.strip("|").split("|")]
+            assert len(cells) == 7, line
+            float(cells[3].replace(",", ""))  # the median is a number
+            rows.add((*section, int(cells[0]), cells[1]))
+
+    backends = ["asyncio"]
+    backends += ["uvloop"] if importable("uvloop") else []
+    backends += ["trio"] if importable("trio") else []
+    expected: set[tuple[str, str, int, str]] = set()
+    for backend in backends:
+        names = ["wool_pooling.Fanout"]
+        if importable("wool.utilities.fanout"):
+            names.append(
+                "wool Fanout (asyncio)" if backend == "trio" else "wool Fanout"
+            )
+        if importable("asyncstdlib"):
+            names.append("asyncstdlib.tee")
+        for source in ("never", "checkpoint", "waiting"):
+            expected.add((backend, source, 1, "floor"))
+            for n in (1, 10, 100, 1000):
+                expected.update((backend, source, n, name) for name in names)
+    assert rows == expected
