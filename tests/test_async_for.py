@@ -1,22 +1,18 @@
-"""``async for`` over consumers: hook-free generators over the consumer's position.
+"""``async for`` over consumers: ``aiter(consumer)`` is the consumer itself.
 
-``FanoutConsumer.__aiter__`` and ``SubscriptionConsumer.__aiter__`` return an
-async generator bound to no asyncgen hooks, which reads buffered items itself
-and otherwise awaits the consumer's ``__anext__``; the position is the
-consumer's. These tests pin what that must keep: ``async for`` yields exactly
-what ``anext()`` would; leaving a loop (``break``, an exception, a
-cancellation, :exc:`Lagged`) ends that generator only, and iterating the
-consumer again goes on where it stopped; a dropped half-iterated generator is
-closed on the spot, with no warning, no task and no hook; ``aiter()`` pulls
-and joins nothing.
+``FanoutConsumer.__aiter__`` and ``SubscriptionConsumer.__aiter__`` return the
+consumer, so an ``async for`` loop goes through its ``__anext__`` and its
+position is the consumer's. These tests pin what that must keep: ``async for``
+yields exactly what ``anext()`` would; leaving a loop (``break``, an exception,
+a cancellation, :exc:`Lagged`) leaves a FanoutConsumer where it was, and the
+next loop or ``anext`` goes on at the next item, losing and repeating nothing;
+``aclose()`` of the loop's iterator closes the consumer; one task at a time
+may wait on a consumer; ``aiter()`` pulls and joins nothing.
 """
 
 from __future__ import annotations
 
-import asyncio
 import gc
-import sys
-import warnings
 import weakref
 from collections import deque
 from collections.abc import AsyncGenerator
@@ -24,9 +20,7 @@ from collections.abc import AsyncIterable
 from collections.abc import AsyncIterator
 from collections.abc import Awaitable
 from collections.abc import Callable
-from collections.abc import Iterator
 from contextlib import asynccontextmanager
-from contextlib import contextmanager
 from typing import Any
 from typing import Literal
 from typing import TypeVar
@@ -35,7 +29,6 @@ from typing import cast
 import anyio
 import anyio.lowlevel
 import pytest
-import sniffio
 from _stubs import AcloseStub
 from _stubs import StreamStub
 from _stubs import ended
@@ -48,6 +41,7 @@ from _stubs import subscribe
 from wool import DiscoveryEvent
 
 from wool_pooling import Fanout
+from wool_pooling import FanoutConsumer
 from wool_pooling import Lagged
 from wool_pooling import PoolStatistics
 from wool_pooling import SubscriptionConsumer
@@ -63,8 +57,8 @@ TIMEOUT = 5
 #: More items than any test expects from one loop.
 RUNAWAY = 1000
 
-Leaving = Literal["break", "raise", "aclose"]
-LEAVING: list[Leaving] = ["break", "raise", "aclose"]
+Leaving = Literal["break", "raise", "cancel"]
+LEAVING: list[Leaving] = ["break", "raise", "cancel"]
 KINDS = ["fanout", "subscription"]
 
 
@@ -74,9 +68,10 @@ KINDS = ["fanout", "subscription"]
 class Feed:
     """A source fed by the test: a fed item is pulled without suspending.
 
-    With ``checkpoints``, every pull first passes that many checkpoints (so a
-    consumer drives it). A fed exception is raised by its pull. ``pulls``
-    counts the pulls started, ``active`` those in progress.
+    With ``checkpoints``, every pull first passes that many checkpoints (so it
+    suspends several times even when an item is ready). A fed exception is
+    raised by its pull. ``pulls`` counts the pulls started, ``active`` those in
+    progress.
     """
 
     def __init__(self, *, checkpoints: int = 0) -> None:
@@ -156,27 +151,26 @@ async def take(iterator: AsyncIterator[T], n: int) -> list[T]:
 async def loop_take(
     consumer: AsyncIterable[T], n: int, leave: Leaving = "break"
 ) -> list[T]:
-    """Read ``n`` items with one ``async for`` loop, then leave it as ``leave`` says.
-
-    ``"aclose"`` breaks, then closes the loop's iterator explicitly and checks
-    that this iterator has ended.
-    """
+    """Read ``n`` items with one ``async for`` loop, then leave it as ``leave`` says:
+    ``break``, raise from the body, or cancel the loop's scope from the body
+    (the loop is left by the cancellation, at the body's next checkpoint)."""
     got: list[T] = []
-    iterator = aiter(consumer)
     with anyio.fail_after(TIMEOUT):
-        try:
-            async for item in iterator:
-                got.append(item)
-                if len(got) == n:
-                    if leave == "raise":
-                        raise Leave
-                    break
-        except Leave:
-            pass
-        if leave == "aclose":
-            await cast(AsyncGenerator[T, None], iterator).aclose()
-            with pytest.raises(StopAsyncIteration):
-                await anext(iterator)
+        with anyio.CancelScope() as scope:
+            try:
+                async for item in consumer:
+                    got.append(item)
+                    if len(got) == n:
+                        if leave == "raise":
+                            raise Leave
+                        if leave == "cancel":
+                            scope.cancel()
+                            await anyio.lowlevel.checkpoint()
+                            pytest.fail("the cancellation did not leave the loop")
+                        break
+            except Leave:
+                pass
+        assert scope.cancelled_caught == (leave == "cancel")
     return got
 
 
@@ -220,12 +214,6 @@ async def read_in_loops(
                 break
 
 
-def driven(fanout: Fanout[Any]) -> bool:
-    """Whether a consumer (not the pump) is driving the pull in flight (private)."""
-    puller = fanout._puller  # pyright: ignore[reportPrivateUsage]
-    return puller is not None and puller.driving
-
-
 async def wait_until_waiting(fanout: Fanout[Any], n: int) -> None:
     """Checkpoint until ``n`` consumers wait (a busy pull never lets all block)."""
     while fanout.statistics().waiting < n:
@@ -247,11 +235,16 @@ async def join(stub: type[StreamStub], *consumers: Any, first: DiscoveryEvent) -
     assert [pairs(events) for events in got] == [pairs([first])] * len(consumers)
 
 
+#: A consumer of either kind.
+AnyConsumer = FanoutConsumer[int] | SubscriptionConsumer
+
+
 @asynccontextmanager
 async def buffered_consumer(
     kind: str,
-) -> AsyncIterator[tuple[AsyncIterator[Any], list[Any]]]:
-    """A joined consumer of ``kind`` with three items buffered, and those items.
+) -> AsyncIterator[tuple[AnyConsumer, list[Any], Callable[[], Any]]]:
+    """A joined consumer of ``kind`` with three items buffered, those items, and
+    a function that makes one more item arrive at the source and returns it.
 
     The items are comparable with ``==`` (pairs for discovery events); use
     :func:`comparable` on what the consumer yields.
@@ -261,9 +254,16 @@ async def buffered_consumer(
         fanout = Fanout(source)
         other, consumer = fanout.consumer(), fanout.consumer()
         source.feed(*range(3))
+        fed = [2]
+
+        def more_items() -> int:
+            fed[0] += 1
+            source.feed(fed[0])
+            return fed[0]
+
         try:
             assert await take(other, 3) == [0, 1, 2]
-            yield consumer, [0, 1, 2]
+            yield consumer, [0, 1, 2], more_items
         finally:
             await fanout.aclose()
         return
@@ -273,9 +273,20 @@ async def buffered_consumer(
         sub = subscribe(stub)
         other, consumer = aiter(sub), aiter(sub)
         await join(stub, other, consumer, first=events[0])
-        stub.instances[-1].push(*events[1:])
+        raw = stub.instances[-1]
+        raw.push(*events[1:])
         assert pairs(await take(other, 3)) == pairs(events[1:])
-        yield consumer, pairs(events[1:])
+
+        def more_events() -> Any:
+            event = ev("worker-added", meta())
+            raw.push(event)
+            return pairs([event])[0]
+
+        try:
+            yield consumer, pairs(events[1:]), more_events
+        finally:
+            await other.aclose()
+            await consumer.aclose()
 
 
 def comparable(items: list[Any]) -> list[Any]:
@@ -285,46 +296,12 @@ def comparable(items: list[Any]) -> list[Any]:
     return items
 
 
-@contextmanager
-def spawned_task_names() -> Iterator[list[str]]:
-    """Record the name of every task spawned in the current loop meanwhile."""
-    names: list[str] = []
-    if sniffio.current_async_library() == "asyncio":
-        loop = asyncio.get_running_loop()
-        previous = loop.get_task_factory()
-
-        def factory(
-            loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any
-        ) -> asyncio.Future[Any]:
-            names.append(getattr(coro, "__qualname__", repr(coro)))
-            if previous is not None:
-                return previous(loop, coro, **kwargs)
-            return asyncio.Task(coro, loop=loop, **kwargs)
-
-        loop.set_task_factory(factory)
-        try:
-            yield names
-        finally:
-            loop.set_task_factory(previous)
-    else:
-        import trio
-
-        class Spy(trio.abc.Instrument):
-            def task_spawned(self, task: trio.lowlevel.Task) -> None:
-                names.append(task.name)
-
-        spy = Spy()
-        trio.lowlevel.add_instrument(spy)
-        try:
-            yield names
-        finally:
-            trio.lowlevel.remove_instrument(spy)
-
-
 # --- Fanout: async for yields what anext yields -----------------------------------
 
 
-@pytest.mark.parametrize("checkpoints", [0, 2], ids=["inline-pulls", "driven-pulls"])
+@pytest.mark.parametrize(
+    "checkpoints", [0, 2], ids=["pulls-complete-at-once", "pulls-pass-checkpoints"]
+)
 async def test_fanout_async_for_yields_exactly_what_anext_yields(
     checkpoints: int,
 ) -> None:
@@ -365,7 +342,9 @@ async def test_fanout_async_for_yields_exactly_what_anext_yields(
     await fanout.aclose()
 
 
-@pytest.mark.parametrize("checkpoints", [0, 1], ids=["inline-pulls", "driven-pulls"])
+@pytest.mark.parametrize(
+    "checkpoints", [0, 1], ids=["pulls-complete-at-once", "pulls-pass-checkpoints"]
+)
 async def test_fanout_concurrent_async_for_loops_each_get_everything_once(
     checkpoints: int,
 ) -> None:
@@ -406,9 +385,9 @@ async def test_fanout_concurrent_async_for_loops_each_get_everything_once(
 async def test_fanout_leaving_a_loop_then_iterating_again_continues_at_the_next_item(
     leave: Leaving,
 ) -> None:
-    """Left (break, an exception from the body, or break and ``aclose()`` of its
-    iterator) right after a buffered, a pulled or an awaited item, a loop loses
-    and repeats nothing: the next loop or ``anext`` gets the next item."""
+    """Left (break, an exception from the body, or a cancellation in the body)
+    right after a buffered, a pulled or an awaited item, a loop leaves the
+    consumer where it was: the next loop or ``anext`` gets the next item."""
     source = Feed()
     fanout = Fanout(source)
     reference, subject = fanout.consumer(), fanout.consumer()
@@ -437,36 +416,47 @@ async def test_fanout_leaving_a_loop_then_iterating_again_continues_at_the_next_
     await fanout.aclose()
 
 
-async def test_fanout_anext_and_open_async_for_iterators_share_one_position() -> None:
-    """Two open ``aiter()`` iterators and ``anext(consumer)`` on one consumer,
-    used in turn, yield each item once, in order: buffered, pulled or awaited."""
+async def test_fanout_anext_and_async_for_loops_share_the_consumers_one_position() -> (
+    None
+):
+    """``aiter(consumer)`` is the consumer: loops over it (nested ones too) and
+    ``anext`` calls in their bodies take turns on its one position, each item
+    once, in order, whether buffered, pulled or awaited."""
     source = Feed()
     fanout = Fanout(source)
     reference, subject = fanout.consumer(), fanout.consumer()
     source.feed(*range(9))
-    assert await take(reference, 3) == [0, 1, 2]
-    first, second = aiter(subject), aiter(subject)
-    assert first is not second
-    readers = [first, subject, second, first, second, subject, first, subject, second]
+    assert await take(reference, 3) == [0, 1, 2]  # the subject has three buffered
+    assert aiter(subject) is subject
+    got: list[tuple[str, int]] = []
     with anyio.fail_after(TIMEOUT):
-        assert [await anext(reader) for reader in readers] == list(range(9))
-        got: list[int] = []
+        async for item in subject:
+            got.append(("loop", item))
+            got.append(("anext", await anext(subject)))
+            async for inner in subject:
+                got.append(("inner loop", inner))
+                break
+            if len(got) == 9:
+                break
+        kinds = ["loop", "anext", "inner loop"] * 3
+        assert got == list(zip(kinds, range(9), strict=True))
+        awaited: list[int] = []
 
-        async def read_first() -> None:
-            got.append(await anext(first))
+        async def read() -> None:
+            async for item in subject:
+                awaited.append(item)
+                awaited.append(await anext(subject))
+                break
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(read_first)
+            tg.start_soon(read)
             await settle()
             assert fanout.statistics().waiting == 1
             source.feed(9, 10, 11)
-        assert got == [9]
-        assert await anext(second) == 10
+        assert awaited == [9, 10]
         assert await anext(subject) == 11
-        source.feed(12)
-        assert await anext(first) == 12
-    assert source.pulls == 13
-    assert await take(reference, 10) == list(range(3, 13))
+    assert source.pulls == 12
+    assert await take(reference, 9) == list(range(3, 12))
     await fanout.aclose()
 
 
@@ -539,14 +529,19 @@ async def test_fanout_cancelled_async_for_loses_nothing_and_keeps_the_source_ope
     assert source.finally_runs == 1
 
 
-async def test_fanout_loop_cancelled_while_it_drives_a_pull_loses_nothing() -> None:
-    """An ``async for`` cancelled while it drives a pull across checkpoints leaves
-    the pull to the pump: the source neither sees the cancellation nor is
-    closed, the other consumer gets every item, and a new loop on the
-    cancelled consumer starts with the item that was being pulled."""
+async def test_fanout_loop_cancelled_during_the_pull_it_started_loses_nothing() -> None:
+    """An ``async for`` cancelled while the pull its demand started polls across
+    checkpoints (in a task that is not the loop's) leaves the pull alone: the
+    source neither sees the cancellation nor is closed, the other consumer
+    gets every item, and a new loop on the cancelled consumer starts with the
+    item that was being pulled."""
     reached, go = anyio.Event(), anyio.Event()
     through_source: list[BaseException] = []
     finally_runs: list[int] = []
+    # anyio task ids of the polling steps, and of the victim's task (both
+    # alive when recorded, so equal ids would mean the same task).
+    poll_tasks: set[int] = set()
+    victim_task: list[int] = []
 
     async def source() -> AsyncIterator[int]:
         give_up_at = anyio.current_time() + TIMEOUT
@@ -555,8 +550,9 @@ async def test_fanout_loop_cancelled_while_it_drives_a_pull_loses_nothing() -> N
                 await anyio.lowlevel.checkpoint()
                 if number == 3:
                     reached.set()
-                    while not go.is_set():  # the busy pull the victim drives
+                    while not go.is_set():  # the busy pull the victim started
                         await anyio.lowlevel.checkpoint()
+                        poll_tasks.add(anyio.get_current_task().id)
                         if anyio.current_time() > give_up_at:
                             raise PollGaveUp
                 yield number
@@ -574,6 +570,7 @@ async def test_fanout_loop_cancelled_while_it_drives_a_pull_loses_nothing() -> N
     victim_out = anyio.Event()
 
     async def run_victim() -> None:
+        victim_task.append(anyio.get_current_task().id)
         with scope:
             async for item in victim:
                 victim_items.append(item)
@@ -586,13 +583,17 @@ async def test_fanout_loop_cancelled_while_it_drives_a_pull_loses_nothing() -> N
         async with anyio.create_task_group() as tg:
             tg.start_soon(run_victim)
             await reached.wait()
-            assert driven(fanout)  # the victim's loop drives pull 3 right now
+            # The victim's loop waits for pull 3, which it started.
+            stats = fanout.statistics()
+            assert (stats.pulling, stats.waiting, stats.pulled) == (True, 1, 3)
             scope.cancel()
             await victim_out.wait()
             assert scope.cancelled_caught
             assert victim_items == [0, 1, 2]
-            assert fanout.statistics().pulling  # the pump carries the pull on
+            assert fanout.statistics().pulling  # the pull goes on
             assert finally_runs == []
+            assert poll_tasks  # the pull polled meanwhile
+            assert not poll_tasks & set(victim_task)
             tg.start_soon(run_other)
             await wait_until_waiting(fanout, 1)
             assert other_items == []  # still in its loop, waiting for item 3
@@ -611,24 +612,22 @@ async def test_fanout_loop_cancelled_while_it_drives_a_pull_loses_nothing() -> N
 async def test_fanout_lagged_ends_the_loop_and_the_next_starts_at_the_oldest_item() -> (
     None
 ):
-    """on_lag="error": :exc:`Lagged` ends the ``async for`` loop and its iterator;
+    """on_lag="error": :exc:`Lagged` ends the ``async for`` loop, not the consumer;
     a new loop continues at the oldest item still held, then pulls on."""
     source = Feed()
     source.feed(*range(12))
     fanout = Fanout(source, max_lag=2, on_lag="error")
     fast, slow = fanout.consumer(), fanout.consumer()
-    iterator = aiter(slow)
 
     async def overtake(item: int) -> None:
         if item == 0:  # items 1 and 2 are dropped before the slow loop reads them
             assert await take(fast, 5) == [0, 1, 2, 3, 4]
 
-    got, error = await read_until_raises(iterator, overtake)
+    got, error = await read_until_raises(slow, overtake)
     assert got == [0]
     assert isinstance(error, Lagged)
     assert error.skipped == 2
-    with pytest.raises(StopAsyncIteration):
-        await anext(iterator)  # that iterator ended; the consumer did not
+    assert "ACTIVE" in repr(slow)  # the loop ended; the consumer did not
     assert slow.buffered == 2
     assert await loop_take(slow, 3) == [3, 4, 5]  # the oldest held, then a pull
     assert await take(fast, 5) == [5, 6, 7, 8, 9]
@@ -749,90 +748,7 @@ async def test_fanout_loop_over_an_ended_consumer_ends_at_once_without_a_pull() 
     assert source.pulls == 2
 
 
-# --- dropping a left loop's iterator ----------------------------------------------
-
-
-@pytest.mark.parametrize("kind", KINDS)
-async def test_a_dropped_half_iterated_iterator_is_closed_on_the_spot(
-    kind: str,
-) -> None:
-    """Left with break and dropped, the iterator is freed at once by reference
-    counting (no finaliser resurrects it): no ResourceWarning or other warning,
-    no unraisable error, no task spawned; the consumer goes on."""
-    async with buffered_consumer(kind) as (consumer, expected):
-        unraisable: list[Any] = []
-        previous_hook = sys.unraisablehook
-        sys.unraisablehook = unraisable.append
-        try:
-            with (
-                warnings.catch_warnings(record=True) as caught,
-                spawned_task_names() as spawned,
-            ):
-                warnings.simplefilter("always")
-                iterator = aiter(consumer)
-                got: list[Any] = []
-                async for item in iterator:
-                    got.append(item)
-                    break
-                reference = weakref.ref(iterator)
-                del iterator
-                assert reference() is None
-                gc.collect()
-                await settle()
-        finally:
-            sys.unraisablehook = previous_hook
-        assert [str(warning.message) for warning in caught] == []
-        assert unraisable == []
-        assert spawned == []
-        assert comparable(got) == expected[:1]
-        assert comparable(await take(consumer, 2)) == expected[1:]
-
-
-@pytest.mark.parametrize("kind", KINDS)
-async def test_aiter_binds_no_asyncgen_hooks_and_leaves_them_in_place(
-    kind: str,
-) -> None:
-    """``aiter(consumer)`` leaves the running loop's asyncgen hooks the very same
-    objects, and its iterator never reaches them: neither ``firstiter`` nor the
-    finaliser is called for it, iterated, left and dropped."""
-    async with buffered_consumer(kind) as (consumer, expected):
-        installed = sys.get_asyncgen_hooks()
-        firstiter_codes: list[Any] = []
-        finalizer_codes: list[Any] = []
-
-        def firstiter(agen: AsyncGenerator[Any, Any]) -> None:
-            firstiter_codes.append(cast(Any, agen).ag_code)
-            if installed.firstiter is not None:
-                installed.firstiter(agen)
-
-        def finalizer(agen: AsyncGenerator[Any, Any]) -> None:
-            finalizer_codes.append(cast(Any, agen).ag_code)
-            if installed.finalizer is not None:
-                installed.finalizer(agen)
-
-        sys.set_asyncgen_hooks(firstiter=firstiter, finalizer=finalizer)
-        try:
-            before = sys.get_asyncgen_hooks()
-            iterator = aiter(consumer)
-            after_aiter = sys.get_asyncgen_hooks()
-            code = cast(Any, iterator).ag_code
-            got: list[Any] = []
-            async for item in iterator:
-                got.append(item)
-                break
-            after_loop = sys.get_asyncgen_hooks()
-            del iterator
-            gc.collect()
-            await settle()
-            at_end = sys.get_asyncgen_hooks()
-        finally:
-            sys.set_asyncgen_hooks(*installed)
-        for hooks in (before, after_aiter, after_loop, at_end):
-            assert hooks.firstiter is firstiter
-            assert hooks.finalizer is finalizer
-        assert code not in firstiter_codes
-        assert code not in finalizer_codes
-        assert comparable(got) == expected[:1]
+# --- freeing a consumer a loop left ----------------------------------------------
 
 
 @pytest.mark.parametrize("left", ["buffered", "pulled", "awaited", "cancelled"])
@@ -840,8 +756,8 @@ async def test_a_fanout_consumer_left_by_async_for_is_freed_by_reference_countin
     left: str,
 ) -> None:
     """A consumer whose loop was left (break after a buffered, a pulled or an awaited
-    item, or a cancellation) is freed, and leaves the fan-out, as soon as it and
-    its iterator are dropped: by reference counting, with the collector off."""
+    item, or a cancellation) is freed, and leaves the fan-out, as soon as it is
+    dropped: by reference counting, with the collector off."""
     source = Feed()
     fanout = Fanout(source)
     other = fanout.consumer()
@@ -850,12 +766,11 @@ async def test_a_fanout_consumer_left_by_async_for_is_freed_by_reference_countin
     assert await take(other, 1) == [0]  # one item buffered for the consumer
     gc.disable()
     try:
-        iterators = [aiter(holder[0])]
         got: list[int] = []
 
         async def run(scope: anyio.CancelScope) -> None:
             with scope:
-                async for item in iterators[0]:
+                async for item in holder[0]:
                     got.append(item)
                     if left != "cancelled":
                         break
@@ -882,7 +797,6 @@ async def test_a_fanout_consumer_left_by_async_for_is_freed_by_reference_countin
                 assert got == ([2] if left == "awaited" else [])
                 del scope
         reference = weakref.ref(holder[0])
-        iterators.clear()
         holder.clear()
         assert reference() is None
         assert fanout.statistics().consumers == 1
@@ -895,8 +809,8 @@ async def test_a_subscription_consumer_left_by_async_for_is_released_when_droppe
     None
 ):
     """A SubscriptionConsumer whose loop was left with break releases its pool
-    reference as soon as it and its iterator are dropped: by reference counting,
-    with the collector off."""
+    reference as soon as it is dropped: by reference counting, with the
+    collector off."""
     stub = make_stub()
     events = [ev("worker-added", meta()) for _ in range(3)]
     async with SubscriptionPool() as pool:
@@ -908,12 +822,10 @@ async def test_a_subscription_consumer_left_by_async_for_is_released_when_droppe
         assert pairs(await take(other, 2)) == pairs(events[1:])
         gc.disable()
         try:
-            iterators = [aiter(holder[0])]
-            async for event in iterators[0]:
+            async for event in holder[0]:
                 assert pairs([event]) == pairs(events[1:2])
                 break
             assert pool.statistics().consumers == 2
-            iterators.clear()
             holder.clear()
             assert pool.statistics().consumers == 1
         finally:
@@ -1098,27 +1010,22 @@ async def test_subscription_source_error_ends_the_loop_after_the_events_before_i
 
 
 async def test_subscription_consumer_outlives_a_left_loop_until_aclose() -> None:
-    """Leaving ``async for`` (break, or dropping the left iterator) does not end a
-    SubscriptionConsumer: a new loop gets the next events; ``aclose()`` then
-    ends it and, as its last consumer, releases the pool entry."""
+    """Leaving ``async for`` (break, an exception or a cancellation in the body)
+    does not end a SubscriptionConsumer: a new loop gets the next events;
+    ``aclose()`` then ends it and, as its last consumer, releases the entry."""
     stub = make_stub()
-    events = [ev("worker-added", meta()) for _ in range(5)]
+    events = [ev("worker-added", meta()) for _ in range(6)]
     async with SubscriptionPool() as pool:
         sub = subscribe(stub)
         consumer, other = aiter(sub), aiter(sub)
         await join(stub, consumer, other, first=events[0])
         raw = stub.instances[-1]
-        raw.push(*events[1:4])
-        assert pairs(await take(other, 3)) == pairs(events[1:4])
-        assert pairs(await loop_take(consumer, 1)) == pairs(events[1:2])
-        iterator = aiter(consumer)
-        async for event in iterator:
-            assert pairs([event]) == pairs(events[2:3])
-            break
-        del iterator
-        gc.collect()
-        await settle()
-        assert pool.statistics().consumers == 2
+        raw.push(*events[1:5])
+        assert pairs(await take(other, 4)) == pairs(events[1:5])
+        for index, leave in enumerate(LEAVING, start=1):
+            got = await loop_take(consumer, 1, leave)
+            assert pairs(got) == pairs(events[index : index + 1])
+        assert pool.statistics() == PoolStatistics(entries=1, consumers=2, idle=0)
         await other.aclose()
         assert pool.statistics() == PoolStatistics(entries=1, consumers=1, idle=0)
         got: list[DiscoveryEvent] = []
@@ -1130,8 +1037,8 @@ async def test_subscription_consumer_outlives_a_left_loop_until_aclose() -> None
             async with anyio.create_task_group() as tg:
                 tg.start_soon(run)
                 await settle()
-                raw.push(events[4])
-        assert pairs(got) == pairs(events[3:5])  # a buffered one, an awaited one
+                raw.push(events[5])
+        assert pairs(got) == pairs(events[4:6])  # a buffered one, an awaited one
         assert raw.close_calls == 0
         assert raw.finally_runs == 0
         await consumer.aclose()
@@ -1184,12 +1091,12 @@ async def test_subscription_cancelled_async_for_ends_only_that_consumer() -> Non
         assert raw.close_calls == 1
 
 
-# --- aiter() itself ---------------------------------------------------------------
+# --- aiter() itself, and who may iterate ------------------------------------------
 
 
-async def test_fanout_aiter_pulls_nothing() -> None:
-    """``aiter(consumer)`` pulls nothing and starts no task; each call returns a
-    new iterator, not the consumer; the first ``anext`` of one pulls one item."""
+async def test_fanout_aiter_returns_the_consumer_and_pulls_nothing() -> None:
+    """``aiter(consumer)`` is the consumer itself; it pulls nothing and starts no
+    task; the first ``anext`` pulls one item."""
     await settle()
     baseline = running_tasks()
     source = Feed()
@@ -1198,9 +1105,8 @@ async def test_fanout_aiter_pulls_nothing() -> None:
     consumers = [fanout.consumer() for _ in range(3)]
     iterators = [aiter(consumer) for consumer in consumers]
     assert all(
-        it is not consumer for it, consumer in zip(iterators, consumers, strict=True)
+        it is consumer for it, consumer in zip(iterators, consumers, strict=True)
     )
-    assert aiter(consumers[0]) is not iterators[0]
     await settle()
     assert source.aiter_calls == 0
     assert source.pulls == 0
@@ -1218,16 +1124,14 @@ async def test_fanout_aiter_pulls_nothing() -> None:
     await fanout.aclose()
 
 
-async def test_subscription_aiter_joins_nothing() -> None:
-    """``aiter()`` on a SubscriptionConsumer builds, attaches and registers
-    nothing; the consumer joins at its iterator's first ``anext``."""
+async def test_subscription_aiter_returns_the_consumer_and_joins_nothing() -> None:
+    """``aiter()`` on a SubscriptionConsumer returns it and builds, attaches and
+    registers nothing; the consumer joins at its first ``anext``."""
     stub = make_stub()
     async with SubscriptionPool() as pool:
         consumer = aiter(subscribe(stub))
         assert isinstance(consumer, SubscriptionConsumer)
-        iterators = [aiter(consumer), aiter(consumer)]
-        assert iterators[0] is not consumer
-        assert iterators[0] is not iterators[1]
+        assert aiter(consumer) is consumer
         await settle()
         assert stub.instances == []
         assert pool.statistics() == PoolStatistics(entries=0, consumers=0, idle=0)
@@ -1236,7 +1140,7 @@ async def test_subscription_aiter_joins_nothing() -> None:
         got: list[DiscoveryEvent] = []
 
         async def run() -> None:
-            got.extend(await take(iterators[0], 1))
+            got.extend(await loop_take(consumer, 1))
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(run)
@@ -1247,3 +1151,54 @@ async def test_subscription_aiter_joins_nothing() -> None:
         assert pairs(got) == pairs([event])
         await consumer.aclose()
         assert pool.statistics().entries == 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_aclose_of_the_iterator_a_loop_used_closes_the_consumer(
+    kind: str,
+) -> None:
+    """The iterator ``async for`` uses is the consumer, so its ``aclose()``
+    ends the consumer: a later loop over it yields nothing, even with items
+    ready at the source."""
+    async with buffered_consumer(kind) as (consumer, expected, more):
+        iterator = aiter(consumer)
+        assert iterator is consumer
+        got: list[Any] = []
+        with anyio.fail_after(TIMEOUT):
+            async for item in iterator:
+                got.append(item)
+                break
+            await iterator.aclose()
+            more()
+            assert [item async for item in consumer] == []
+        assert "ENDED" in repr(consumer)
+        assert comparable(got) == expected[:1]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_loop_over_a_consumer_another_task_waits_on_raises_busy(
+    kind: str,
+) -> None:
+    """While one task's ``async for`` waits on a consumer, another task's loop
+    over it raises :exc:`~anyio.BusyResourceError` at once and receives
+    nothing; the waiting loop loses nothing and the consumer goes on."""
+    async with buffered_consumer(kind) as (consumer, expected, more):
+        got: list[Any] = []
+
+        async def loop() -> None:
+            async for item in consumer:
+                got.append(item)
+                if len(got) == len(expected) + 1:
+                    break
+
+        with anyio.fail_after(TIMEOUT):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(loop)
+                await settle()
+                assert comparable(got) == expected  # then it waits for one more
+                with pytest.raises(anyio.BusyResourceError):
+                    await loop_take(consumer, 1)  # a second loop, in this task
+                arrived = more()
+            assert comparable(got) == [*expected, arrived]
+            following = more()
+            assert comparable(await take(consumer, 1)) == [following]

@@ -1,30 +1,35 @@
-"""Driven pulls: a consumer carries a pull across yields bound to no task, as the pump.
+"""Pulls that suspend several times: each is a task of its own, never a consumer's.
 
-A consumer at the log's end runs a pull's first step inline, as the fan-out's
-pump task. When that step suspends at a yield bound to no task (asyncio's bare
-yield, trio's shielded checkpoint), the consumer makes that yield itself and
-runs the next step, still as the pump. These tests pin what that must never
-change: the source sees one task and one context; a consumer's cancellation,
-timeout or ``close()`` never reaches the source; a cancel scope the source
-entered fires for the pull only; closing the fan-out ends such a pull; errors
-reach everyone.
+Every pull runs as a task of its own, started by the consumer whose demand
+needs an item (on asyncio with CPython 3.12+ its first step runs eagerly,
+inside that consumer's call, but as the new task). The consumers only wait for
+the item. These tests pin what that must guarantee for a pull that passes
+several checkpoints (or polls busily) before it yields: every step of a pull
+runs in that pull's task and all pulls share one context; cancelling, timing
+out or closing any consumer, even the one whose call started the pull, never
+reaches the source and loses nothing; a cancel scope the source entered fires
+for the pull only; closing the fan-out ends such a pull; errors reach
+everyone.
 
-Whether a pull is being *driven* (rather than run by the pump) is private
-state; :func:`driven` reads it only to check that a test exercises the path
-it claims to.
+The task running each step is checked with ``asyncio.current_task()`` or
+``trio.lowlevel.current_task()``; the task objects are kept, so identity
+comparisons are sound.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import math
 import random
 from collections.abc import AsyncIterator
+from collections.abc import Iterable
 from typing import Any
 
 import anyio
 import anyio.lowlevel
 import pytest
+import sniffio
 from _stubs import WITH_UVLOOP
 from _stubs import running_tasks
 
@@ -48,10 +53,55 @@ K = 3
 _MISSING: Any = object()
 
 
-def driven(fanout: Fanout[Any] | None) -> bool:
-    """Whether a consumer (not the pump) is driving the pull in flight."""
-    puller = None if fanout is None else fanout._puller  # pyright: ignore[reportPrivateUsage]
-    return puller is not None and puller.driving
+def current_task() -> object:
+    """The task object running the caller (asyncio's or trio's own)."""
+    if sniffio.current_async_library() == "asyncio":
+        task: object = asyncio.current_task()
+    else:
+        import trio
+
+        task = trio.lowlevel.current_task()
+    assert task is not None
+    return task
+
+
+class PullTasks:
+    """Which task ran each step of each pull, as the source reports it.
+
+    The source calls :meth:`begin` where a pull begins (the generator's start
+    and right after each ``yield``) and :meth:`step` after each suspension.
+    """
+
+    def __init__(self) -> None:
+        #: Per pull, the task of each of its steps, in order.
+        self.pulls: list[list[object]] = []
+
+    def begin(self) -> None:
+        self.pulls.append([current_task()])
+
+    def step(self) -> None:
+        self.pulls[-1].append(current_task())
+
+    @property
+    def current(self) -> object:
+        """The task of the pull the source is in (or was last in)."""
+        return self.pulls[-1][0]
+
+    def check(self, consumer_tasks: Iterable[object], pulls: int) -> None:
+        """Assert that there were ``pulls`` pulls, each of whose steps ran in
+        one task, which is none of ``consumer_tasks``."""
+        assert len(self.pulls) == pulls
+        split = [
+            index
+            for index, tasks in enumerate(self.pulls)
+            if any(task is not tasks[0] for task in tasks)
+        ]
+        assert split == []  # no pull changed task between its steps
+        consumers = {id(task) for task in consumer_tasks}
+        in_a_consumer = [
+            index for index, tasks in enumerate(self.pulls) if id(tasks[0]) in consumers
+        ]
+        assert in_a_consumer == []
 
 
 async def checkpoints(n: int) -> None:
@@ -66,10 +116,8 @@ class PollGaveUp(Exception):
 async def poll(give_up_at: float) -> None:
     """One step of a busy poll inside a pull: a checkpoint.
 
-    Raises once ``give_up_at`` has passed, so that a bug that keeps a driven
-    pull polling regardless of cancellation fails the test instead of hanging
-    it (``fail_after`` cannot interrupt a consumer that never notices its
-    cancellation).
+    Raises once ``give_up_at`` has passed, so that a bug that keeps a pull
+    polling regardless of cancellation fails the test instead of hanging it.
     """
     await anyio.lowlevel.checkpoint()
     if anyio.current_time() > give_up_at:
@@ -79,52 +127,45 @@ async def poll(give_up_at: float) -> None:
 async def wait_until_waiting(fanout: Fanout[Any], n: int) -> None:
     """Let other tasks run until ``n`` consumers wait for the next item.
 
-    Checkpoints rather than ``wait_all_tasks_blocked``: a driven or busy
-    polling pull never lets every task block.
+    Checkpoints rather than ``wait_all_tasks_blocked``: a busy polling pull
+    never lets every task block.
     """
     while fanout.statistics().waiting < n:
         await anyio.lowlevel.checkpoint()
 
 
-# --- 1. one task, one context -----------------------------------------------------
+# --- 1. one task per pull, one context ----------------------------------------------
 
 
 @pytest.mark.parametrize(
     "gated", [False, True], ids=["checkpoints-only", "then-a-task-bound-wait"]
 )
-async def test_every_step_of_a_driven_pull_runs_as_the_one_pump_task(
+async def test_every_step_of_every_pull_runs_in_that_pulls_task_never_a_consumers(
     gated: bool,
 ) -> None:
-    """Before and after each checkpoint of every pull, the source sees one task,
-    never a consumer's; also when a driven pull then parks on a task-bound
-    wait (``gated``), which the pump takes over."""
+    """Before and after each checkpoint of every pull (and after a task-bound wait
+    with ``gated``) the source runs in one task per pull, never a consumer's."""
     send, receive = anyio.create_memory_object_stream[int](math.inf)
-    seen: list[int] = []
-    driven_steps: list[bool] = []
-    fanout: Fanout[int] | None = None
+    pull_tasks = PullTasks()
 
     async def source() -> AsyncIterator[int]:
-        try:
-            for number in range(16):
-                for _ in range(K):
-                    seen.append(anyio.get_current_task().id)
-                    await anyio.lowlevel.checkpoint()
-                    seen.append(anyio.get_current_task().id)
-                    driven_steps.append(driven(fanout))
-                if gated and number % 4 == 3:
-                    # Driven up to here, then parked on a task-bound wait.
-                    await receive.receive()
-                    seen.append(anyio.get_current_task().id)
-                yield number
-        finally:
-            seen.append(anyio.get_current_task().id)
+        for number in range(16):
+            pull_tasks.begin()
+            for _ in range(K):
+                await anyio.lowlevel.checkpoint()
+                pull_tasks.step()
+            if gated and number % 4 == 3:
+                await receive.receive()  # parks the pull's task
+                pull_tasks.step()
+            yield number
+        pull_tasks.begin()  # the pull that finds the source exhausted
 
     fanout = Fanout(source())
-    consumer_tasks: set[int] = {anyio.get_current_task().id}
+    consumer_tasks: list[object] = [current_task()]
     received: dict[int, list[int]] = {}
 
     async def consume(index: int, consumer: FanoutConsumer[int]) -> None:
-        consumer_tasks.add(anyio.get_current_task().id)
+        consumer_tasks.append(current_task())
         received[index] = [item async for item in consumer]
 
     with anyio.fail_after(TIMEOUT):
@@ -134,23 +175,23 @@ async def test_every_step_of_a_driven_pull_runs_as_the_one_pump_task(
                 tg.start_soon(consume, index, consumer)
             for _ in range(4 if gated else 0):
                 await anyio.wait_all_tasks_blocked()
+                assert fanout.statistics().waiting == 3
                 await send.send(0)
     assert received == {index: list(range(16)) for index in range(3)}
-    assert any(driven_steps)  # consumers did drive pulls
-    assert len(set(seen)) == 1
-    assert not set(seen) & consumer_tasks
+    assert len(consumer_tasks) == 4
+    pull_tasks.check(consumer_tasks, pulls=17)
     await fanout.aclose()
 
 
-async def test_driven_pulls_share_the_pump_context_and_leave_consumers_alone() -> None:
+async def test_pulls_that_suspend_share_one_context_and_leave_the_consumers_alone() -> (
+    None
+):
     """A context variable the source sets before a checkpoint is visible after it
     and in later pulls; the consumers' own values are never touched."""
     var: contextvars.ContextVar[tuple[str, int]] = contextvars.ContextVar(
         "var", default=("unset", 0)
     )
     observations: list[tuple[tuple[str, int], tuple[str, int]]] = []
-    driven_steps: list[bool] = []
-    fanout: Fanout[int] | None = None
 
     async def source() -> AsyncIterator[int]:
         mark = 0
@@ -162,7 +203,6 @@ async def test_driven_pulls_share_the_pump_context_and_leave_consumers_alone() -
                 var.set(("source", mark))
                 await anyio.lowlevel.checkpoint()
                 observations.append((("source", mark), var.get()))
-                driven_steps.append(driven(fanout))
             yield number
 
     fanout = Fanout(source())
@@ -183,7 +223,6 @@ async def test_driven_pulls_share_the_pump_context_and_leave_consumers_alone() -
             for index, consumer in enumerate(consumers):
                 tg.start_soon(consume, index, consumer)
     assert received == {index: list(range(12)) for index in range(3)}
-    assert any(driven_steps)
     assert len(observations) == 12 * K * 2
     mismatches = [(want, got) for want, got in observations if want != got]
     assert mismatches == []
@@ -193,7 +232,7 @@ async def test_driven_pulls_share_the_pump_context_and_leave_consumers_alone() -
     await fanout.aclose()
 
 
-# --- 2. cancelling the driving consumer ---------------------------------------------
+# --- 2. cancelling the consumer that started a pull --------------------------------
 
 N_ITEMS = 6
 TARGET = 3
@@ -204,28 +243,32 @@ TARGET = 3
     [(0, False), (1, False), (2, False), (0, True)],
     ids=["at-checkpoint-0", "at-checkpoint-1", "at-checkpoint-2", "before-the-call"],
 )
-async def test_cancelling_the_consumer_driving_a_pull_loses_nothing(
+async def test_cancelling_the_consumer_that_started_a_multi_step_pull_loses_nothing(
     cancel_at: int, cancelled_before_the_call: bool
 ) -> None:
-    """The cancelled driver's next ``anext`` returns the item it was pulling;
-    everyone else gets every item once, in order; the source never sees the
-    cancellation and is not closed before it is exhausted."""
+    """Cancelled while the pull its call started polls at checkpoint
+    ``cancel_at`` (or before the call), the consumer's next ``anext`` returns
+    that pull's item; everyone else gets every item once, in order; the source
+    never sees the cancellation and is not closed before it is exhausted."""
     reached, go, finalized = anyio.Event(), anyio.Event(), anyio.Event()
     through_source: list[BaseException] = []
-    fanout: Fanout[int] | None = None
+    pull_tasks = PullTasks()
 
     async def source() -> AsyncIterator[int]:
         give_up_at = anyio.current_time() + TIMEOUT
         try:
             for number in range(N_ITEMS):
+                pull_tasks.begin()
                 for step in range(K):
                     if number == TARGET and step == cancel_at:
                         reached.set()
-                        while not go.is_set():  # the busy pull the victim drives
+                        while not go.is_set():  # the busy pull the victim started
                             await poll(give_up_at)
                     else:
                         await anyio.lowlevel.checkpoint()
+                    pull_tasks.step()
                 yield number
+            pull_tasks.begin()
         except BaseException as error:
             through_source.append(error)
             raise
@@ -240,15 +283,17 @@ async def test_cancelling_the_consumer_driving_a_pull_loses_nothing(
     victim_scope = anyio.CancelScope()
     victim_out = anyio.Event()
     cancelled_outcome: dict[str, object] = {}
+    consumer_tasks: list[object] = []
 
     async def run_victim() -> None:
-        while len(victim_items) < TARGET:  # it drives these pulls alone
+        consumer_tasks.append(current_task())
+        while len(victim_items) < TARGET:  # it starts these pulls alone
             victim_items.append(await anext(victim))
         item = _MISSING
         with victim_scope:
             if cancelled_before_the_call:
                 victim_scope.cancel()
-            item = await anext(victim)
+            item = await anext(victim)  # starts pull TARGET
         cancelled_outcome["item"] = item
         cancelled_outcome["cancelled"] = victim_scope.cancelled_caught
         cancelled_outcome["source finalized"] = finalized.is_set()
@@ -257,6 +302,7 @@ async def test_cancelling_the_consumer_driving_a_pull_loses_nothing(
             victim_items.append(item)
 
     async def run_other(index: int) -> None:
+        consumer_tasks.append(current_task())
         async for item in others[index]:
             other_items[index].append(item)
 
@@ -265,7 +311,13 @@ async def test_cancelling_the_consumer_driving_a_pull_loses_nothing(
             tg.start_soon(run_victim)
             await reached.wait()
             if not cancelled_before_the_call:
-                assert driven(fanout)  # the victim drives pull TARGET right now
+                # The victim waits for the pull it started, polling right now.
+                stats = fanout.statistics()
+                assert (stats.pulling, stats.waiting, stats.pulled) == (
+                    True,
+                    1,
+                    TARGET,
+                )
                 victim_scope.cancel()
             for index in range(len(others)):
                 tg.start_soon(run_other, index)
@@ -275,9 +327,10 @@ async def test_cancelling_the_consumer_driving_a_pull_loses_nothing(
                 "cancelled": True,
                 "source finalized": False,
             }
-            assert fanout.statistics().pulling  # the pump carries the pull on
+            assert fanout.statistics().pulling  # the pull goes on
             # The others and the re-asking victim all wait for the same item.
             await wait_until_waiting(fanout, len(others) + 1)
+            assert fanout.statistics().pulled == TARGET
             assert not finalized.is_set()
             go.set()
     assert victim_items == list(range(N_ITEMS))
@@ -291,28 +344,90 @@ async def test_cancelling_the_consumer_driving_a_pull_loses_nothing(
         False,
     )
     assert statistics.pulled == N_ITEMS
+    pull_tasks.check(consumer_tasks, pulls=N_ITEMS + 1)
 
 
-async def test_a_consumer_timeout_while_it_drives_a_pull_abandons_only_its_wait() -> (
+@pytest.mark.parametrize(
+    "suspends", [False, True], ids=["pull-completes-at-once", "pull-then-suspends"]
+)
+async def test_a_consumer_cancelled_by_the_pull_its_call_started_loses_nothing(
+    suspends: bool,
+) -> None:
+    """The source cancels the scope of the consumer whose ``anext`` started the
+    pull before the pull first suspends (on asyncio 3.12+ that is inside the
+    very call): that ``anext`` raises the cancellation inside the scope, with
+    no stray cancellation after it, and the next ``anext`` returns the item."""
+    victim_scope = anyio.CancelScope()
+    through_source: list[BaseException] = []
+
+    async def source() -> AsyncIterator[int]:
+        try:
+            yield 0
+            victim_scope.cancel()
+            if suspends:
+                await checkpoints(K)
+            yield 1
+            await checkpoints(K)
+            yield 2
+        except BaseException as error:
+            through_source.append(error)
+            raise
+
+    fanout = Fanout(source())
+    victim, other = fanout.consumer(), fanout.consumer()
+    outcome: dict[str, object] = {}
+    items: list[int] = []
+    stray: list[str] = []
+    with anyio.fail_after(TIMEOUT):
+        items.append(await anext(victim))
+        item = _MISSING
+        with victim_scope:
+            item = await anext(victim)  # starts the pull that cancels it
+        outcome["item"] = item
+        outcome["cancelled"] = victim_scope.cancelled_caught
+        try:
+            await checkpoints(K)  # a stray cancellation lands here
+        except anyio.get_cancelled_exc_class():
+            stray.append("victim")
+        items += [item async for item in victim]
+        assert [item async for item in other] == [0, 1, 2]
+    assert outcome == {"item": _MISSING, "cancelled": True}
+    assert stray == []
+    assert items == [0, 1, 2]
+    assert through_source == []
+    assert fanout.statistics().pulled == 3
+
+
+async def test_a_consumer_timeout_during_a_multi_step_pull_abandons_only_its_wait() -> (
     None
 ):
-    """A deadline of the driving consumer's own ends its wait, not the pull; its
-    next ``anext`` returns the item."""
+    """A deadline of the consumer whose call started a busy polling pull, expiring
+    while the pull polls, ends that consumer's wait and withdraws its demand,
+    not the pull; its next ``anext`` returns the item."""
     go = anyio.Event()
     through_source: list[BaseException] = []
-    polls_driven: list[bool] = []
-    fanout: Fanout[str] | None = None
+    pull_tasks = PullTasks()
+    consumer_scope = anyio.CancelScope()
 
     async def source() -> AsyncIterator[str]:
         give_up_at = anyio.current_time() + TIMEOUT
         try:
+            pull_tasks.begin()
             yield "warm-up"
+            pull_tasks.begin()
+            polls = 0
             while not go.is_set():
                 await poll(give_up_at)
-                polls_driven.append(driven(fanout))
+                pull_tasks.step()
+                polls += 1
+                if polls == K:  # the consumer's deadline: soon, mid-pull
+                    consumer_scope.deadline = anyio.current_time() + 0.01
             yield "polled"
+            pull_tasks.begin()
             await checkpoints(K)
+            pull_tasks.step()
             yield "next"
+            pull_tasks.begin()
         except BaseException as error:
             through_source.append(error)
             raise
@@ -322,12 +437,12 @@ async def test_a_consumer_timeout_while_it_drives_a_pull_abandons_only_its_wait(
     with anyio.fail_after(TIMEOUT):
         assert await anext(consumer) == "warm-up"
         assert await anext(other) == "warm-up"
-        with anyio.move_on_after(0.01) as scope:
-            await anext(consumer)  # drives the busy pull until its deadline
-        assert scope.cancelled_caught
-        assert polls_driven
-        assert polls_driven[0]  # it was driving
-        assert fanout.statistics().pulling
+        with consumer_scope:
+            await anext(consumer)  # starts the busy pull, waits until its deadline
+        assert consumer_scope.cancelled_caught
+        assert len(pull_tasks.pulls[1]) > K  # the pull polled on
+        stats = fanout.statistics()
+        assert (stats.pulling, stats.waiting, stats.pulled) == (True, 0, 1)
         go.set()
         assert await anext(consumer) == "polled"
         assert await anext(other) == "polled"
@@ -338,31 +453,39 @@ async def test_a_consumer_timeout_while_it_drives_a_pull_abandons_only_its_wait(
         with pytest.raises(StopAsyncIteration):
             await anext(other)
     assert through_source == []
+    pull_tasks.check([current_task()], pulls=4)
 
 
-# --- 3. a cancel scope inside a driven pull ----------------------------------------
+# --- 3. a cancel scope inside a pull -------------------------------------------------
 
 
-async def test_timeout_across_checkpoints_of_a_driven_pull_fires_for_it_only() -> None:
+async def test_a_timeout_across_checkpoints_in_a_pull_fires_for_that_pull_only() -> (
+    None
+):
     """A deadline the source sets around several checkpoints of one pull expires
-    while a consumer drives it: the source gets its marker, no consumer gets a
-    stray cancellation, the pump stays the one task, and later pulls work."""
-    polls_driven: list[bool] = []
-    step_tasks: set[int] = set()
-    fanout: Fanout[str] | None = None
+    while consumers wait: the source gets its marker, no consumer gets a stray
+    cancellation, every step stays in its pull's task, and later pulls work."""
+    pull_tasks = PullTasks()
 
     async def source() -> AsyncIterator[str]:
         give_up_at = anyio.current_time() + TIMEOUT
+        pull_tasks.begin()
         yield "warm-up"
         for round_ in range(2):
-            with anyio.move_on_after(0.02) as scope:
+            pull_tasks.begin()
+            with anyio.CancelScope() as scope:
+                polls = 0
                 while True:  # left only by the deadline
                     await poll(give_up_at)
-                    step_tasks.add(anyio.get_current_task().id)
-                    polls_driven.append(driven(fanout))
+                    pull_tasks.step()
+                    polls += 1
+                    if polls == K:  # a deadline across the next checkpoints
+                        scope.deadline = anyio.current_time() + 0.01
+            pull_tasks.step()
             yield f"timed out {round_}" if scope.cancelled_caught else "not timed out"
+            pull_tasks.begin()
             await checkpoints(K)
-            step_tasks.add(anyio.get_current_task().id)
+            pull_tasks.step()
             yield f"after {round_}"
 
     fanout = Fanout(source())
@@ -372,8 +495,10 @@ async def test_timeout_across_checkpoints_of_a_driven_pull_fires_for_it_only() -
     arrived = {(name, r): anyio.Event() for name in names for r in range(2)}
     resume = [anyio.Event(), anyio.Event()]
     stray: list[str] = []
+    consumer_tasks: list[object] = []
 
     async def consume(name: str) -> None:
+        consumer_tasks.append(current_task())
         consumer = consumers[name]
         try:
             got[name].append(await anext(consumer))
@@ -397,33 +522,40 @@ async def test_timeout_across_checkpoints_of_a_driven_pull_fires_for_it_only() -
     assert stray == []
     expected = ["warm-up", "timed out 0", "after 0", "timed out 1", "after 1"]
     assert got == {name: expected for name in names}
-    assert any(polls_driven)
-    assert len(step_tasks) == 1
+    assert len(pull_tasks.pulls[1]) > K + 1  # polled on until the deadline
+    pull_tasks.check(consumer_tasks, pulls=5)
     await fanout.aclose()
 
 
-async def test_a_driven_pull_polling_until_its_deadline_keeps_the_one_pump() -> None:
-    """A driven pull polls until its own scope has been cancelled by its
-    deadline. The cancellation is normally delivered at a checkpoint ("timed
-    out"); on trio the source may notice the expired deadline first ("deadline
-    seen"). Either way the pull takes no step outside the pump task, the pump
-    survives the expiry, and every consumer gets the same items."""
-    step_tasks: set[int] = set()
-    polls_driven: list[bool] = []
-    fanout: Fanout[tuple[str, int]] | None = None
+async def test_a_pull_polling_until_its_own_deadline_times_out_in_its_own_task() -> (
+    None
+):
+    """A pull polls until its own scope has been cancelled by its deadline. The
+    cancellation is normally delivered at a checkpoint ("timed out"); on trio
+    the source may notice the expired deadline first ("deadline seen"). Either
+    way every step stays in the pull's task, no consumer is cancelled, and
+    every consumer gets the same items."""
+    pull_tasks = PullTasks()
 
     async def source() -> AsyncIterator[tuple[str, int]]:
         give_up_at = anyio.current_time() + TIMEOUT
+        pull_tasks.begin()
         yield ("warm-up", 0)
         for round_ in range(4):
-            with anyio.move_on_after(0.01) as scope:
+            pull_tasks.begin()
+            with anyio.CancelScope() as scope:
+                polls = 0
                 while not scope.cancel_called:
                     await poll(give_up_at)
-                    step_tasks.add(anyio.get_current_task().id)
-                    polls_driven.append(driven(fanout))
+                    pull_tasks.step()
+                    polls += 1
+                    if polls == K:  # the deadline expires while it polls on
+                        scope.deadline = anyio.current_time() + 0.01
+            pull_tasks.step()
             yield ("timed out" if scope.cancelled_caught else "deadline seen", round_)
+            pull_tasks.begin()
             await checkpoints(K)
-            step_tasks.add(anyio.get_current_task().id)
+            pull_tasks.step()
             yield ("after", round_)
 
     fanout = Fanout(source())
@@ -431,8 +563,10 @@ async def test_a_driven_pull_polling_until_its_deadline_keeps_the_one_pump() -> 
     got: list[list[tuple[str, int]]] = [[] for _ in consumers]
     stray: list[int] = []
     finish = anyio.Event()
+    consumer_tasks: list[object] = []
 
     async def consume(index: int) -> None:
+        consumer_tasks.append(current_task())
         try:
             while len(got[index]) < 9:
                 got[index].append(await anext(consumers[index]))
@@ -453,39 +587,42 @@ async def test_a_driven_pull_polling_until_its_deadline_keeps_the_one_pump() -> 
     assert [item[1] for item in got[0][1::2]] == list(range(4))
     markers = {item[0] for item in got[0][1::2]}
     assert markers <= {"timed out", "deadline seen"}
-    assert any(polls_driven)
-    assert len(step_tasks) == 1
+    assert all(len(pull_tasks.pulls[index]) > K + 1 for index in (1, 3, 5, 7))
+    pull_tasks.check(consumer_tasks, pulls=9)
     await fanout.aclose()
 
 
-async def test_cancelled_source_scope_raises_at_the_driven_pulls_checkpoint() -> None:
-    """A cancel scope entered by the source (so hosted by the pump), cancelled
-    from another task while a consumer drives the pull, raises at the
-    checkpoint the pull is suspended at, as in any task: the pull does not
-    take another step first (it would see the stop flag set alongside), the
-    consumer is not cancelled, and the pump carries on."""
+async def test_a_pull_scope_cancelled_from_outside_raises_at_the_pulls_checkpoint() -> (
+    None
+):
+    """A cancel scope entered by the source, cancelled from another task while
+    the pull polls, raises at the checkpoint the pull is suspended at, as in
+    any task: the pull does not take another step first (it would see the
+    stop flag set alongside), and no consumer is cancelled."""
     scopes: list[anyio.CancelScope] = []
     stops = [anyio.Event() for _ in range(3)]
     polling = [anyio.Event() for _ in range(3)]
-    step_tasks: set[int] = set()
-    fanout: Fanout[str] | None = None
+    pull_tasks = PullTasks()
 
     async def source() -> AsyncIterator[str]:
         give_up_at = anyio.current_time() + TIMEOUT
+        pull_tasks.begin()
         yield "warm-up"
         for round_ in range(3):
+            pull_tasks.begin()
             with anyio.CancelScope() as scope:
                 scopes.append(scope)
                 while not stops[round_].is_set():
                     await poll(give_up_at)
-                    step_tasks.add(anyio.get_current_task().id)
-                    if driven(fanout):
-                        polling[round_].set()
+                    pull_tasks.step()
+                    polling[round_].set()
+            pull_tasks.step()
             yield (
                 f"cancelled {round_}" if scope.cancelled_caught else f"stopped {round_}"
             )
+            pull_tasks.begin()
             await checkpoints(K)
-            step_tasks.add(anyio.get_current_task().id)
+            pull_tasks.step()
             yield f"after {round_}"
 
     fanout = Fanout(source())
@@ -493,22 +630,24 @@ async def test_cancelled_source_scope_raises_at_the_driven_pulls_checkpoint() ->
     stray: list[str] = []
     got: list[str] = []
     finish = anyio.Event()
+    consumer_tasks: list[object] = [current_task()]
 
-    async def drive() -> None:
+    async def read() -> None:
+        consumer_tasks.append(current_task())
         try:
             for _ in range(7):
                 got.append(await anext(consumer))
             await finish.wait()  # a stray cancellation lands here
         except anyio.get_cancelled_exc_class():
-            stray.append("driver")
+            stray.append("reader")
 
     with anyio.fail_after(TIMEOUT):
         assert await anext(other) == "warm-up"
         async with anyio.create_task_group() as tg:
-            tg.start_soon(drive)
+            tg.start_soon(read)
             for round_ in range(3):
                 await polling[round_].wait()
-                assert driven(fanout)
+                assert fanout.statistics().waiting == 1  # the reader's demand
                 stops[round_].set()
                 scopes[round_].cancel()
                 assert await anext(other) == f"cancelled {round_}"
@@ -519,32 +658,38 @@ async def test_cancelled_source_scope_raises_at_the_driven_pulls_checkpoint() ->
     assert got == ["warm-up"] + [
         f"{kind} {r}" for r in range(3) for kind in ("cancelled", "after")
     ]
-    assert len(step_tasks) == 1
+    pull_tasks.check(consumer_tasks, pulls=7)
     await fanout.aclose()
 
 
 # --- 4. closing the fan-out ------------------------------------------------------
 
 
-async def test_aclose_ends_a_busy_polling_pull_a_consumer_drives() -> None:
-    """``aclose()`` returns, runs the source's ``finally`` (as the pump), and the
-    driving consumer's pending ``anext`` ends; no pull remains."""
+async def test_aclose_ends_a_busy_polling_pull_and_every_pending_consumer() -> None:
+    """``aclose()`` cancels the pull where it polls and returns; the source's
+    ``finally`` runs once, in the pull's task; the pending ``anext`` of the
+    consumer that started the pull and of the one waiting beside it end; no
+    pull or task remains."""
     polling, finalized = anyio.Event(), anyio.Event()
-    step_tasks: set[int] = set()
-    finally_tasks: list[int] = []
-    fanout: Fanout[str] | None = None
+    finally_tasks: list[object] = []
+    through_source: list[BaseException] = []
+    pull_tasks = PullTasks()
 
     async def source() -> AsyncIterator[str]:
         give_up_at = anyio.current_time() + TIMEOUT
         try:
+            pull_tasks.begin()
             yield "warm-up"
+            pull_tasks.begin()
             while True:
                 await poll(give_up_at)
-                step_tasks.add(anyio.get_current_task().id)
-                if driven(fanout):
-                    polling.set()
+                pull_tasks.step()
+                polling.set()
+        except BaseException as error:
+            through_source.append(error)
+            raise
         finally:
-            finally_tasks.append(anyio.get_current_task().id)
+            finally_tasks.append(current_task())
             finalized.set()
 
     await anyio.wait_all_tasks_blocked()
@@ -552,8 +697,10 @@ async def test_aclose_ends_a_busy_polling_pull_a_consumer_drives() -> None:
     fanout = Fanout(source())
     consumer, other = fanout.consumer(), fanout.consumer()
     outcome: dict[str, str] = {}
+    consumer_tasks: list[object] = [current_task()]
 
     async def wait_for_next(name: str, consumer: FanoutConsumer[str]) -> None:
+        consumer_tasks.append(current_task())
         try:
             await anext(consumer)
         except StopAsyncIteration:
@@ -565,33 +712,38 @@ async def test_aclose_ends_a_busy_polling_pull_a_consumer_drives() -> None:
         assert await anext(consumer) == "warm-up"
         assert await anext(other) == "warm-up"
         async with anyio.create_task_group() as tg:
-            tg.start_soon(wait_for_next, "driver", consumer)
+            tg.start_soon(wait_for_next, "starter", consumer)
             await polling.wait()
             tg.start_soon(wait_for_next, "other", other)
-            await wait_until_waiting(fanout, 1)
-            assert driven(fanout)
+            await wait_until_waiting(fanout, 2)
+            assert fanout.statistics().pulling
             await fanout.aclose()
             assert finalized.is_set()
-    assert outcome == {"driver": "ended", "other": "ended"}
-    assert len(step_tasks) == 1
-    assert finally_tasks == list(step_tasks)  # closed in the pump, once
+    assert outcome == {"starter": "ended", "other": "ended"}
+    # Cancelled, not given up: a pull aclose() left polling would raise PollGaveUp.
+    assert [type(error) for error in through_source] == [
+        anyio.get_cancelled_exc_class()
+    ]
+    assert len(finally_tasks) == 1
+    assert finally_tasks[0] is pull_tasks.current  # ended inside the pull's task
+    pull_tasks.check(consumer_tasks, pulls=2)
     assert not fanout.statistics().pulling
     await anyio.wait_all_tasks_blocked()
-    assert running_tasks() == baseline  # the pump is gone
+    assert running_tasks() == baseline  # no pull task is left
     with anyio.fail_after(TIMEOUT):
         with pytest.raises(StopAsyncIteration):
             await anext(consumer)
 
 
-# --- 5. closing the driving consumer ---------------------------------------------
+# --- 5. closing the consumer that started a pull ----------------------------------
 
 
-async def test_closing_the_driving_consumer_ends_it_and_spares_the_others() -> None:
-    """Closed from another task while it drives a pull, the driver's pending
-    ``anext`` ends; the others get every item; once the source is exhausted
-    nothing is left (no consumer, no buffered item, no pull, no pump)."""
+async def test_closing_the_consumer_that_started_a_pull_spares_the_others() -> None:
+    """Closed from another task while the pull its call started polls, that
+    consumer's pending ``anext`` ends; the pull goes on and the others get
+    every item; once the source is exhausted nothing is left (no consumer,
+    no buffered item, no pull, no task)."""
     reached, go, finalized = anyio.Event(), anyio.Event(), anyio.Event()
-    fanout: Fanout[int] | None = None
 
     async def source() -> AsyncIterator[int]:
         give_up_at = anyio.current_time() + TIMEOUT
@@ -600,8 +752,7 @@ async def test_closing_the_driving_consumer_ends_it_and_spares_the_others() -> N
                 await anyio.lowlevel.checkpoint()
                 if number == TARGET:
                     await anyio.lowlevel.checkpoint()
-                    if driven(fanout):
-                        reached.set()
+                    reached.set()
                     while not go.is_set():
                         await poll(give_up_at)
                 await checkpoints(K - 1)
@@ -612,19 +763,19 @@ async def test_closing_the_driving_consumer_ends_it_and_spares_the_others() -> N
     await anyio.wait_all_tasks_blocked()
     baseline = running_tasks()
     fanout = Fanout(source())
-    driver = fanout.consumer()
+    starter = fanout.consumer()
     others = [fanout.consumer() for _ in range(3)]
     other_items: list[list[int]] = [[] for _ in others]
-    driver_items: list[int] = []
-    driver_end: list[str] = []
+    starter_items: list[int] = []
+    starter_end: list[str] = []
 
-    async def run_driver() -> None:
-        while len(driver_items) < TARGET:
-            driver_items.append(await anext(driver))
+    async def run_starter() -> None:
+        while len(starter_items) < TARGET:  # it starts these pulls alone
+            starter_items.append(await anext(starter))
         try:
-            driver_items.append(await anext(driver))
+            starter_items.append(await anext(starter))  # starts pull TARGET
         except StopAsyncIteration:
-            driver_end.append("ended")
+            starter_end.append("ended")
 
     async def run_other(index: int) -> None:
         async for item in others[index]:
@@ -632,17 +783,18 @@ async def test_closing_the_driving_consumer_ends_it_and_spares_the_others() -> N
 
     with anyio.fail_after(TIMEOUT):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(run_driver)
+            tg.start_soon(run_starter)
             await reached.wait()
+            assert fanout.statistics().waiting == 1  # the starter waits for it
             for index in range(len(others)):
                 tg.start_soon(run_other, index)
-            await wait_until_waiting(fanout, len(others))
-            assert driven(fanout)
-            driver.close()
+            await wait_until_waiting(fanout, len(others) + 1)
+            starter.close()
             assert fanout.statistics().consumers == len(others)
+            assert fanout.statistics().pulling
             go.set()
-    assert driver_end == ["ended"]
-    assert driver_items == list(range(TARGET))
+    assert starter_end == ["ended"]
+    assert starter_items == list(range(TARGET))
     assert other_items == [list(range(N_ITEMS))] * len(others)
     assert finalized.is_set()
     statistics = fanout.statistics()
@@ -653,27 +805,30 @@ async def test_closing_the_driving_consumer_ends_it_and_spares_the_others() -> N
     )
     with anyio.fail_after(TIMEOUT):
         with pytest.raises(StopAsyncIteration):
-            await anext(driver)
+            await anext(starter)
         await anyio.wait_all_tasks_blocked()
-    assert running_tasks() == baseline  # the pump is gone
+    assert running_tasks() == baseline  # no pull task is left
 
 
-async def test_closing_the_only_consumer_while_it_drives_lets_the_pull_finish() -> None:
+async def test_closing_the_only_consumer_lets_its_pull_finish_and_starts_no_more() -> (
+    None
+):
     """With no consumer left, the pull in flight still completes (nothing stays
-    half-pulled) and no further pull starts."""
+    half-pulled), no further pull starts and no task is left."""
     reached, go, finalized = anyio.Event(), anyio.Event(), anyio.Event()
-    fanout: Fanout[str] | None = None
+    polled: list[str] = []
 
     async def source() -> AsyncIterator[str]:
         give_up_at = anyio.current_time() + TIMEOUT
         try:
             yield "warm-up"
             await anyio.lowlevel.checkpoint()
-            if driven(fanout):
-                reached.set()
+            reached.set()
             while not go.is_set():
                 await poll(give_up_at)
+            polled.append("polled")
             yield "polled"
+            polled.append("never pulled")
             yield "never pulled"
         finally:
             finalized.set()
@@ -684,7 +839,7 @@ async def test_closing_the_only_consumer_while_it_drives_lets_the_pull_finish() 
     consumer = fanout.consumer()
     ended = anyio.Event()
 
-    async def drive() -> None:
+    async def read() -> None:
         with pytest.raises(StopAsyncIteration):
             await anext(consumer)
         ended.set()
@@ -692,12 +847,13 @@ async def test_closing_the_only_consumer_while_it_drives_lets_the_pull_finish() 
     with anyio.fail_after(TIMEOUT):
         assert await anext(consumer) == "warm-up"
         async with anyio.create_task_group() as tg:
-            tg.start_soon(drive)
+            tg.start_soon(read)
             await reached.wait()
             consumer.close()
             go.set()
         await ended.wait()
         await anyio.wait_all_tasks_blocked()
+    assert polled == ["polled"]
     statistics = fanout.statistics()
     assert (
         statistics.consumers,
@@ -705,7 +861,7 @@ async def test_closing_the_only_consumer_while_it_drives_lets_the_pull_finish() 
         statistics.pulling,
         statistics.pulled,
     ) == (0, 0, False, 2)
-    assert running_tasks() == baseline  # the pump ended: nobody is left
+    assert running_tasks() == baseline  # the pull ended: nobody is left
     assert not finalized.is_set()
     with anyio.fail_after(TIMEOUT):
         await fanout.aclose()
@@ -722,26 +878,26 @@ GATE_EVERY = 100
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 async def test_random_cancellations_of_many_consumers_lose_nothing(seed: int) -> None:
     """Consumers cancelled before the call, from other consumers at random
-    moments (mostly while some consumer drives a pull), or by a controller
-    while everyone is blocked: each still gets exactly the full sequence."""
+    moments, or by a controller while everyone waits for a parked pull: each
+    still gets exactly the full sequence, and every pull stays in its task."""
     send, receive = anyio.create_memory_object_stream[None](math.inf)
     through_source: list[BaseException] = []
     finalized = anyio.Event()
-    # Per pull, whether each step after a checkpoint ran in a driving consumer.
-    pulls: list[tuple[bool, ...]] = []
+    pull_tasks = PullTasks()
     fanout: Fanout[int] | None = None
 
     async def source() -> AsyncIterator[int]:
         try:
             for number in range(ITEMS):
-                steps: list[bool] = []
+                pull_tasks.begin()
                 for _ in range(K):
                     await anyio.lowlevel.checkpoint()
-                    steps.append(driven(fanout))
-                pulls.append(tuple(steps))
+                    pull_tasks.step()
                 if number % GATE_EVERY == GATE_EVERY - 1:
                     await receive.receive()  # everyone blocks: the controller acts
+                    pull_tasks.step()
                 yield number
+            pull_tasks.begin()
         except BaseException as error:
             through_source.append(error)
             raise
@@ -752,17 +908,22 @@ async def test_random_cancellations_of_many_consumers_lose_nothing(seed: int) ->
     consumers = [fanout.consumer() for _ in range(MANY)]
     received: list[list[int]] = [[] for _ in range(MANY)]
     scopes: list[anyio.CancelScope | None] = [None] * MANY
-    cancellations = [0]
+    # Cancellations of a consumer's pending call, and those made mid-pull.
+    cancellations = [0, 0]
     controller_rng = random.Random(seed)
+    consumer_tasks: list[object] = []
 
     def cancel_some(rng: random.Random, count: int) -> None:
+        assert fanout is not None
         for _ in range(count):
             scope = scopes[rng.randrange(MANY)]
             if scope is not None and not scope.cancel_called:
                 scope.cancel()
                 cancellations[0] += 1
+                cancellations[1] += fanout.statistics().pulling
 
     async def consume(index: int) -> None:
+        consumer_tasks.append(current_task())
         rng = random.Random(seed * 1000 + index)
         consumer = consumers[index]
         items = received[index]
@@ -803,10 +964,8 @@ async def test_random_cancellations_of_many_consumers_lose_nothing(seed: int) ->
     assert bad == []
     assert through_source == []
     assert finalized.is_set()
-    # The run did exercise driven pulls, and drivers leaving mid-pull.
-    assert any(all(steps) for steps in pulls)
-    assert any(steps[0] and not steps[-1] for steps in pulls)
-    assert cancellations[0] > 0
+    assert cancellations[1] > 0  # some consumers were cancelled mid-pull
+    pull_tasks.check(consumer_tasks, pulls=ITEMS + 1)
     statistics = fanout.statistics()
     assert (statistics.consumers, statistics.buffered, statistics.pulling) == (
         0,
@@ -823,25 +982,35 @@ class SourceFailure(Exception):
     pass
 
 
-async def test_source_error_inside_a_driven_pull_reaches_every_consumer() -> None:
-    """Raised after some checkpoints of a pull a consumer drives, the error
+async def test_a_source_error_after_several_checkpoints_reaches_every_consumer() -> (
+    None
+):
+    """Raised after some checkpoints of a pull, in that pull's task, the error
     reaches every consumer after the earlier items, with its own type."""
-    driven_at_raise: list[bool] = []
-    fanout: Fanout[int] | None = None
+    pull_tasks = PullTasks()
+    raised_in: list[object] = []
 
     async def source() -> AsyncIterator[int]:
         for number in range(3):
-            await checkpoints(K)
+            pull_tasks.begin()
+            for _ in range(K):
+                await anyio.lowlevel.checkpoint()
+                pull_tasks.step()
             yield number
-        await checkpoints(K)
-        driven_at_raise.append(driven(fanout))
-        raise SourceFailure("failed inside a driven pull")
+        pull_tasks.begin()
+        for _ in range(K):
+            await anyio.lowlevel.checkpoint()
+            pull_tasks.step()
+        raised_in.append(current_task())
+        raise SourceFailure("failed after several checkpoints of a pull")
 
     fanout = Fanout(source())
     consumers = [fanout.consumer() for _ in range(4)]
     outcomes: dict[int, tuple[list[int], BaseException | None]] = {}
+    consumer_tasks: list[object] = [current_task()]
 
     async def consume(index: int) -> None:
+        consumer_tasks.append(current_task())
         items: list[int] = []
         error: BaseException | None = None
         try:
@@ -858,10 +1027,12 @@ async def test_source_error_inside_a_driven_pull_reaches_every_consumer() -> Non
         for consumer in consumers:
             with pytest.raises(StopAsyncIteration):
                 await anext(consumer)
-    assert driven_at_raise == [True]
+    assert raised_in == [pull_tasks.current]
+    pull_tasks.check(consumer_tasks, pulls=4)
     for index in range(len(consumers)):
         items, error = outcomes[index]
         assert items == [0, 1, 2]
         assert type(error) is SourceFailure
-        assert str(error) == "failed inside a driven pull"
-    assert not fanout.statistics().pulling
+        assert str(error) == "failed after several checkpoints of a pull"
+    stats = fanout.statistics()
+    assert (stats.pulling, stats.consumers, stats.pulled) == (False, 0, 3)
