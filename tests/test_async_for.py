@@ -305,8 +305,7 @@ def comparable(items: list[Any]) -> list[Any]:
 async def test_fanout_async_for_yields_exactly_what_anext_yields(
     checkpoints: int,
 ) -> None:
-    """``async for`` yields what ``anext`` does, in order: buffered items, items it
-    pulls, items it waits for; it pulls nothing ahead of its demand."""
+    """``async for`` yields what ``anext`` does and pulls nothing ahead of demand."""
     source = Feed(checkpoints=checkpoints)
     fanout = Fanout(source)
     reference, subject = fanout.consumer(), fanout.consumer()
@@ -348,9 +347,8 @@ async def test_fanout_async_for_yields_exactly_what_anext_yields(
 async def test_fanout_concurrent_async_for_loops_each_get_everything_once(
     checkpoints: int,
 ) -> None:
-    """Five consumers, each reading at its own pace in ``async for`` loops that it
-    leaves and re-enters every k items, each receive every item once, in order;
-    the source sees one pull at a time and no pull beyond the demand."""
+    """Concurrent loops, left and re-entered every k items, each get all items once."""
+    # Five paces; the source sees one pull at a time and none beyond the demand.
     n, burst = 60, 10
     source = Feed(checkpoints=checkpoints)
     fanout = Fanout(source)
@@ -385,9 +383,7 @@ async def test_fanout_concurrent_async_for_loops_each_get_everything_once(
 async def test_fanout_leaving_a_loop_then_iterating_again_continues_at_the_next_item(
     leave: Leaving,
 ) -> None:
-    """Left (break, an exception from the body, or a cancellation in the body)
-    right after a buffered, a pulled or an awaited item, a loop leaves the
-    consumer where it was: the next loop or ``anext`` gets the next item."""
+    """A loop left by break, raise or cancel leaves the consumer at the next item."""
     source = Feed()
     fanout = Fanout(source)
     reference, subject = fanout.consumer(), fanout.consumer()
@@ -419,9 +415,7 @@ async def test_fanout_leaving_a_loop_then_iterating_again_continues_at_the_next_
 async def test_fanout_anext_and_async_for_loops_share_the_consumers_one_position() -> (
     None
 ):
-    """``aiter(consumer)`` is the consumer: loops over it (nested ones too) and
-    ``anext`` calls in their bodies take turns on its one position, each item
-    once, in order, whether buffered, pulled or awaited."""
+    """Loops over a consumer and ``anext`` calls in them share its one position."""
     source = Feed()
     fanout = Fanout(source)
     reference, subject = fanout.consumer(), fanout.consumer()
@@ -467,10 +461,9 @@ async def test_fanout_anext_and_async_for_loops_share_the_consumers_one_position
 async def test_fanout_cancelled_async_for_loses_nothing_and_keeps_the_source_open(
     role: str,
 ) -> None:
-    """An ``async for`` cancelled while it waits, whether its own demand started the
-    pull or another consumer's did, loses nothing for it or the other consumer
-    and leaves the pull and the source alone; a new loop gets the item it would
-    have got."""
+    """A loop cancelled while it waits loses nothing and leaves the pull alone."""
+    # Whether its own demand started the pull or another consumer's did; a new
+    # loop gets the item it would have got, and the source stays open.
     source = Feed()
     fanout = Fanout(source)
     victim, other = fanout.consumer(), fanout.consumer()
@@ -530,11 +523,10 @@ async def test_fanout_cancelled_async_for_loses_nothing_and_keeps_the_source_ope
 
 
 async def test_fanout_loop_cancelled_during_the_pull_it_started_loses_nothing() -> None:
-    """An ``async for`` cancelled while the pull its demand started polls across
-    checkpoints (in a task that is not the loop's) leaves the pull alone: the
-    source neither sees the cancellation nor is closed, the other consumer
-    gets every item, and a new loop on the cancelled consumer starts with the
-    item that was being pulled."""
+    """A loop cancelled during the pull it started loses nothing; the pull goes on."""
+    # The pull polls across checkpoints in a task that is not the loop's; the
+    # source neither sees the cancellation nor is closed; a new loop starts with
+    # the item that was being pulled.
     reached, go = anyio.Event(), anyio.Event()
     through_source: list[BaseException] = []
     finally_runs: list[int] = []
@@ -612,8 +604,7 @@ async def test_fanout_loop_cancelled_during_the_pull_it_started_loses_nothing() 
 async def test_fanout_lagged_ends_the_loop_and_the_next_starts_at_the_oldest_item() -> (
     None
 ):
-    """on_lag="error": :exc:`Lagged` ends the ``async for`` loop, not the consumer;
-    a new loop continues at the oldest item still held, then pulls on."""
+    """``Lagged`` ends the loop, not the consumer; the next loop reads the oldest."""
     source = Feed()
     source.feed(*range(12))
     fanout = Fanout(source, max_lag=2, on_lag="error")
@@ -643,8 +634,7 @@ async def test_fanout_lagged_ends_the_loop_and_the_next_starts_at_the_oldest_ite
 
 
 async def test_fanout_loops_under_backpressure_receive_everything() -> None:
-    """on_lag="wait": ``async for`` consumers never take the log past max_lag,
-    stop there until the slowest reads, and all receive every item."""
+    """Loops under on_lag="wait" never pass max_lag, and all get every item."""
     max_lag, n = 2, 30
     source = Feed()
     source.feed(*range(n))
@@ -693,9 +683,9 @@ async def test_fanout_loops_under_backpressure_receive_everything() -> None:
 async def test_fanout_source_error_reaches_async_for_after_the_items_before_it(
     when: str,
 ) -> None:
-    """A source error, raised in a pull the loop makes itself or one it waits for,
-    ends the ``async for`` after the items before it, with the error itself; it
-    reaches a consumer still behind the same way; both consumers then end."""
+    """A source error ends ``async for`` after the items before it, for everyone."""
+    # Raised in a pull the loop makes itself or in one it waits for; a consumer
+    # still behind gets it the same way, with the error itself; both then end.
     source = Feed()
     fanout = Fanout(source)
     first, behind = fanout.consumer(), fanout.consumer()
@@ -731,8 +721,9 @@ async def test_fanout_source_error_reaches_async_for_after_the_items_before_it(
 
 
 async def test_fanout_loop_over_an_ended_consumer_ends_at_once_without_a_pull() -> None:
-    """``async for`` over a closed consumer, or over any consumer of a closed
-    fan-out, ends at once without pulling, even with items ready at the source."""
+    """A loop over an ended consumer ends at once, without a pull."""
+    # A closed consumer, or any consumer of a closed fan-out, even with items
+    # ready at the source.
     source = Feed()
     fanout = Fanout(source)
     reader, closed = fanout.consumer(), fanout.consumer()
@@ -755,9 +746,9 @@ async def test_fanout_loop_over_an_ended_consumer_ends_at_once_without_a_pull() 
 async def test_a_fanout_consumer_left_by_async_for_is_freed_by_reference_counting(
     left: str,
 ) -> None:
-    """A consumer whose loop was left (break after a buffered, a pulled or an awaited
-    item, or a cancellation) is freed, and leaves the fan-out, as soon as it is
-    dropped: by reference counting, with the collector off."""
+    """A consumer a loop left is freed, and leaves, by refcounting once dropped."""
+    # Left by break after a buffered, a pulled or an awaited item, or by a
+    # cancellation; freed with the collector off.
     source = Feed()
     fanout = Fanout(source)
     other = fanout.consumer()
@@ -808,9 +799,7 @@ async def test_a_fanout_consumer_left_by_async_for_is_freed_by_reference_countin
 async def test_a_subscription_consumer_left_by_async_for_is_released_when_dropped() -> (
     None
 ):
-    """A SubscriptionConsumer whose loop was left with break releases its pool
-    reference as soon as it is dropped: by reference counting, with the
-    collector off."""
+    """A subscription consumer a loop left is released by refcounting once dropped."""
     stub = make_stub()
     events = [ev("worker-added", meta()) for _ in range(3)]
     async with SubscriptionPool() as pool:
@@ -840,9 +829,9 @@ async def test_a_subscription_consumer_left_by_async_for_is_released_when_droppe
 async def test_subscription_loop_yields_replay_buffered_and_live_events_in_order() -> (
     None
 ):
-    """A SubscriptionConsumer's ``async for`` yields what ``anext`` does: buffered
-    events, then ones it waits for; a late joiner's loop finishes its replay
-    before the live events buffered meanwhile."""
+    """A subscription loop yields what ``anext`` does: replay, buffered, live."""
+    # A late joiner's loop finishes its replay before the live events buffered
+    # meanwhile.
     stub = make_stub()
     workers = [meta() for _ in range(7)]
     events = [ev("worker-added", worker) for worker in workers]
@@ -885,9 +874,7 @@ async def test_subscription_loop_yields_replay_buffered_and_live_events_in_order
 async def test_subscription_concurrent_async_for_loops_each_get_everything_once() -> (
     None
 ):
-    """Four SubscriptionConsumers reading at different paces in ``async for``
-    loops that they leave and re-enter every k events each receive every event
-    once, in order, from one iteration of the raw subscriber."""
+    """Concurrent subscription loops, left and re-entered, each get all events once."""
     stub = make_stub()
     n, burst = 20, 5
     events = [ev("worker-added", meta()) for _ in range(n)]
@@ -924,9 +911,7 @@ async def test_subscription_concurrent_async_for_loops_each_get_everything_once(
 
 
 async def test_subscription_async_for_keeps_the_view_a_resync_diffs_against() -> None:
-    """Events an ``async for`` reads from the buffer count in the consumer's view:
-    after it lags, its next loop yields exactly the diff from what it was told,
-    then the live events."""
+    """Events a loop reads count in the view a later resync diffs against."""
     stub = cast(
         "type[StreamStub]",
         shared_subscription(max_lag=2)(
@@ -973,9 +958,7 @@ async def test_subscription_async_for_keeps_the_view_a_resync_diffs_against() ->
 async def test_subscription_source_error_ends_the_loop_after_the_events_before_it() -> (
     None
 ):
-    """An error of the raw stream ends a SubscriptionConsumer's ``async for`` after
-    the events before it, with the error itself, also for a consumer reading
-    them from the buffer; each consumer then ends and the entry is released."""
+    """A raw stream error ends subscription loops after the events before it."""
     stub = make_stub()
     events = [ev("worker-added", meta()) for _ in range(3)]
     error = ValueError("boom")
@@ -1010,9 +993,7 @@ async def test_subscription_source_error_ends_the_loop_after_the_events_before_i
 
 
 async def test_subscription_consumer_outlives_a_left_loop_until_aclose() -> None:
-    """Leaving ``async for`` (break, an exception or a cancellation in the body)
-    does not end a SubscriptionConsumer: a new loop gets the next events;
-    ``aclose()`` then ends it and, as its last consumer, releases the entry."""
+    """Leaving a loop does not end a subscription consumer; ``aclose()`` does."""
     stub = make_stub()
     events = [ev("worker-added", meta()) for _ in range(6)]
     async with SubscriptionPool() as pool:
@@ -1050,9 +1031,7 @@ async def test_subscription_consumer_outlives_a_left_loop_until_aclose() -> None
 
 
 async def test_subscription_cancelled_async_for_ends_only_that_consumer() -> None:
-    """A SubscriptionConsumer whose ``async for`` is cancelled while its demand's
-    pull is in flight ends and releases its reference (as a cancelled ``anext``
-    does); the other consumer loses nothing and the raw stream stays open."""
+    """A subscription loop cancelled while it waits ends only its own consumer."""
     stub = make_stub()
     events = [ev("worker-added", meta()) for _ in range(3)]
     async with SubscriptionPool() as pool:
@@ -1095,8 +1074,7 @@ async def test_subscription_cancelled_async_for_ends_only_that_consumer() -> Non
 
 
 async def test_fanout_aiter_returns_the_consumer_and_pulls_nothing() -> None:
-    """``aiter(consumer)`` is the consumer itself; it pulls nothing and starts no
-    task; the first ``anext`` pulls one item."""
+    """``aiter()`` returns the fan-out consumer itself and pulls nothing."""
     await settle()
     baseline = running_tasks()
     source = Feed()
@@ -1125,8 +1103,7 @@ async def test_fanout_aiter_returns_the_consumer_and_pulls_nothing() -> None:
 
 
 async def test_subscription_aiter_returns_the_consumer_and_joins_nothing() -> None:
-    """``aiter()`` on a SubscriptionConsumer returns it and builds, attaches and
-    registers nothing; the consumer joins at its first ``anext``."""
+    """``aiter()`` returns the subscription consumer itself and joins nothing."""
     stub = make_stub()
     async with SubscriptionPool() as pool:
         consumer = aiter(subscribe(stub))
@@ -1157,9 +1134,7 @@ async def test_subscription_aiter_returns_the_consumer_and_joins_nothing() -> No
 async def test_aclose_of_the_iterator_a_loop_used_closes_the_consumer(
     kind: str,
 ) -> None:
-    """The iterator ``async for`` uses is the consumer, so its ``aclose()``
-    ends the consumer: a later loop over it yields nothing, even with items
-    ready at the source."""
+    """``aclose()`` of the iterator a loop used closes the consumer itself."""
     async with buffered_consumer(kind) as (consumer, expected, more):
         iterator = aiter(consumer)
         assert iterator is consumer
@@ -1179,9 +1154,7 @@ async def test_aclose_of_the_iterator_a_loop_used_closes_the_consumer(
 async def test_a_loop_over_a_consumer_another_task_waits_on_raises_busy(
     kind: str,
 ) -> None:
-    """While one task's ``async for`` waits on a consumer, another task's loop
-    over it raises :exc:`~anyio.BusyResourceError` at once and receives
-    nothing; the waiting loop loses nothing and the consumer goes on."""
+    """A loop over a consumer another task waits on raises BusyResourceError."""
     async with buffered_consumer(kind) as (consumer, expected, more):
         got: list[Any] = []
 

@@ -143,8 +143,8 @@ async def wait_until_waiting(fanout: Fanout[Any], n: int) -> None:
 async def test_every_step_of_every_pull_runs_in_that_pulls_task_never_a_consumers(
     gated: bool,
 ) -> None:
-    """Before and after each checkpoint of every pull (and after a task-bound wait
-    with ``gated``) the source runs in one task per pull, never a consumer's."""
+    """Each pull runs all its steps in one task of its own, never a consumer's."""
+    # Checked before and after each checkpoint, and after a task-bound wait (gated).
     send, receive = anyio.create_memory_object_stream[int](math.inf)
     pull_tasks = PullTasks()
 
@@ -186,8 +186,7 @@ async def test_every_step_of_every_pull_runs_in_that_pulls_task_never_a_consumer
 async def test_pulls_that_suspend_share_one_context_and_leave_the_consumers_alone() -> (
     None
 ):
-    """A context variable the source sets before a checkpoint is visible after it
-    and in later pulls; the consumers' own values are never touched."""
+    """All pulls run in one context; the consumers' own context values stay theirs."""
     var: contextvars.ContextVar[tuple[str, int]] = contextvars.ContextVar(
         "var", default=("unset", 0)
     )
@@ -246,10 +245,10 @@ TARGET = 3
 async def test_cancelling_the_consumer_that_started_a_multi_step_pull_loses_nothing(
     cancel_at: int, cancelled_before_the_call: bool
 ) -> None:
-    """Cancelled while the pull its call started polls at checkpoint
-    ``cancel_at`` (or before the call), the consumer's next ``anext`` returns
-    that pull's item; everyone else gets every item once, in order; the source
-    never sees the cancellation and is not closed before it is exhausted."""
+    """Cancelling the consumer whose call started a polling pull loses nothing."""
+    # Cancelled at checkpoint ``cancel_at`` of the pull (or before the call): its
+    # next anext returns that pull's item, the others get every item once, and the
+    # source never sees the cancellation nor is closed before it is exhausted.
     reached, go, finalized = anyio.Event(), anyio.Event(), anyio.Event()
     through_source: list[BaseException] = []
     pull_tasks = PullTasks()
@@ -353,10 +352,10 @@ async def test_cancelling_the_consumer_that_started_a_multi_step_pull_loses_noth
 async def test_a_consumer_cancelled_by_the_pull_its_call_started_loses_nothing(
     suspends: bool,
 ) -> None:
-    """The source cancels the scope of the consumer whose ``anext`` started the
-    pull before the pull first suspends (on asyncio 3.12+ that is inside the
-    very call): that ``anext`` raises the cancellation inside the scope, with
-    no stray cancellation after it, and the next ``anext`` returns the item."""
+    """A pull cancelling its starter's scope cancels that very call; nothing lost."""
+    # Before the pull first suspends, so on asyncio 3.12+ inside the consumer's own
+    # call: the cancellation is raised there, within the scope, never at a later
+    # await; the next anext returns the item.
     victim_scope = anyio.CancelScope()
     through_source: list[BaseException] = []
 
@@ -401,9 +400,10 @@ async def test_a_consumer_cancelled_by_the_pull_its_call_started_loses_nothing(
 async def test_a_consumer_timeout_during_a_multi_step_pull_abandons_only_its_wait() -> (
     None
 ):
-    """A deadline of the consumer whose call started a busy polling pull, expiring
-    while the pull polls, ends that consumer's wait and withdraws its demand,
-    not the pull; its next ``anext`` returns the item."""
+    """A consumer's deadline expiring mid-pull abandons its wait only, not the pull."""
+    # The deadline is armed by the pull itself after K polls, so it expires while
+    # the pull polls on; the consumer's demand is withdrawn; its next anext returns
+    # the item.
     go = anyio.Event()
     through_source: list[BaseException] = []
     pull_tasks = PullTasks()
@@ -462,9 +462,9 @@ async def test_a_consumer_timeout_during_a_multi_step_pull_abandons_only_its_wai
 async def test_a_timeout_across_checkpoints_in_a_pull_fires_for_that_pull_only() -> (
     None
 ):
-    """A deadline the source sets around several checkpoints of one pull expires
-    while consumers wait: the source gets its marker, no consumer gets a stray
-    cancellation, every step stays in its pull's task, and later pulls work."""
+    """A deadline the source sets across a pull's checkpoints fires for it alone."""
+    # The source gets its marker, no consumer gets a stray cancellation, every
+    # step stays in its pull's task, and later pulls work.
     pull_tasks = PullTasks()
 
     async def source() -> AsyncIterator[str]:
@@ -530,11 +530,9 @@ async def test_a_timeout_across_checkpoints_in_a_pull_fires_for_that_pull_only()
 async def test_a_pull_polling_until_its_own_deadline_times_out_in_its_own_task() -> (
     None
 ):
-    """A pull polls until its own scope has been cancelled by its deadline. The
-    cancellation is normally delivered at a checkpoint ("timed out"); on trio
-    the source may notice the expired deadline first ("deadline seen"). Either
-    way every step stays in the pull's task, no consumer is cancelled, and
-    every consumer gets the same items."""
+    """A pull polling until its own deadline times out in its own task only."""
+    # The cancellation is normally delivered at a checkpoint ("timed out"); on
+    # trio the source may notice the expired deadline first ("deadline seen").
     pull_tasks = PullTasks()
 
     async def source() -> AsyncIterator[tuple[str, int]]:
@@ -595,10 +593,9 @@ async def test_a_pull_polling_until_its_own_deadline_times_out_in_its_own_task()
 async def test_a_pull_scope_cancelled_from_outside_raises_at_the_pulls_checkpoint() -> (
     None
 ):
-    """A cancel scope entered by the source, cancelled from another task while
-    the pull polls, raises at the checkpoint the pull is suspended at, as in
-    any task: the pull does not take another step first (it would see the
-    stop flag set alongside), and no consumer is cancelled."""
+    """A pull's scope cancelled from outside raises at the checkpoint it waits in."""
+    # The pull takes no further step first (it would see the stop flag set
+    # alongside), and no consumer is cancelled.
     scopes: list[anyio.CancelScope] = []
     stops = [anyio.Event() for _ in range(3)]
     polling = [anyio.Event() for _ in range(3)]
@@ -666,10 +663,9 @@ async def test_a_pull_scope_cancelled_from_outside_raises_at_the_pulls_checkpoin
 
 
 async def test_aclose_ends_a_busy_polling_pull_and_every_pending_consumer() -> None:
-    """``aclose()`` cancels the pull where it polls and returns; the source's
-    ``finally`` runs once, in the pull's task; the pending ``anext`` of the
-    consumer that started the pull and of the one waiting beside it end; no
-    pull or task remains."""
+    """aclose() cancels a polling pull in its task and ends every pending consumer."""
+    # The pending anext of the pull's starter and of the consumer beside it end;
+    # the source's finally runs once, in the pull's task; no pull or task remains.
     polling, finalized = anyio.Event(), anyio.Event()
     finally_tasks: list[object] = []
     through_source: list[BaseException] = []
@@ -739,10 +735,9 @@ async def test_aclose_ends_a_busy_polling_pull_and_every_pending_consumer() -> N
 
 
 async def test_closing_the_consumer_that_started_a_pull_spares_the_others() -> None:
-    """Closed from another task while the pull its call started polls, that
-    consumer's pending ``anext`` ends; the pull goes on and the others get
-    every item; once the source is exhausted nothing is left (no consumer,
-    no buffered item, no pull, no task)."""
+    """Closing the consumer that started a pull ends it; the pull serves the rest."""
+    # Closed from another task while its pull polls; once the source is exhausted
+    # nothing is left: no consumer, no buffered item, no pull, no task.
     reached, go, finalized = anyio.Event(), anyio.Event(), anyio.Event()
 
     async def source() -> AsyncIterator[int]:
@@ -768,6 +763,7 @@ async def test_closing_the_consumer_that_started_a_pull_spares_the_others() -> N
     other_items: list[list[int]] = [[] for _ in others]
     starter_items: list[int] = []
     starter_end: list[str] = []
+    starter_out = anyio.Event()
 
     async def run_starter() -> None:
         while len(starter_items) < TARGET:  # it starts these pulls alone
@@ -776,6 +772,7 @@ async def test_closing_the_consumer_that_started_a_pull_spares_the_others() -> N
             starter_items.append(await anext(starter))  # starts pull TARGET
         except StopAsyncIteration:
             starter_end.append("ended")
+        starter_out.set()
 
     async def run_other(index: int) -> None:
         async for item in others[index]:
@@ -791,9 +788,10 @@ async def test_closing_the_consumer_that_started_a_pull_spares_the_others() -> N
             await wait_until_waiting(fanout, len(others) + 1)
             starter.close()
             assert fanout.statistics().consumers == len(others)
-            assert fanout.statistics().pulling
+            await starter_out.wait()  # its pending anext ended at the close...
+            assert starter_end == ["ended"]
+            assert fanout.statistics().pulling  # ...while the pull goes on
             go.set()
-    assert starter_end == ["ended"]
     assert starter_items == list(range(TARGET))
     assert other_items == [list(range(N_ITEMS))] * len(others)
     assert finalized.is_set()
@@ -813,8 +811,7 @@ async def test_closing_the_consumer_that_started_a_pull_spares_the_others() -> N
 async def test_closing_the_only_consumer_lets_its_pull_finish_and_starts_no_more() -> (
     None
 ):
-    """With no consumer left, the pull in flight still completes (nothing stays
-    half-pulled), no further pull starts and no task is left."""
+    """With its only consumer closed, the pull in flight finishes; no other starts."""
     reached, go, finalized = anyio.Event(), anyio.Event(), anyio.Event()
     polled: list[str] = []
 
@@ -850,8 +847,9 @@ async def test_closing_the_only_consumer_lets_its_pull_finish_and_starts_no_more
             tg.start_soon(read)
             await reached.wait()
             consumer.close()
+            await ended.wait()  # its pending anext ended at the close...
+            assert fanout.statistics().pulling  # ...while the pull goes on
             go.set()
-        await ended.wait()
         await anyio.wait_all_tasks_blocked()
     assert polled == ["polled"]
     statistics = fanout.statistics()
@@ -868,6 +866,47 @@ async def test_closing_the_only_consumer_lets_its_pull_finish_and_starts_no_more
     assert finalized.is_set()
 
 
+async def test_a_consumer_closed_in_the_first_step_of_its_own_pull_ends_at_once() -> (
+    None
+):
+    """Closed before the pull its call started first suspends, a consumer ends."""
+    # Its pending anext ends while the pull is still in flight, as when it is
+    # closed at any later step; on asyncio 3.12+ that first step runs eagerly,
+    # inside the consumer's own call.
+    go = anyio.Event()
+    holder: list[FanoutConsumer[int]] = []
+
+    async def source() -> AsyncIterator[int]:
+        yield 0
+        holder[0].close()  # the consumer whose anext started this pull
+        await go.wait()
+        yield 1
+
+    fanout = Fanout(source())
+    starter, other = fanout.consumer(), fanout.consumer()
+    holder.append(starter)
+    outcome: list[str] = []
+
+    async def read() -> None:
+        try:
+            await anext(starter)
+        except StopAsyncIteration:
+            outcome.append("ended")
+        else:
+            outcome.append("item")
+
+    with anyio.fail_after(TIMEOUT):
+        assert await anext(starter) == 0
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read)
+            await anyio.wait_all_tasks_blocked()  # the pull waits for go
+            observed = (list(outcome), fanout.statistics().pulling)
+            go.set()
+        assert [item async for item in other] == [0, 1]
+    assert observed == (["ended"], True)
+    assert outcome == ["ended"]
+
+
 # --- 6. many consumers, random cancellations ---------------------------------------
 
 MANY = 50
@@ -877,9 +916,9 @@ GATE_EVERY = 100
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 async def test_random_cancellations_of_many_consumers_lose_nothing(seed: int) -> None:
-    """Consumers cancelled before the call, from other consumers at random
-    moments, or by a controller while everyone waits for a parked pull: each
-    still gets exactly the full sequence, and every pull stays in its task."""
+    """Random cancellations of many consumers lose, repeat and reorder nothing."""
+    # Cancelled before the call, by other consumers at random moments, or by a
+    # controller while everyone waits for a parked pull.
     send, receive = anyio.create_memory_object_stream[None](math.inf)
     through_source: list[BaseException] = []
     finalized = anyio.Event()
@@ -985,8 +1024,7 @@ class SourceFailure(Exception):
 async def test_a_source_error_after_several_checkpoints_reaches_every_consumer() -> (
     None
 ):
-    """Raised after some checkpoints of a pull, in that pull's task, the error
-    reaches every consumer after the earlier items, with its own type."""
+    """A source error after several checkpoints of a pull reaches every consumer."""
     pull_tasks = PullTasks()
     raised_in: list[object] = []
 

@@ -346,14 +346,15 @@ class _FanoutState(Generic[T]):
             if not self.pulling:
                 requests = loop.cancel_requests()
                 self.start_pull(loop)
-                if not self.pulling:
-                    # The pull completed inline (an eager task). A cancel
-                    # request the source made meanwhile (say, of the
-                    # consumer's own cancel scope) is delivered here, at an
-                    # await inside this call, never after it returns.
-                    if loop.cancel_requests() > requests:
-                        await anyio.lowlevel.checkpoint()
-                    continue
+                # The pull's first step may have run inline (an eager task):
+                # a cancel request it made meanwhile (say, of the consumer's
+                # own cancel scope) is delivered here, at an await inside
+                # this call, never after it returns; and whatever it did to
+                # this consumer (an item logged, the consumer closed) is
+                # looked at again before waiting.
+                if loop.cancel_requests() > requests:
+                    await anyio.lowlevel.checkpoint()
+                continue
             arrival = self.arrival
             if arrival is None:
                 arrival = self.arrival = loop.waiters()
