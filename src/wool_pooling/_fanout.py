@@ -231,7 +231,11 @@ class _FanoutState(Generic[T]):
 
     def positions(self) -> list[int]:
         """The seq of every registered consumer's next item."""
-        return [consumer._node[2] for consumer in self.live()]
+        return [
+            node[2]
+            for consumer in self.live()
+            if (node := consumer._node) is not _ENDED
+        ]
 
     def buffered(self) -> int:
         if self.end is not None and self.end.closed:
@@ -253,7 +257,11 @@ class _FanoutState(Generic[T]):
         oldest = end - max_lag
         slowest = end
         for consumer in self.live():
+            # A finaliser run by garbage collection at any allocation below
+            # may end this consumer: skip it then, and never trap it after.
             node = consumer._node
+            if node is _ENDED:
+                continue
             seq = node[2]
             if seq < oldest:
                 trapped = len(node) > 3
@@ -263,7 +271,9 @@ class _FanoutState(Generic[T]):
                 if trapped and node[4] is _LAGGED:
                     node[2], node[3], node[5] = oldest, kept, node[5] + oldest - seq
                 else:
-                    consumer._node = [None, None, oldest, kept, _LAGGED, oldest - seq]
+                    trap = [None, None, oldest, kept, _LAGGED, oldest - seq]
+                    if consumer._node is node:
+                        consumer._node = trap
                 seq = oldest
             if seq < slowest:
                 slowest = seq
@@ -285,8 +295,10 @@ class _FanoutState(Generic[T]):
         slowest = self.slowest
         for consumer in self.live():
             node = consumer._node
-            if node[2] == slowest and len(node) == 3:
-                consumer._node = [None, None, slowest, node, _WATCHED, None]
+            if node is not _ENDED and node[2] == slowest and len(node) == 3:
+                trap = [None, None, slowest, node, _WATCHED, None]
+                if consumer._node is node:  # not ended meanwhile (see above)
+                    consumer._node = trap
 
     def wake_space(self) -> None:
         """A slow consumer moved or left: let a wait for room look again."""
