@@ -59,7 +59,8 @@ def current_pool() -> SubscriptionPool:
 class PoolStatistics:
     """A snapshot of a pool, as returned by :meth:`SubscriptionPool.statistics`."""
 
-    #: Live entries: raw instances built and not yet finalised.
+    #: Live entries: raw instances built and not yet finalised (an entry
+    #: being finalised counts until its raw instance is closed).
     entries: int
     #: Consumers attached across all entries.
     consumers: int
@@ -102,13 +103,23 @@ class SubscriptionPool:
     bound to the event loop that first uses it.
     """
 
-    __slots__ = ("__weakref__", "_closed", "_entries", "_loop", "_retired", "_token")
+    __slots__ = (
+        "__weakref__",
+        "_closed",
+        "_closing",
+        "_entries",
+        "_loop",
+        "_retired",
+        "_token",
+    )
 
     def __init__(self) -> None:
         self._entries: dict[tuple[type, Hashable], _Entry] = {}
         # Entries no longer reachable by key (source finished) whose
         # consumers have not all been released yet.
         self._retired: set[_Entry] = set()
+        # Entries being finalised: unreachable, still counted until closed.
+        self._closing: set[_Entry] = set()
         self._closed = False
         self._loop: EventLoop | None = None
         self._token: Token[SubscriptionPool | None] | None = None
@@ -122,7 +133,7 @@ class SubscriptionPool:
         """Return a snapshot of entries and attached consumers."""
         live = [*self._entries.values(), *self._retired]
         return PoolStatistics(
-            entries=len(live),
+            entries=len(live) + len(self._closing),
             consumers=sum(entry.refs for entry in live),
             idle=sum(1 for entry in live if entry.refs == 0),
         )
@@ -278,6 +289,7 @@ class SubscriptionPool:
         if self._entries.get(entry.key) is entry:
             del self._entries[entry.key]
         self._retired.discard(entry)
+        self._closing.add(entry)
         if entry.expiry is not None:
             entry.expiry.cancel()
             entry.expiry = None
@@ -288,6 +300,7 @@ class SubscriptionPool:
                 logger.exception("error closing the source of %r", entry.raw)
             await _close_raw(entry.raw)
         finally:
+            self._closing.discard(entry)
             entry.finalized.set()
 
 
