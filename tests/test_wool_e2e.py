@@ -31,6 +31,7 @@ from typing import Any
 import anyio
 import pytest
 import wool
+from _loops import TEST_LOOP
 from _loops import asyncio_options
 from anyio.abc import TaskStatus
 from e2e_routines import add
@@ -57,7 +58,16 @@ DEADLINE = 20
 @pytest.fixture(scope="module")
 def anyio_backend() -> tuple[str, dict[str, Any]]:
     """wool is asyncio-only: run this module on asyncio (see ``_loops``), in
-    one loop."""
+    one loop.
+
+    Under ``WOOL_POOLING_TEST_LOOP=eager`` this module runs on a plain loop:
+    wool 0.15.7 itself fails under ``asyncio.eager_task_factory`` (its own
+    task factory wraps every task, and a bare ``wool.WorkerPool`` dispatch
+    inside an anyio task group raises "Attempted to exit a cancel scope that
+    isn't the current task's current cancel scope", without this library).
+    """
+    if TEST_LOOP == "eager":
+        return ("asyncio", {})
     return ("asyncio", asyncio_options())
 
 
