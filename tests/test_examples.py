@@ -29,3 +29,24 @@ def test_custom_discovery_example_shares_one_subscription() -> None:
     assert completed.stdout.splitlines()[3:] == [
         "after both pools exit: entries=0 consumers=0"
     ]
+
+
+def test_demo_under_trio_without_trio_says_how_to_get_it() -> None:
+    """``python -m wool_pooling --backend trio`` without trio installed exits
+    with a line naming the ``trio`` extra, not a traceback."""
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.modules['trio'] = None; "
+            "sys.argv = ['wool_pooling', '--backend', 'trio']; "
+            "from wool_pooling.__main__ import _cli; _cli()",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert completed.returncode == 2
+    assert 'pip install "wool-pooling[trio]"' in completed.stderr
+    assert "Traceback" not in completed.stderr

@@ -6,6 +6,7 @@ Run with ``python -m wool_pooling`` (add ``--backend trio`` to run under trio).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import uuid
 from collections.abc import AsyncIterator
 from typing import cast
@@ -111,6 +112,8 @@ def _cli() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
     options = parser.parse_args()
+    if options.backend == "trio" and importlib.util.find_spec("trio") is None:
+        parser.error('--backend trio needs trio: pip install "wool-pooling[trio]"')
     print(f"wool-pooling demo on {options.backend}")
     anyio.run(main, backend=options.backend)
 
