@@ -145,11 +145,15 @@ class EventLoop:
 
         :raises RuntimeError: naming ``what``, bound to this loop.
         """
+        loop = self._loop_ref()
         try:
-            here = current_loop()
-        except RuntimeError:
-            here = None
-        if here is not self:
+            if self.backend == "asyncio":
+                current: object = asyncio.get_running_loop()
+            else:
+                current = sys.modules["trio"].lowlevel.current_trio_token()
+        except (RuntimeError, KeyError):
+            current = None
+        if current is None or current is not loop:
             raise RuntimeError(
                 f"{what} is bound to the event loop that first used it ({self!r}) "
                 "and cannot be used from another one"

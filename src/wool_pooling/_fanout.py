@@ -752,13 +752,20 @@ class FanoutConsumer(Generic[T]):
 
     async def __anext__(self) -> T:
         while True:
+            node = self._node
+            if (
+                node[1] is None  # nothing buffered,
+                and len(node) == 3  # no trap,
+                and node is not _ENDED  # not ended,
+                and self._state.end is None  # the source goes on:
+            ):  # receive_nowait() would raise WouldBlock; wait instead
+                await self.wait_readable()
+                continue
+            del node  # a traceback (of Lagged, say) must not pin the log
             try:
                 return self.receive_nowait()
-            except anyio.WouldBlock:
-                pass
             except anyio.EndOfStream:
                 raise StopAsyncIteration from None
-            await self.wait_readable()
 
     async def wait_readable(self) -> None:
         """Wait until :meth:`receive_nowait` has an answer other than
