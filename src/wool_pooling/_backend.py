@@ -167,9 +167,7 @@ class EventLoop:
         """A new, empty set of waiters for this loop."""
         if self.backend == "asyncio":
             return _FutureWaiters(self._asyncio_loop())
-        import trio
-
-        return _TrioWaiters(trio.lowlevel.ParkingLot())
+        return _TrioWaiters()
 
     def start_pull(
         self,
@@ -260,22 +258,35 @@ class EventLoop:
 
 @final
 class _TrioWaiters:
-    """trio: a parking lot, unparked all at once."""
+    """trio: the waiting tasks, parked and rescheduled with trio's public
+    low-level API (what :class:`trio.lowlevel.ParkingLot` does, without its
+    ordering and re-parking machinery, which a one-shot wake never needs)."""
 
-    __slots__ = ("_lot", "_woken")
+    __slots__ = ("_tasks", "_woken")
 
-    def __init__(self, lot: Any) -> None:
-        self._lot = lot
+    def __init__(self) -> None:
+        self._tasks: dict[Any, None] = {}
         self._woken = False
 
     async def wait(self) -> None:
         if self._woken:
             return
-        await self._lot.park()
+        lowlevel = sys.modules["trio"].lowlevel
+        task = lowlevel.current_task()
+        self._tasks[task] = None
+
+        def abort(_: object) -> Any:
+            self._tasks.pop(task, None)
+            return lowlevel.Abort.SUCCEEDED
+
+        await lowlevel.wait_task_rescheduled(abort)
 
     def wake(self) -> None:
         self._woken = True
-        self._lot.unpark_all()
+        tasks, self._tasks = self._tasks, {}
+        reschedule = sys.modules["trio"].lowlevel.reschedule
+        for task in tasks:
+            reschedule(task)
 
 
 async def _scoped(

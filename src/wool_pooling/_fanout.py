@@ -759,7 +759,13 @@ class FanoutConsumer(Generic[T]):
                 and node is not _ENDED  # not ended,
                 and self._state.end is None  # the source goes on:
             ):  # receive_nowait() would raise WouldBlock; wait instead
-                await self.wait_readable()
+                if self._busy:
+                    raise anyio.BusyResourceError("receiving from")
+                self._busy = True
+                try:
+                    await self._state.wait_readable(self)
+                finally:
+                    self._busy = False
                 continue
             del node  # a traceback (of Lagged, say) must not pin the log
             try:
