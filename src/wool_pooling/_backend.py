@@ -174,32 +174,38 @@ class EventLoop:
         run: Callable[[Any], Coroutine[Any, Any, None]],
         arg: object,
         context: contextvars.Context,
-    ) -> PullTask:
+    ) -> tuple[PullTask, bool]:
         """Start ``run(arg)`` as a task of its own, in ``context``.
 
         On asyncio with :data:`EAGER_PULLS` its first step runs before this
-        returns. ``run`` must not raise anything but cancellation.
+        returns (an :class:`asyncio.Task` created with ``eager_start=True``,
+        what :func:`asyncio.eager_task_factory` does). ``run`` must not raise
+        anything but cancellation.
+
+        :returns: the task, and whether its first step, run inline, asked to
+            cancel the calling task (say, by cancelling a cancel scope of the
+            caller's): the caller must then let that cancellation through at
+            an await of its own, before it returns.
         """
         if self.backend == "asyncio":
             loop = self._asyncio_loop()
             if EAGER_PULLS:
-                task = asyncio.eager_task_factory(loop, run(arg), context=context)  # pyright: ignore[reportUnknownMemberType, reportAttributeAccessIssue, reportUnknownVariableType]
-            else:
-                task = loop.create_task(run(arg), context=context)
-            return task  # pyright: ignore[reportUnknownVariableType]
+                caller = asyncio.current_task()
+                before = caller.cancelling() if caller is not None else 0
+                task: asyncio.Task[None] = asyncio.Task(  # pyright: ignore[reportUnknownVariableType]
+                    run(arg),
+                    loop=loop,
+                    context=context,
+                    eager_start=True,  # pyright: ignore[reportCallIssue] (3.12+)
+                )
+                after = caller.cancelling() if caller is not None else 0
+                return task, after > before
+            return loop.create_task(run(arg), context=context), False
         import trio
 
         scope = trio.CancelScope()
         trio.lowlevel.spawn_system_task(_scoped, scope, run, arg, context=context)
-        return scope
-
-    def cancel_requests(self) -> int:
-        """How many cancellations the current asyncio task has pending (0 on trio)."""
-        if self.backend == "asyncio":
-            task = asyncio.current_task()
-            if task is not None:
-                return task.cancelling()
-        return 0
+        return scope, False
 
     def spawn(
         self,

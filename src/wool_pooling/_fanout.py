@@ -356,15 +356,13 @@ class _FanoutState(Generic[T]):
                 await space.wait()
                 continue
             if not self.pulling:
-                requests = loop.cancel_requests()
-                self.start_pull(loop)
                 # The pull's first step may have run inline (an eager task):
                 # a cancel request it made meanwhile (say, of the consumer's
                 # own cancel scope) is delivered here, at an await inside
                 # this call, never after it returns; and whatever it did to
                 # this consumer (an item logged, the consumer closed) is
                 # looked at again before waiting.
-                if loop.cancel_requests() > requests:
+                if self.start_pull(loop):
                     await anyio.lowlevel.checkpoint()
                 continue
             arrival = self.arrival
@@ -377,13 +375,16 @@ class _FanoutState(Generic[T]):
                 if self.arrival is arrival:  # not woken: withdraw the demand
                     self.waiting -= 1
 
-    def start_pull(self, loop: EventLoop) -> None:
+    def start_pull(self, loop: EventLoop) -> bool:
+        """Start a pull; return whether its inline first step asked to
+        cancel the calling task (see :meth:`EventLoop.start_pull`)."""
         self.pulling = True
         context = self.context
         assert context is not None
-        task = loop.start_pull(_run_pull, weakref.ref(self), context)
+        task, cancel_requested = loop.start_pull(_run_pull, weakref.ref(self), context)
         if self.pulling:  # not completed inline
             self.pull = task
+        return cancel_requested
 
     def pulled(self, item: T) -> None:
         self.pulling = False
