@@ -39,7 +39,7 @@ nitpick_ignore_regex = [
 # were built): the build needs no network.
 _inventories = Path(__file__).parent / "_inventories"
 intersphinx_mapping = {
-    "python": ("https://docs.python.org/3/", str(_inventories / "python.inv")),
+    "python": ("https://docs.python.org/3.15/", str(_inventories / "python.inv")),
     "anyio": ("https://anyio.readthedocs.io/en/stable/", str(_inventories / "anyio.inv")),
     "trio": ("https://trio.readthedocs.io/en/stable/", str(_inventories / "trio.inv")),
 }

@@ -201,3 +201,23 @@ def test_readme_explains_each_part_of_the_demo_output() -> None:
         "The replay",
     ):
         assert shown in explanation, shown
+
+
+def test_demo_runs_on_asyncio_without_trio() -> None:
+    """``pip install wool-pooling`` (no ``trio`` extra) is enough for asyncio:
+    with trio unimportable, the demo prints what the README shows."""
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.modules['trio'] = None; "
+            "sys.argv = ['wool_pooling']; "
+            "from wool_pooling.__main__ import _cli; _cli()",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.splitlines() == _block_after(README, "It prints:\n")
