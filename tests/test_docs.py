@@ -221,3 +221,19 @@ def test_demo_runs_on_asyncio_without_trio() -> None:
     )
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout.splitlines() == _block_after(README, "It prints:\n")
+
+
+def test_demo_help_says_how_to_get_trio() -> None:
+    """``python -m wool_pooling --help`` offers ``--backend trio`` together
+    with the line that installs it."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "wool_pooling", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    help_text = " ".join(completed.stdout.split())
+    assert "--backend trio" in help_text
+    assert 'pip install "wool-pooling[trio]"' in help_text
