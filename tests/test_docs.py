@@ -151,7 +151,9 @@ def test_every_statistics_field_has_a_doc_comment() -> None:
 def test_api_reference_documents_every_public_name() -> None:
     """``docs/api.rst`` has an autodoc directive for each public name."""
     api = (ROOT / "docs" / "api.rst").read_text()
-    documented = set(re.findall(r"^\.\. auto\w+:: (\w+)$", api, flags=re.MULTILINE))
+    documented = set(
+        re.findall(r"^\.\. auto(?!module)\w+:: (\w+)$", api, flags=re.MULTILINE)
+    )
     assert documented == set(wool_pooling.__all__)
 
 
