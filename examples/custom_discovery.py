@@ -20,6 +20,7 @@ included, into the worker process, where it joins that process's pool.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import tempfile
 import uuid
@@ -39,6 +40,11 @@ from wool_pooling import current_pool
 from wool_pooling import shared_subscription
 
 SUFFIX = ".worker"
+
+# wool's worker processes log their start and stop at INFO on stderr. Each one
+# re-imports this file (wool starts them with ``spawn``), so this line quiets
+# them too: the script prints only its own four lines.
+logging.getLogger("wool").setLevel(logging.WARNING)
 
 
 class DirectoryPublisher:

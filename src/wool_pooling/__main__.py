@@ -1,6 +1,7 @@
 """Demo: consumers share one discovery subscription; a late joiner gets a replay.
 
-Run with ``python -m wool_pooling`` (add ``--backend trio`` to run under trio).
+Run with ``python -m wool_pooling``; add ``--backend trio`` to run under trio,
+which needs the ``trio`` extra: ``pip install "wool-pooling[trio]"``.
 """
 
 from __future__ import annotations

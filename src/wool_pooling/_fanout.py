@@ -103,7 +103,8 @@ class FanoutStatistics:
     waiting: int
     #: Whether a pull from the source is in flight.
     pulling: bool
-    #: Items pulled from the source so far.
+    #: Items logged so far: pulled from the source, or added by
+    #: :meth:`Fanout.inject`.
     pulled: int
 
 

@@ -64,7 +64,10 @@ class PoolStatistics:
     entries: int
     #: Consumers attached across all entries.
     consumers: int
-    #: Entries with no consumer, kept alive by their ttl.
+    #: Entries with no consumer attached that are not being finalised yet:
+    #: those kept open by their ttl (and, briefly, one whose finalisation is
+    #: scheduled but has not started, after a consumer was garbage
+    #: collected, say). Counted in :attr:`entries` too.
     idle: int
 
 

@@ -1,0 +1,241 @@
+"""The README, the package docstring and the Sphinx pages describe what the code has."""
+
+from __future__ import annotations
+
+import doctest
+import inspect
+import pydoc
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import attrs
+
+import wool_pooling
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def _section(markdown: str, heading: str) -> str:
+    """The text under ``heading`` (a whole line), up to the next one as high."""
+    level = heading.split(" ", 1)[0]
+    start = markdown.index(f"\n{heading}\n") + len(heading) + 2
+    ends = [
+        match.start()
+        for match in re.finditer(r"^(#+) ", markdown[start:], flags=re.MULTILINE)
+        if len(match.group(1)) <= len(level)
+    ]
+    return markdown[start : start + ends[0]] if ends else markdown[start:]
+
+
+def _pieces_table() -> dict[str, str]:
+    """The README's "pieces" table: each row's first cell -> its whole row."""
+    rows: dict[str, str] = {}
+    for line in _section(README, "## The pieces").splitlines():
+        if line.startswith("| `"):
+            rows[line.split(" | ", 1)[0].removeprefix("| ")] = line
+    assert rows, "no table under '## The pieces'"
+    return rows
+
+
+def _block_after(markdown: str, marker: str) -> list[str]:
+    """The lines of the first fenced block after ``marker``."""
+    rest = markdown[markdown.index(marker) + len(marker) :]
+    opening = rest.index("```\n") + len("```\n")
+    return rest[opening : rest.index("```", opening)].splitlines()
+
+
+def _statistics_records() -> list[type]:
+    public = [getattr(wool_pooling, name) for name in wool_pooling.__all__]
+    return [
+        value
+        for value in public
+        if attrs.has(value) and value.__name__.endswith("Statistics")
+    ]
+
+
+def test_help_opens_with_what_the_package_is_and_an_example() -> None:
+    """``help(wool_pooling)`` starts with a description, then a short example."""
+    text = pydoc.render_doc(wool_pooling, renderer=pydoc.plaintext)
+    lines = text.splitlines()
+    name = lines.index("NAME")
+    assert lines[name + 1].startswith(
+        "    wool_pooling - Share one live subscription among many async consumers"
+    )
+    assert lines[name + 3] == "DESCRIPTION"
+    description = text[text.index("DESCRIPTION") : text.index("PACKAGE CONTENTS")]
+    # Prose first, then the example.
+    assert description.index("shared_subscription") < description.index(">>>")
+    assert ">>> @shared_subscription" in description
+    assert ">>> anyio.run(main)" in description
+
+
+def test_package_docstring_example_runs() -> None:
+    """The example in the package docstring passes as a doctest."""
+    results = doctest.testmod(wool_pooling, verbose=False, report=True)
+    assert results.attempted >= 5
+    assert results.failed == 0
+
+
+def test_pieces_table_lists_every_decorator_argument_with_its_default() -> None:
+    """The table's ``@shared_subscription(...)`` row shows the real keyword
+    arguments and defaults, and says what each one does."""
+    parameters = [
+        parameter
+        for parameter in inspect.signature(
+            wool_pooling.shared_subscription
+        ).parameters.values()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+    assert {parameter.name for parameter in parameters} >= {
+        "key",
+        "ttl",
+        "max_lag",
+        "restart",
+    }
+    shown = ", ".join(f"{p.name}={p.default!r}" for p in parameters)
+    cell = f"`@shared_subscription({shown})`"
+    rows = _pieces_table()
+    assert cell in rows, f"no row {cell} in {list(rows)}"
+    explanation = rows[cell].split(" | ", 1)[1]
+    for parameter in parameters:
+        assert f"`{parameter.name}" in explanation, parameter.name
+
+
+def test_pieces_table_lists_every_restart_policy_field_with_its_default() -> None:
+    """The ``RestartPolicy(...)`` row shows every field and its default."""
+    fields = attrs.fields(wool_pooling.RestartPolicy)
+    shown = ", ".join(f"{field.name}={field.default!r}" for field in fields)
+    assert f"`RestartPolicy({shown})`" in _pieces_table()
+
+
+def test_pieces_table_lists_every_statistics_field() -> None:
+    """Each frozen statistics record has a row naming each of its fields."""
+    records = _statistics_records()
+    assert {record.__name__ for record in records} >= {
+        "PoolStatistics",
+        "FanoutStatistics",
+    }
+    rows = _pieces_table()
+    for record in records:
+        row = rows[f"`{record.__name__}`"]
+        for field in attrs.fields(record):
+            assert f"`{field.name}` (" in row, f"{record.__name__}.{field.name}"
+
+
+def test_pieces_table_names_every_public_name() -> None:
+    """Every name in ``wool_pooling.__all__`` appears in a row's first cell."""
+    cells = " ".join(_pieces_table())
+    for name in wool_pooling.__all__:
+        assert re.search(rf"`@?{name}\b", cells), name
+
+
+def test_every_statistics_field_has_a_doc_comment() -> None:
+    """Each field of a statistics record is documented (a ``#:`` comment right
+    above it, which Sphinx's autodoc shows), ``PoolStatistics.idle`` included."""
+    for record in _statistics_records():
+        source = inspect.getsource(record).splitlines()
+        for field in attrs.fields(record):
+            line = next(
+                number
+                for number, text in enumerate(source)
+                if text.strip().startswith(f"{field.name}:")
+            )
+            assert source[line - 1].strip().startswith("#:"), (
+                f"{record.__name__}.{field.name} has no doc comment"
+            )
+
+
+def test_api_reference_documents_every_public_name() -> None:
+    """``docs/api.rst`` has an autodoc directive for each public name."""
+    api = (ROOT / "docs" / "api.rst").read_text()
+    documented = set(
+        re.findall(r"^\.\. auto(?!module)\w+:: (\w+)$", api, flags=re.MULTILINE)
+    )
+    assert documented == set(wool_pooling.__all__)
+
+
+def _run_demo(*arguments: str) -> list[str]:
+    completed = subprocess.run(
+        [sys.executable, "-m", "wool_pooling", *arguments],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    return completed.stdout.splitlines()
+
+
+def test_readme_shows_what_the_demo_prints() -> None:
+    """The demo's output in the README is what ``python -m wool_pooling`` prints."""
+    shown = _block_after(README, "It prints:\n")
+    assert shown[0] == "wool-pooling demo on asyncio"
+    assert _run_demo() == shown
+
+
+def test_readme_demo_output_holds_under_trio_up_to_the_order_of_proxies() -> None:
+    """Under trio the demo prints the same lines; only the order of the
+    proxies' lines for one event may differ."""
+    shown = _block_after(README, "It prints:\n")
+    shown[0] = "wool-pooling demo on trio"
+    printed = _run_demo("--backend", "trio")
+    assert sorted(printed) == sorted(shown)
+
+    def not_proxies(lines: list[str]) -> list[str]:
+        return [line for line in lines if not line.startswith("  proxy-")]
+
+    assert not_proxies(printed) == not_proxies(shown)
+
+
+def test_readme_explains_each_part_of_the_demo_output() -> None:
+    """The bullets under the demo's output explain the raw lines, the pool
+    statistics, the proxies' lines and the replay."""
+    explanation = _section(README, "## Install and try it")
+    explanation = explanation[explanation.index("raw subscribers built: 1\n```") :]
+    for shown in (
+        "The shared upstream",
+        "`[raw]`",
+        "`pool: PoolStatistics(...)`",
+        "`proxy-a <- ...`",
+        "The replay",
+    ):
+        assert shown in explanation, shown
+
+
+def test_demo_runs_on_asyncio_without_trio() -> None:
+    """``pip install wool-pooling`` (no ``trio`` extra) is enough for asyncio:
+    with trio unimportable, the demo prints what the README shows."""
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.modules['trio'] = None; "
+            "sys.argv = ['wool_pooling']; "
+            "from wool_pooling.__main__ import _cli; _cli()",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.splitlines() == _block_after(README, "It prints:\n")
+
+
+def test_demo_help_says_how_to_get_trio() -> None:
+    """``python -m wool_pooling --help`` offers ``--backend trio`` together
+    with the line that installs it."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "wool_pooling", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    help_text = " ".join(completed.stdout.split())
+    assert "--backend trio" in help_text
+    assert 'pip install "wool-pooling[trio]"' in help_text
