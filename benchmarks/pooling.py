@@ -123,6 +123,14 @@ class Views:
     def __init__(self, k: int) -> None:
         self.views: list[dict[Any, Any]] = [{} for _ in range(k)]
         self.changed = asyncio.Event()
+        #: Consumers whose subscription raised, and the first error.
+        self.failed: set[int] = set()
+        self.error: str | None = None
+
+    def fail(self, index: int, error: Exception) -> None:
+        self.failed.add(index)
+        self.error = self.error or f"{type(error).__name__}: {error}"
+        self.changed.set()
 
     def apply(self, index: int, event: Any) -> None:
         if event.type == "worker-dropped":
@@ -133,7 +141,11 @@ class Views:
 
     async def wait_all(self, size: int) -> None:
         async with asyncio.timeout(DEADLINE):
-            while any(len(view) != size for view in self.views):
+            while any(
+                len(view) != size
+                for index, view in enumerate(self.views)
+                if index not in self.failed
+            ):
                 self.changed.clear()
                 await self.changed.wait()
 
@@ -155,8 +167,11 @@ async def measure(kind_name: str, pooled: bool, k: int, quick: bool) -> dict[str
                 subscription: Any = shared.subscribe()
             else:
                 subscription = kind.make(namespace).subscribe(**kind.options)
-            async for event in subscription:
-                views.apply(index, event)
+            try:
+                async for event in subscription:
+                    views.apply(index, event)
+            except Exception as error:  # counted: no consumer fails unseen
+                views.fail(index, error)
 
         tasks = [asyncio.create_task(consume(index)) for index in range(k)]
         publisher: Any = owner.publisher
@@ -165,6 +180,7 @@ async def measure(kind_name: str, pooled: bool, k: int, quick: bool) -> dict[str
             await publisher.publish("worker-added", first)
             await views.wait_all(1)
             result.update(observers=observers(), shm_handles=shared_memory_handles())
+            result.update(failed=len(views.failed), error=views.error)
             idle = QUICK_IDLE_SECONDS if quick else IDLE_SECONDS
             cpu, wall = time.process_time(), time.perf_counter()
             await asyncio.sleep(idle)
@@ -201,13 +217,20 @@ async def dispatch(kind: Kind, pooled: bool, k: int, quick: bool) -> dict[str, A
     if pooled:
         discovery = SharedDiscovery(discovery, **kind.options)
     latencies: list[float] = []
+    errors: list[str] = []
     seconds = QUICK_DISPATCH_SECONDS if quick else DISPATCH_SECONDS
 
     async def client(index: int, until: float) -> None:
         while time.perf_counter() < until:
             start = time.perf_counter()
-            if await nested(index) != index + 2:
-                raise RuntimeError("nested returned a wrong result")
+            try:
+                result = await nested(index)
+            except Exception as error:  # counted, like a wrong result
+                errors.append(f"{type(error).__name__}: {error}")
+                continue
+            if result != index + 2:
+                errors.append(f"nested returned {result!r}")
+                continue
             latencies.append(time.perf_counter() - start)
 
     async with wool.WorkerPool(spawn=2, discovery=discovery):
@@ -219,7 +242,11 @@ async def dispatch(kind: Kind, pooled: bool, k: int, quick: bool) -> dict[str, A
             await asyncio.gather(*(client(i, start + seconds) for i in range(k)))
         wall = time.perf_counter() - start
     latencies.sort()
+    if not latencies:
+        raise RuntimeError(f"no dispatch succeeded: {errors[:1]}")
     return dict(
+        failed=len(errors),
+        error=errors[0] if errors else None,
         dispatches=len(latencies),
         per_second=len(latencies) / wall,
         p50=statistics.median(latencies),

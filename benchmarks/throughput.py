@@ -532,7 +532,7 @@ async def memory_case(case: str, m: int) -> dict[str, Any]:
     )
 
 
-def run_memory(out: Path, quick: bool) -> None:
+def run_memory(out: Path, quick: bool, began: float) -> None:
     events = QUICK_MEMORY_EVENTS if quick else MEMORY_EVENTS
     cases = [
         case
@@ -551,6 +551,7 @@ def run_memory(out: Path, quick: bool) -> None:
         rows.append(json.loads(done.stdout))
         print(f"memory: {case}: {rows[-1]['peak_mb']:.2f} MB", file=sys.stderr)
     meta = dict(python=sys.version, platform=platform.platform(), events=events)
+    meta["run_seconds"] = time.perf_counter() - began  # the whole run, pyperf's too
     path = out / f"memory-{interpreter()}.json"
     path.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
 
@@ -623,7 +624,7 @@ def main() -> None:
                     what,
                 )
     if not args.worker:
-        run_memory(out, args.quick)
+        run_memory(out, args.quick, began)
         seconds = time.perf_counter() - began
         print(f"total: {seconds:.0f} s; results in {out}", file=sys.stderr)
 

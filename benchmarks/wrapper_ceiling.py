@@ -5,7 +5,7 @@ Run from the repository root::
     python benchmarks/wrapper_ceiling.py [--backend asyncio|trio] [--items M]
 
 Times one consumer iterating a never-suspending async generator directly
-(the floor of ``fanout_throughput.py``), then through the thinnest possible
+(the raw-source limit of ``throughput.py``), then through the thinnest possible
 wrappers, with no log and no bookkeeping:
 
 - ``coroutine``: an ``__anext__`` coroutine that only awaits the source's,

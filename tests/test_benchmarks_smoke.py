@@ -1,8 +1,8 @@
-"""Smoke run of `benchmarks/fanout_throughput.py --quick`: it runs, writes its files.
+"""Smoke runs of the benchmarks in quick mode: they run, and write where they say.
 
-Nothing here looks at timings: the figures depend on the machine. The test
-checks that every implementation importable here was measured, so the script
-cannot rot silently.
+Nothing here looks at timings: the figures depend on the machine. The tests
+check that every case was measured (so a script cannot rot silently), that
+``--quick`` leaves the committed results alone, and that the report renders.
 """
 
 from __future__ import annotations
@@ -13,7 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "fanout_throughput.py"
+import pyperf
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+RESULTS = BENCHMARKS / "results"
+INTERPRETER = f"{sys.implementation.name}{sys.version_info[0]}.{sys.version_info[1]}"
 
 
 def importable(module: str) -> bool:
@@ -23,80 +27,108 @@ def importable(module: str) -> bool:
         return False
 
 
-def expected_implementations() -> set[str]:
-    names = {"fanout", "shared_subscription", "pump_streams", "floor"}
-    if importable("wool.utilities.fanout"):
-        names.add("wool_fanout")
-    if importable("asyncstdlib"):
-        names.add("tee")
-    return names
-
-
-def test_quick_run_measures_every_importable_implementation(tmp_path: Path) -> None:
-    """The quick run exits 0 and reports throughput, memory and join for each one."""
+def run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path)],
+        [sys.executable, str(BENCHMARKS / script), *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=240,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-4000:]
+    return done
 
-    table = tmp_path / "fanout_throughput.md"
-    raw = tmp_path / "fanout_throughput.json"
-    assert table.is_file()
-    assert raw.is_file()
-    assert "| N | implementation |" in table.read_text(encoding="utf-8")
-    assert "| N | implementation |" in done.stdout  # the table is printed too
-    if importable("matplotlib"):
-        assert (tmp_path / "fanout_throughput.png").is_file()
 
-    report = json.loads(raw.read_text(encoding="utf-8"))
-    expected = expected_implementations()
-    backends = {"asyncio", *(["trio"] if importable("trio") else [])}
-    assert set(report["meta"]["implementations"]) == expected
-    assert backends <= set(report["meta"]["backends"])
+def snapshot() -> dict[str, int]:
+    """The committed results' files and their modification times."""
+    return {path.name: path.stat().st_mtime_ns for path in RESULTS.iterdir()}
 
-    measured = {
-        (entry["backend"], entry["source"], entry["implementation"], entry["n"])
-        for entry in report["throughput"]
-    }
+
+def folder_of(stderr: str) -> Path:
+    """The results folder a run announces on stderr (``results: DIR``)."""
+    line = next(line for line in stderr.splitlines() if line.startswith("results: "))
+    return Path(line.removeprefix("results: ").split(" (")[0])
+
+
+def expected_throughput_names() -> set[str]:
+    backends = ["asyncio"]
+    backends += ["uvloop"] if importable("uvloop") else []
+    backends += ["trio"] if importable("trio") else []
+    names: set[str] = set()
     for backend in backends:
-        for source in ("never-suspending", "one-checkpoint"):
-            assert (backend, source, "floor", 1) in measured
-            for implementation in expected - {"floor"}:
-                if implementation == "wool_fanout" and backend == "trio":
-                    continue  # wool's Fanout runs on asyncio only
-                for n in (1, 10, 100, 1000):
-                    assert (backend, source, implementation, n) in measured
-    for entry in report["throughput"]:
-        assert len(entry["rates"]) >= 3
-        assert entry["min"] <= entry["median"] <= entry["max"]
+        for source in ("never", "checkpoint", "waiting"):
+            for n in (1, 10, 100, 1000):
+                implementations = ["Fanout", "SharedSubscription", "pump + streams"]
+                implementations.append("wake-up only")
+                if backend != "trio":
+                    implementations.append("wool Fanout")
+                if importable("asyncstdlib"):
+                    implementations.append("asyncstdlib.tee")
+                if n == 1:
+                    implementations.append("raw source")
+                names.update(f"{backend}/{source}/{i}/N={n}" for i in implementations)
+        for workers in (10, 100):
+            names.update(
+                f"join/{backend}/W={workers}/{w}" for w in ("arrival", "replay")
+            )
+    return names
 
-    memory = {entry["implementation"]: entry for entry in report["memory"]}
-    bounded = {
-        "fanout_bounded",
-        "shared_subscription",
-        "shared_subscription_unbounded",
+
+def test_throughput_quick_run_measures_every_case_in_a_temporary_folder() -> None:
+    """Without ``--out``, a quick run writes a pyperf file per interpreter elsewhere."""
+    before = snapshot()
+    done = run("throughput.py", "--quick", "--quiet")
+    assert snapshot() == before  # the committed results are untouched
+    out = folder_of(done.stderr)
+    assert RESULTS not in out.parents
+    assert out != RESULTS
+
+    suite = pyperf.BenchmarkSuite.load(str(out / f"throughput-{INTERPRETER}.json"))
+    assert suite.get_metadata()["python_version"].startswith(sys.version.split()[0])
+    names = {bench.get_name() for bench in suite.get_benchmarks()}
+    assert names == expected_throughput_names()
+    assert all(bench.median() > 0 for bench in suite.get_benchmarks())
+
+    memory = json.loads((out / f"memory-{INTERPRETER}.json").read_text())
+    assert memory["meta"]["python"] == sys.version
+    rows = {row["case"]: row for row in memory["rows"]}
+    events = memory["meta"]["events"]
+    assert rows['Fanout(max_lag=1024, on_lag="error")']["buffered"] == 1024
+    assert rows['Fanout(max_lag=1024, on_lag="error")']["skipped"] == events - 1 - 1024
+    assert rows["SharedSubscription (pool, default max_lag=1024)"]["buffered"] == 1024
+    assert rows["Fanout(max_lag=None), unbounded"]["buffered"] == events - 1
+    assert rows["raw source"]["view_equal"] is None
+    assert all(
+        row["view_equal"] is True for case, row in rows.items() if case != "raw source"
+    )
+
+    report = run("report.py", str(out)).stdout
+    assert "### asyncio, source waits for another task per item" in report
+    assert "| 1000 | Fanout |" in report
+    assert "view equal after resume" in report
+    if importable("matplotlib"):
+        assert (out / "throughput.png").is_file()
+
+
+def test_pooling_quick_run_counts_one_upstream_when_pooled(tmp_path: Path) -> None:
+    """``pooling.py --quick --out DIR``: raw opens K upstreams, pooled one."""
+    run("pooling.py", "--quick", "--out", str(tmp_path))
+    report = json.loads((tmp_path / f"pooling-{INTERPRETER}.json").read_text())
+    assert report["meta"]["python"] == sys.version
+    rows = {(row["kind"], row["pooled"], row["k"]): row for row in report["rows"]}
+    assert set(rows) == {
+        ("local", pooled, k) for pooled in (False, True) for k in (1, 10)
     }
-    assert set(memory) == expected | bounded
-    assert all(entry["events"] == 20_000 for entry in report["memory"])
-    # The bounded rows hold at most max_lag events for the stalled consumer;
-    # every stalled consumer ends with the reader's view of the workers.
-    max_lag = report["meta"]["default_max_lag"]
-    assert memory["fanout_bounded"]["buffered_at_end"] == max_lag
-    assert memory["shared_subscription"]["buffered_at_end"] == max_lag
-    assert memory["fanout"]["buffered_at_end"] == 20_000 - 1
-    assert memory["fanout_bounded"]["lagged_skipped"] == 20_000 - 1 - max_lag
-    for name, entry in memory.items():
-        assert entry["view_equal"] is (None if name == "floor" else True), name
-    assert "view equal after resume" in table.read_text(encoding="utf-8")
-    assert {entry["backend"] for entry in report["join"]} >= backends
-    assert all(len(entry["replay_seconds"]) >= 3 for entry in report["join"])
+    for (_, pooled, k), row in rows.items():
+        assert row["observers"] == (1 if pooled else k)
+        assert row["dispatch"]["dispatches"] > 0
+        assert row["dispatch"]["p50"] <= row["dispatch"]["p99"]
+        assert set(row["converge"]) == {"10"}
+    report_text = run("report.py", str(tmp_path)).stdout
+    assert "| local | 10 | 1 / 10 |" in report_text
 
 
-CEILING = SCRIPT.with_name("wrapper_ceiling.py")
+CEILING = BENCHMARKS / "wrapper_ceiling.py"
 
 
 def test_wrapper_ceiling_script_prints_a_ratio_per_backend() -> None:
@@ -131,53 +163,3 @@ def test_wrapper_ceiling_script_prints_a_ratio_per_backend() -> None:
             assert line.startswith(f"{backend}: {name} / floor = ")
             ratio = float(line.split("= ")[1].split("x")[0])
             assert 0 < ratio < 10
-
-
-PULL_TARGETS = SCRIPT.with_name("pull_targets.py")
-
-
-def test_pull_targets_quick_run_has_a_row_per_case(tmp_path: Path) -> None:
-    """`benchmarks/pull_targets.py --quick` exits 0 and fills every table row."""
-    out = tmp_path / "x.md"
-    done = subprocess.run(
-        [sys.executable, str(PULL_TARGETS), "--quick", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    text = out.read_text(encoding="utf-8")
-    assert sys.version in text
-    assert out.with_suffix(".json").is_file()
-
-    rows: set[tuple[str, str, int, str]] = set()
-    section: tuple[str, str] | None = None
-    for line in text.splitlines():
-        if line.startswith("### "):
-            backend, source = line[4:].split(" / ")
-            section = (backend, source)
-        elif line.startswith("| ") and not line.startswith("| N |"):
-            assert section is not None, line
-            cells = [cell.strip() for cell in line.strip("|").split("|")]
-            assert len(cells) == 7, line
-            float(cells[3].replace(",", ""))  # the median is a number
-            rows.add((*section, int(cells[0]), cells[1]))
-
-    backends = ["asyncio"]
-    backends += ["uvloop"] if importable("uvloop") else []
-    backends += ["trio"] if importable("trio") else []
-    expected: set[tuple[str, str, int, str]] = set()
-    for backend in backends:
-        names = ["wool_pooling.Fanout"]
-        if importable("wool.utilities.fanout"):
-            names.append(
-                "wool Fanout (asyncio)" if backend == "trio" else "wool Fanout"
-            )
-        if importable("asyncstdlib"):
-            names.append("asyncstdlib.tee")
-        for source in ("never", "checkpoint", "waiting"):
-            expected.add((backend, source, 1, "floor"))
-            for n in (1, 10, 100, 1000):
-                expected.update((backend, source, n, name) for name in names)
-    assert rows == expected
