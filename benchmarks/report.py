@@ -16,7 +16,20 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
-LIMITS = ("wake-up only", "raw source")
+#: One colour per implementation, on every panel of the plot.
+COLORS = {
+    name: f"C{index}"
+    for index, name in enumerate(
+        [
+            "Fanout",
+            "SharedSubscription",
+            "wool Fanout",
+            "asyncstdlib.tee",
+            "pump + streams",
+            "wake-up only",
+        ]
+    )
+}
 SOURCES = {
     "never": "never suspends",
     "checkpoint": "one checkpoint per item",
@@ -157,6 +170,36 @@ def throughput_tables(path: Path, rates: dict[str, float], meta: dict[str, Any])
     return lines
 
 
+def side_by_side(runs: dict[str, dict[str, float]], implementation: str) -> list[str]:
+    """One implementation on every interpreter: items/s, vs wool Fanout, vs wake-up."""
+    lines = [
+        f"## {implementation} on {', '.join(runs)}",
+        "",
+        "Each cell: delivered items/s, then vs wool's `Fanout` / vs `wake-up only` "
+        "(same run, same source and N; trio compares with wool on asyncio).",
+    ]
+    for source, label in SOURCES.items():
+        lines += ["", f"### Source {label}", ""]
+        lines += ["| backend | N | " + " | ".join(runs) + " |"]
+        lines += ["|---|---:|" + "---:|" * len(runs)]
+        for backend in ("asyncio", "uvloop", "trio"):
+            for n in (1, 10, 100, 1000):
+                cells = []
+                for rates in runs.values():
+                    rate = rates.get(f"{backend}/{source}/{implementation}/N={n}")
+                    if rate is None:
+                        cells.append("-")
+                        continue
+                    base = "asyncio" if backend == "trio" else backend
+                    wool = rates.get(f"{base}/{source}/wool Fanout/N={n}")
+                    wake = rates[f"{backend}/{source}/wake-up only/N={n}"]
+                    versus = f"{rate / wool:.2f}x" if wool else "-"
+                    cells.append(f"{human(rate)} ({versus} / {rate / wake:.2f}x)")
+                if any(cell != "-" for cell in cells):
+                    lines.append(f"| {backend} | {n:,} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def memory_table(path: Path) -> list[str]:
     report = json.loads(path.read_text())
     meta = report["meta"]
@@ -216,9 +259,9 @@ def plot(runs: dict[str, dict[str, float]], path: Path) -> bool:
                     parts = name.split("/")
                     if parts[:2] == [backend, source] and parts[2] != "raw source":
                         lines[parts[2]].append((int(parts[3][2:]), rate))
-                for index, (label, points) in enumerate(lines.items()):
+                for label, points in lines.items():
                     ns, ys = zip(*sorted(points), strict=True)
-                    ax.plot(ns, ys, style, marker="o", color=f"C{index}",
+                    ax.plot(ns, ys, style, marker="o", color=COLORS.get(label),
                             label=f"{label} ({interp})")  # fmt: skip
                 ax.set(xscale="log", yscale="log", title=f"{backend}, {source}")
                 ax.set(xlabel="N consumers", ylabel="delivered items/s")
@@ -238,6 +281,8 @@ def main() -> int:
         meta, rates = load_throughput(path)
         runs[meta["wool_pooling_interpreter"]] = rates
         lines += [*throughput_tables(path, rates, meta), ""]
+    if len(runs) > 1:
+        lines += [*side_by_side(runs, "Fanout"), ""]
     for path in sorted(folder.glob("memory-*.json")):
         lines += [*memory_table(path), ""]
     if runs and plot(runs, folder / "throughput.png"):
