@@ -26,7 +26,7 @@ events) and leaves in one of these ways:
 
 The subscription class has ``max_lag=None``: this is the exactness part, and
 a consumer that falls behind must be given every event, not resynchronised
-(resync is measured by ``benchmarks/fanout_throughput.py``). Checked for
+(resync is measured by ``benchmarks/throughput.py``). Checked for
 every consumer, against the position the source had reached when it joined:
 
 - the replay (one ``worker-added`` per known worker) is exactly the state of
