@@ -11,7 +11,7 @@ object that started it.
 
 **Where a pull runs.** :meth:`EventLoop.start_pull` starts each pull as a
 task of its own. On asyncio with CPython 3.12+ the task is created with
-:func:`asyncio.eager_task_factory`: its first step runs at once, inside the
+``eager_start=True`` (what :func:`asyncio.eager_task_factory` does): its first step runs at once, inside the
 consumer's call, but *as the new task* (``asyncio.current_task()`` is the
 pull's task, and the consumer's cancellation cannot reach it), so an item the
 source has ready costs no trip through the event loop. Elsewhere (CPython
