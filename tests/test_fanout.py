@@ -367,6 +367,26 @@ async def test_no_task_is_left_after_the_source_ends_or_consumers_leave(
     assert probe.finally_runs == 1
 
 
+async def test_no_task_is_left_after_a_fan_out_is_collected_in_a_cycle() -> None:
+    """A fan-out and its consumers dropped together, in a reference cycle,
+    without ``aclose()``: whatever ran their pulls ends once the collector
+    has freed them."""
+    await settle()
+    baseline = running_tasks()
+    with anyio.fail_after(5):
+        fanout = Fanout(counting_source(10))
+        consumer = fanout.consumer()
+        assert await anext(consumer) == 0
+        cycle: list[object] = [fanout, consumer]
+        cycle.append(cycle)
+        state = weakref.ref(fanout)
+        del fanout, consumer, cycle
+        gc.collect()
+        assert state() is None
+        await settle()
+        assert running_tasks() == baseline
+
+
 # --- 4. cancellation safety -----------------------------------------------------------
 
 
