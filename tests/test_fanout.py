@@ -387,6 +387,46 @@ async def test_no_task_is_left_after_a_fan_out_is_collected_in_a_cycle() -> None
         assert running_tasks() == baseline
 
 
+async def test_consumers_leaving_and_rejoining_never_start_a_second_pull(
+    probe: Probe,
+) -> None:
+    """The last consumer leaving between pulls, or during one, and a new one
+    joining at once: still one pull at a time, no item lost or repeated."""
+    fanout = Fanout(probe)
+    with anyio.fail_after(5):
+        first = fanout.consumer()
+        probe.feed(0)
+        assert await anext(first) == 0
+        await first.aclose()  # between pulls: nobody is left
+        second = fanout.consumer()  # ...and someone joins before anything ran
+        received: list[int] = []
+
+        async def receive(consumer: FanoutConsumer[int]) -> None:
+            received.append(await anext(consumer))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(receive, second)
+            await anyio.wait_all_tasks_blocked()
+            assert probe.active == 1
+            probe.feed(1)
+        assert received == [1]
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(receive, second)  # a pull in flight...
+            await anyio.wait_all_tasks_blocked()
+            group.cancel_scope.cancel()
+        await second.aclose()  # ...when the last consumer leaves
+        third = fanout.consumer()
+        async with anyio.create_task_group() as group:
+            group.start_soon(receive, third)
+            await anyio.wait_all_tasks_blocked()
+            probe.feed(2)
+        assert received == [1, 2]
+    assert probe.max_active == 1
+    assert probe.pulls == 3
+    await fanout.aclose()
+
+
 # --- 4. cancellation safety -----------------------------------------------------------
 
 
