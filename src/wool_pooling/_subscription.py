@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Hashable
 from typing import Any
+from typing import Generic
+from typing import TypeVar
+from typing import cast
 from typing import final
 
 import anyio
@@ -28,10 +31,17 @@ from ._tracking import replay_events
 
 __all__ = ["SharedSubscription", "SubscriptionConsumer"]
 
+#: The item type of a subscription: what its class's ``__aiter__`` yields.
+T_co = TypeVar("T_co", covariant=True)
+
 
 @final
-class SharedSubscription:
+class SharedSubscription(Generic[T_co]):
     """What ``Cls(*args, **kwargs)`` returns for a decorated class.
+
+    Generic in the item type ``T_co`` of the class's ``__aiter__``: a type
+    checker sees ``Cls(...)`` as a ``SharedSubscription[T_co]`` (see
+    :func:`~wool_pooling.shared_subscription`), as it is at run time.
 
     Holds only the class, the key and the constructor arguments; it needs no
     event loop and builds nothing. Each ``__aiter__()`` returns an independent
@@ -92,13 +102,14 @@ class SharedSubscription:
     def _config(self) -> SubscriptionConfig:
         return getattr(self._cls, CONFIG_ATTRIBUTE)
 
-    def __aiter__(self) -> SubscriptionConsumer:
+    def __aiter__(self) -> SubscriptionConsumer[T_co]:
         return SubscriptionConsumer(self)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, SharedSubscription):
             return NotImplemented
-        return self._cls is other._cls and self._key == other._key
+        theirs = cast("SharedSubscription[object]", other)
+        return self._cls is theirs._cls and self._key == theirs._key
 
     def __hash__(self) -> int:
         return hash((self._cls, self._key))
@@ -126,7 +137,7 @@ def _construct(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 @final
-class SubscriptionConsumer:
+class SubscriptionConsumer(Generic[T_co]):
     """One consumer of a :class:`SharedSubscription`, from its ``__aiter__()``.
 
     Joins at its first ``__anext__`` (not at ``__aiter__()``): it looks up the
@@ -174,7 +185,7 @@ class SubscriptionConsumer:
         "_view",
     )
 
-    def __init__(self, subscription: SharedSubscription) -> None:
+    def __init__(self, subscription: SharedSubscription[T_co]) -> None:
         self._subscription = subscription
         self._pool: SubscriptionPool | None = None
         self._entry: _Entry | None = None
@@ -186,14 +197,14 @@ class SubscriptionConsumer:
         self._ended = False
 
     @property
-    def subscription(self) -> SharedSubscription:
+    def subscription(self) -> SharedSubscription[T_co]:
         """The subscription this consumer iterates."""
         return self._subscription
 
-    def __aiter__(self) -> SubscriptionConsumer:
+    def __aiter__(self) -> SubscriptionConsumer[T_co]:
         return self
 
-    async def __anext__(self) -> DiscoveryEvent:
+    async def __anext__(self) -> T_co:
         consumer = self._consumer
         if consumer is None:
             if self._ended:
@@ -231,7 +242,7 @@ class SubscriptionConsumer:
                 raise StopAsyncIteration  # released while it waited
         if self._view is not None:
             apply_event(self._view, event)
-        return event
+        return cast(T_co, event)
 
     def _resync(self, consumer: FanoutConsumer[Any]) -> None:
         """Replace the events this consumer missed by a diff to the current state.
@@ -268,7 +279,7 @@ class SubscriptionConsumer:
         await self._release()
         await anyio.lowlevel.checkpoint_if_cancelled()
 
-    async def __aenter__(self) -> SubscriptionConsumer:
+    async def __aenter__(self) -> SubscriptionConsumer[T_co]:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
