@@ -44,17 +44,26 @@ class SubscriptionConfig:
 def derive_key(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable:
     """Compute the subscription key of ``cls(*args, **kwargs)``.
 
-    With a key function, its result (an exception it raises propagates).
+    With a key function, its result (an exception it raises, a wrong arity
+    included, becomes a :exc:`TypeError` naming the class and the function,
+    the original chained as its ``__cause__``).
     Without one, the arguments bound to the signature of ``cls.__init__``
     with defaults applied, so positional and keyword spellings of the same
     call share a key.
 
-    :raises TypeError: if the key is not hashable, or the arguments do not
-        fit ``__init__``; the message names the class.
+    :raises TypeError: if the key function fails, the key is not hashable,
+        or the arguments do not fit ``__init__``; the message names the class.
     """
     config: SubscriptionConfig = getattr(cls, CONFIG_ATTRIBUTE)
     if config.key is not None:
-        key = config.key(cls, *args, **kwargs)
+        try:
+            key = config.key(cls, *args, **kwargs)
+        except Exception as error:
+            raise TypeError(
+                f"{cls.__qualname__}: its subscription key function "
+                f"{_describe(config.key)} failed for "
+                f"{_call(cls, args, kwargs)}: {type(error).__name__}: {error}"
+            ) from error
     else:
         key = _bound_arguments(cls, args, kwargs)
     try:
@@ -64,6 +73,30 @@ def derive_key(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hash
             f"{cls.__qualname__}: subscription key {key!r} is not hashable"
         ) from error
     return key
+
+
+def _describe(function: Callable[..., Any]) -> str:
+    """``module.qualname(signature)`` of a key function, as far as known."""
+    name = getattr(function, "__qualname__", None) or repr(function)
+    module = getattr(function, "__module__", None)
+    if module and module != "builtins":
+        name = f"{module}.{name}"
+    try:
+        return f"{name}{inspect.signature(function)}"
+    except (TypeError, ValueError):
+        return name
+
+
+def _call(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """How ``cls(*args, **kwargs)`` reads, values shortened."""
+    shown = [_short(value) for value in args]
+    shown += [f"{name}={_short(value)}" for name, value in kwargs.items()]
+    return f"{cls.__qualname__}({', '.join(shown)})"
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
 
 
 def _bound_arguments(

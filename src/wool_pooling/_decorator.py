@@ -130,10 +130,17 @@ def shared_subscription(
     def decorate(target: Any) -> Any:
         if not isinstance(target, type):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise TypeError(f"@shared_subscription decorates a class, got {target!r}")
-        if not callable(getattr(target, "__aiter__", None)):
+        method = getattr(target, "__aiter__", None)
+        if method is None:
             raise TypeError(
                 f"@shared_subscription: {target.__qualname__} has no __aiter__; "
                 "only async-iterable subscriber classes can be shared"
+            )
+        if not callable(method):
+            raise TypeError(
+                f"@shared_subscription: {target.__qualname__}.__aiter__ is "
+                f"{method!r}, not a method; only async-iterable subscriber "
+                "classes can be shared"
             )
         config = SubscriptionConfig(
             key=key,

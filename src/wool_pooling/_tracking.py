@@ -2,27 +2,79 @@
 
 from __future__ import annotations
 
+import inspect
 import uuid
 from collections import deque
 from collections.abc import AsyncIterable
 from collections.abc import AsyncIterator
 from typing import Any
 from typing import Protocol
+from typing import cast
 from typing import final
 
 from wool import DiscoveryEvent
 from wool import WorkerMetadata
 
 __all__ = [
+    "BrokenSubscriber",
     "TrackedSource",
     "Tracking",
     "Workers",
     "apply_event",
     "diff_events",
+    "open_iterator",
     "replay_events",
 ]
 
 Workers = dict[uuid.UUID, WorkerMetadata]
+
+
+class BrokenSubscriber(TypeError):
+    """A subscriber class's ``__aiter__`` did not return an async iterator.
+
+    A programming error, not a failing stream: never restarted.
+    """
+
+
+def open_iterator(raw: object) -> AsyncIterator[Any]:
+    """``aiter(raw)``, with an error naming the class when ``__aiter__`` is wrong.
+
+    A coroutine or generator it returned instead is closed, so no "never
+    awaited" warning follows the error.
+
+    :raises BrokenSubscriber: (a :exc:`TypeError`) naming the subscriber
+        class and what its ``__aiter__`` returned.
+    """
+    cls = type(raw)
+    method = getattr(cls, "__aiter__", None)
+    if not callable(method):
+        raise BrokenSubscriber(
+            f"{cls.__qualname__}.__aiter__ is {method!r}, not a method returning "
+            "an async iterator"
+        )
+    iterator: object = method(raw)
+    if callable(getattr(type(iterator), "__anext__", None)):
+        return cast("AsyncIterator[Any]", iterator)
+    hint = ""
+    if inspect.iscoroutine(iterator):
+        iterator.close()
+        hint = (
+            ": an 'async def __aiter__' without 'yield' returns a coroutine; "
+            "make it an async generator (yield the items) or a plain 'def' "
+            "returning an async iterator"
+        )
+    elif inspect.isgenerator(iterator):
+        iterator.close()
+        hint = ": a generator is not async; use 'async def' with 'yield'"
+    raise BrokenSubscriber(
+        f"{cls.__qualname__}.__aiter__() returned {type(iterator).__qualname__} "
+        f"{_short(iterator)}, not an async iterator{hint}"
+    )
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 def apply_event(workers: Workers, event: object) -> None:
@@ -107,7 +159,7 @@ class TrackedSource:
     async def __anext__(self) -> Any:
         iterator = self._iterator
         if iterator is None:
-            iterator = self._iterator = aiter(self._raw)
+            iterator = self._iterator = open_iterator(self._raw)
         event = await iterator.__anext__()
         if isinstance(event, DiscoveryEvent):  # apply_event, inline: every pull
             metadata = event.metadata
