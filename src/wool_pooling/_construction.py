@@ -13,7 +13,14 @@ import attrs
 
 from ._restart import RestartPolicy
 
-__all__ = ["CONFIG_ATTRIBUTE", "SubscriptionConfig", "build_raw", "derive_key"]
+__all__ = [
+    "CONFIG_ATTRIBUTE",
+    "SubscriptionConfig",
+    "build_raw",
+    "derive_key",
+    "named_arguments",
+    "short_repr",
+]
 
 #: Name of the class attribute holding a decorated class's configuration.
 CONFIG_ATTRIBUTE = "__shared_subscription__"
@@ -94,9 +101,42 @@ def _call(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     return f"{cls.__qualname__}({', '.join(shown)})"
 
 
-def _short(value: object) -> str:
+def short_repr(value: object) -> str:
+    """``repr(value)``, cut to 60 characters."""
     text = repr(value)
     return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+_short = short_repr
+
+
+def named_arguments(
+    cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> list[tuple[str, Any]]:
+    """The constructor arguments with the names ``__init__`` gives them.
+
+    A positional argument ``__init__`` does not name is called by its
+    position (``argument 1``); keywords keep their own name.
+    """
+    names: list[str] = []
+    try:
+        parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    except (TypeError, ValueError):
+        parameters = []
+    for parameter in parameters:
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            break
+        if parameter.kind in (
+            inspect.Parameter.POSITIONAL_ONLY,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        ):
+            names.append(parameter.name)
+    named = [
+        (names[index] if index < len(names) else f"argument {index + 1}", value)
+        for index, value in enumerate(args)
+    ]
+    named += list(kwargs.items())
+    return named
 
 
 def _bound_arguments(

@@ -102,8 +102,10 @@ def shared_subscription(
         resynchronised: instead of the events it missed it receives the
         difference between the workers it last saw and the current ones, so
         memory is bounded by the number of workers, not of events. The
-        diff covers discovery events only: for a stream of other items,
-        which a consumer must not miss, pass ``max_lag=None``.
+        diff covers discovery events only: once the stream has carried
+        other items, a consumer that falls behind gets
+        :exc:`~wool_pooling.Lagged` (with the count it missed) instead;
+        pass ``max_lag=None`` for a stream no consumer may miss items of.
     :param restart: A :class:`RestartPolicy` to iterate the raw subscriber
         again when its stream fails (or ends), instead of ending every
         consumer; ``None`` (the default) ends them with the error.

@@ -161,6 +161,7 @@ class RestartingSource:
         "_raw",
         "_reported",
         "_settling",
+        "untracked",
         "workers",
     )
 
@@ -169,6 +170,7 @@ class RestartingSource:
         self._policy = policy
         self._iterator: AsyncIterator[Any] | None = None
         self.workers: Workers = {}
+        self.untracked = False
         # Consecutive restarts without an event in between.
         self._failures = 0
         # After a restart: the workers the new stream has reported so far,
@@ -208,7 +210,10 @@ class RestartingSource:
             self._failures = 0
             event = self._translate(event)
             if event is not None:
-                apply_event(self.workers, event)
+                if isinstance(event, DiscoveryEvent):
+                    apply_event(self.workers, event)
+                else:
+                    self.untracked = True
                 return event
 
     async def _restart_after(self, error: BaseException, policy: RestartPolicy) -> None:

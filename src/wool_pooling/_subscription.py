@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
+import pickle
+import weakref
 from collections import deque
 from collections.abc import Hashable
 from typing import Any
@@ -18,6 +21,8 @@ from wool import DiscoveryEvent
 from ._construction import CONFIG_ATTRIBUTE
 from ._construction import SubscriptionConfig
 from ._construction import build_raw
+from ._construction import named_arguments
+from ._construction import short_repr
 from ._fanout import FanoutConsumer
 from ._fanout import Lagged
 from ._pool import SubscriptionPool
@@ -115,13 +120,7 @@ class SharedSubscription(Generic[T_co]):
         return hash((self._cls, self._key))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        try:
-            cloudpickle.dumps((self._args, self._kwargs))  # pyright: ignore[reportUnknownMemberType]
-        except Exception as error:
-            raise TypeError(
-                f"cannot pickle a {self._cls.__qualname__} subscription: its "
-                f"constructor arguments are not picklable ({error})"
-            ) from error
+        _check_picklable(self._cls, self._args, self._kwargs)
         return (_construct, (self._cls, self._args, self._kwargs))
 
     def __repr__(self) -> str:
@@ -129,6 +128,103 @@ class SharedSubscription(Generic[T_co]):
 
     def _build_raw(self) -> Any:
         return build_raw(self._cls, self._args, self._kwargs)
+
+
+# -- pickling errors that name the class and the argument --------------------
+
+# cloudpickle's Pickler.dump is Python code, on the stack while it pickles; if
+# a version makes it C, plain pickle cannot be told apart: assume cloudpickle.
+_CLOUDPICKLE_DUMP: object = getattr(
+    getattr(cloudpickle.Pickler, "dump", None), "__code__", None
+)
+_classes_pickled: dict[bool, weakref.WeakKeyDictionary[type, bool]] = {
+    True: weakref.WeakKeyDictionary(),
+    False: weakref.WeakKeyDictionary(),
+}
+
+
+def _pickling_with_cloudpickle() -> bool:
+    """Whether the pickler running now is cloudpickle's (else: plain pickle)."""
+    if _CLOUDPICKLE_DUMP is None:
+        return True
+    frame = inspect.currentframe()
+    while frame is not None:
+        if frame.f_code is _CLOUDPICKLE_DUMP:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _dumps(value: object, cloud: bool) -> None:
+    if cloud:
+        cloudpickle.dumps(value)  # pyright: ignore[reportUnknownMemberType]
+    else:
+        pickle.dumps(value)
+
+
+def _cloudpickles(value: object) -> bool:
+    try:
+        _dumps(value, cloud=True)
+    except Exception:
+        return False
+    return True
+
+
+def _check_picklable(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Fail as pickling would, but naming the class, the argument and a remedy.
+
+    The arguments are pickled once more here, with the pickler in use, so
+    that their failure can be told from the class's; a class's result is
+    remembered.
+    """
+    cloud = _pickling_with_cloudpickle()
+    what = f"a {cls.__qualname__} subscription"
+    known = _classes_pickled[cloud]
+    if not known.get(cls, False):
+        try:
+            _dumps(cls, cloud)
+        except Exception as error:
+            if not cloud and _cloudpickles(cls):
+                raise TypeError(
+                    f"cannot pickle {what} with pickle: the class "
+                    f"{cls.__qualname__} cannot be imported by name ({error}); "
+                    "pickle it with cloudpickle (as wool does), or define the "
+                    "class at the top level of an importable module"
+                ) from error
+            raise TypeError(
+                f"cannot pickle {what}: the class {cls.__qualname__} is not "
+                "importable by name, so cloudpickle copies it by value, and "
+                f"its body holds something that does not pickle ({error}); "
+                "define the class in an importable module, or create that "
+                "object in __init__ (the raw instance is built where it is "
+                "iterated, and never pickled)"
+            ) from error
+        known[cls] = True
+    try:
+        _dumps((args, kwargs), cloud)
+    except Exception as error:
+        for name, value in named_arguments(cls, args, kwargs):
+            try:
+                _dumps(value, cloud)
+            except Exception as failure:
+                shown = f"{name}={short_repr(value)}"
+                if not cloud and _cloudpickles(value):
+                    raise TypeError(
+                        f"cannot pickle {what} with pickle: its argument "
+                        f"{shown} pickles only with cloudpickle ({failure}); "
+                        "pickle the subscription with cloudpickle (as wool "
+                        "does), or pass an object defined at the top level of "
+                        "an importable module"
+                    ) from failure
+                raise TypeError(
+                    f"cannot pickle {what}: its argument {shown} does not "
+                    f"pickle ({failure}); pass what it is made from (a name, "
+                    "an address) and build it in __init__, which runs in the "
+                    "process that iterates"
+                ) from failure
+        raise TypeError(
+            f"cannot pickle {what}: its constructor arguments do not pickle ({error})"
+        ) from error
 
 
 def _construct(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -151,7 +247,12 @@ class SubscriptionConsumer(Generic[T_co]):
     ``__anext__`` returns, in place of the events it missed, the difference
     between the workers it last saw and the current ones (``worker-added``,
     ``worker-updated``, ``worker-dropped``), then the live events. Its view
-    of the workers always ends equal to the source's.
+    of the workers always ends equal to the source's. A stream that has
+    carried items that are not ``DiscoveryEvent`` cannot be resynchronised
+    so: there the lagging consumer's ``__anext__`` raises
+    :exc:`~wool_pooling.Lagged` (with the number of items it missed)
+    instead of losing them silently, and its next ``__anext__`` returns the
+    oldest item still held (``max_lag=None`` never lags).
 
     **Cancellation.** Cancelling a pending ``__anext__`` (a timeout around
     ``async for event in consumer``, say) ends this consumer and releases its
@@ -173,6 +274,8 @@ class SubscriptionConsumer(Generic[T_co]):
 
     :raises RuntimeError: from ``__anext__`` if the current pool is closed,
         or if the consumer joined under another event loop.
+    :raises Lagged: from ``__anext__``, when it fell behind a stream of
+        items that are not all discovery events.
     """
 
     __slots__ = (
@@ -221,7 +324,8 @@ class SubscriptionConsumer(Generic[T_co]):
             except anyio.WouldBlock:
                 pass
             except Lagged:
-                self._resync(consumer)
+                if not self._resync(consumer):
+                    raise  # items that are not discovery events were skipped
                 continue
             except anyio.BusyResourceError:
                 raise
@@ -244,18 +348,23 @@ class SubscriptionConsumer(Generic[T_co]):
             apply_event(self._view, event)
         return cast(T_co, event)
 
-    def _resync(self, consumer: FanoutConsumer[Any]) -> None:
+    def _resync(self, consumer: FanoutConsumer[Any]) -> bool:
         """Replace the events this consumer missed by a diff to the current state.
 
         The entry's known workers describe the log's end, so the consumer
         moves there and first receives, for each worker, what changed
-        between its own view and that state.
+        between its own view and that state. Returns ``False``, changing
+        nothing, when the stream carried items that are not discovery
+        events: no diff can stand for those.
         """
         entry = self._entry
         assert entry is not None
         assert self._view is not None  # kept wherever Lagged can be raised
+        if entry.source.untracked:
+            return False
         self._replay = diff_events(self._view, entry.source.workers)
         consumer.skip_buffered()
+        return True
 
     def _join(self) -> FanoutConsumer[Any]:
         subscription = self._subscription

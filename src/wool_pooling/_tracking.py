@@ -121,6 +121,10 @@ class Tracking(Protocol):
 
     #: The workers known at the log's end.
     workers: Workers
+    #: Whether an item that is not a discovery event has passed: the
+    #: workers then do not describe the whole stream, and a lagging
+    #: consumer cannot be resynchronised from them.
+    untracked: bool
 
     def __aiter__(self) -> AsyncIterator[Any]: ...
 
@@ -142,16 +146,18 @@ class TrackedSource:
 
     Known workers are those added or updated and not dropped since, each with
     its latest metadata, in the order they were first seen. Items that are not
-    discovery events pass through untracked. Memory held: one metadata per
+    discovery events pass through untracked (and set :attr:`untracked`).
+    Memory held: one metadata per
     known worker. (Restarts are :class:`~wool_pooling._restart.RestartingSource`'s.)
     """
 
-    __slots__ = ("_iterator", "_raw", "workers")
+    __slots__ = ("_iterator", "_raw", "untracked", "workers")
 
     def __init__(self, raw: AsyncIterable[Any]) -> None:
         self._raw = raw
         self._iterator: AsyncIterator[Any] | None = None
         self.workers: Workers = {}
+        self.untracked = False
 
     def __aiter__(self) -> TrackedSource:
         return self
@@ -167,6 +173,8 @@ class TrackedSource:
                 self.workers.pop(metadata.uid, None)
             else:
                 self.workers[metadata.uid] = metadata
+        else:
+            self.untracked = True
         return event
 
     async def aclose(self) -> None:
