@@ -57,6 +57,11 @@ class SharedSubscription(Generic[T_co]):
     Pickles (plain ``pickle`` when the class is importable, cloudpickle
     otherwise) by calling the class again with the same arguments, so the
     copy attaches to the pool of the process and context that iterates it.
+    When that fails, the :exc:`TypeError` names the class and, where one is
+    at fault, the argument (``name=value``), and says what to do: pickle
+    with cloudpickle (a local class or function under plain ``pickle``),
+    or build the unpicklable object in ``__init__`` (a lock in an argument
+    or in the body of a class cloudpickle copies by value).
     """
 
     __slots__ = ("__weakref__", "_args", "_cls", "_key", "_kwargs")
