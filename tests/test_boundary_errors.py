@@ -310,3 +310,24 @@ def test_local_class_fails_plain_pickle_naming_it() -> None:
     assert "Local" in str(error.value)
     assert "cloudpickle" in str(error.value)
     assert cloudpickle.loads(cloudpickle.dumps(Local())) is not None
+
+
+def test_builtin_key_without_a_signature_is_still_named() -> None:
+    """A key with no inspectable signature (``max``) is named by its name."""
+
+    class BuiltinKeyed(_Numbers):
+        pass
+
+    Keyed = shared_subscription(key=max)(BuiltinKeyed)
+    with pytest.raises(TypeError, match="BuiltinKeyed") as error:
+        Keyed("a")
+    assert "key function max failed" in str(error.value)
+    assert isinstance(error.value.__cause__, TypeError)
+
+
+def test_unpicklable_star_argument_is_named_by_position() -> None:
+    """An argument ``__init__`` collects in ``*args`` is named by its position."""
+    from subscribers import StarSubscriber
+
+    with pytest.raises(TypeError, match=r"argument 2="):
+        pickle.dumps(StarSubscriber("a", threading.Lock()))
