@@ -86,8 +86,10 @@ def shared_subscription(
     class's ``__aiter__``; so ``Cls(...).aclose`` is an error and
     ``aiter(Cls(...))`` is a :class:`SubscriptionConsumer`, without casts.
     The class's own attributes are not visible through that name (keep
-    class-level state in another object); ``isinstance(x, Cls)`` is
-    rejected, as it is never true of a subscription. Under
+    class-level state in another object), a checker does not let it be
+    subclassed (decorate the subclasses of an undecorated base instead),
+    and ``isinstance(x, Cls)`` is rejected, as it is never true of a
+    subscription. Under
     ``pyright --strict`` give ``key`` as a ``def`` with annotated
     parameters: a lambda's parameters cannot be annotated.
 

@@ -34,3 +34,7 @@ async def misuse() -> None:
     print(isinstance(sub, Sub))  # expect: reportArgumentType
     Sub(3)  # expect: reportArgumentType
     Sub()  # expect: reportCallIssue
+
+
+class Sub2(Sub):  # expect: reportGeneralTypeIssues
+    pass
