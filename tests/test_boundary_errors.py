@@ -333,3 +333,22 @@ def test_unpicklable_star_argument_is_named_by_position() -> None:
 
     with pytest.raises(TypeError, match=r"argument 2="):
         pickle.dumps(StarSubscriber("a", threading.Lock()))
+
+
+def test_a_cloudpickle_pickler_subclass_pickles_a_local_function_argument() -> None:
+    """wool pickles with a subclass of cloudpickle's Pickler: an argument only
+    cloudpickle can serialise passes there too."""
+    import io
+
+    from subscribers import NamedSubscriber
+
+    class Subclassed(cloudpickle.Pickler):
+        pass
+
+    def local() -> int:
+        return 2
+
+    buffer = io.BytesIO()
+    Subclassed(buffer).dump(NamedSubscriber(local))
+    copy = cloudpickle.loads(buffer.getvalue())
+    assert copy.args[0]() == 2
