@@ -352,3 +352,32 @@ def test_a_cloudpickle_pickler_subclass_pickles_a_local_function_argument() -> N
     Subclassed(buffer).dump(NamedSubscriber(local))
     copy = cloudpickle.loads(buffer.getvalue())
     assert copy.args[0]() == 2
+
+
+@shared_subscription
+class _ManyInts:
+    async def __aiter__(self) -> AsyncIterator[int]:
+        for number in range(1100):
+            yield number
+        await anyio.sleep_forever()
+
+
+async def test_default_max_lag_raises_lagged_for_other_items() -> None:
+    """With the default bound (1024), a consumer left behind a stream of ints
+    gets Lagged, as the issue's fast/slow pair would have shown."""
+    with anyio.fail_after(10):
+        async with SubscriptionPool():
+            subscription = _ManyInts()
+            assert subscription.max_lag == 1024
+            slow = aiter(subscription)
+            fast = aiter(subscription)
+            assert await anext(slow) == 0
+            fast_got = [await anext(fast) for _ in range(1099)]
+            assert fast_got == list(range(1, 1100))
+            with pytest.raises(Lagged) as lagged:
+                await anext(slow)
+            rest = [await anext(slow) for _ in range(1099 - lagged.value.skipped)]
+            assert rest == list(range(1 + lagged.value.skipped, 1100))
+            assert len(rest) == 1024
+            await slow.aclose()
+            await fast.aclose()
