@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -163,6 +164,14 @@ def _decode(uid: bytes, payload: bytes) -> WorkerMetadata:
     return metadata
 
 
+def _version_of(data: object) -> int | None:
+    """The version an announcement carries, or None if it has none."""
+    if not isinstance(data, bytes):
+        return None
+    head = data.split(b" ", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
 # -- publisher ------------------------------------------------------------------
 
 
@@ -306,7 +315,7 @@ class RedisPublisher:
             return metadata
         if ":" in host and not host.startswith("["):
             host = f"[{host}]"
-        return attrs.evolve(metadata, address=f"{host}:{port}")
+        return dataclasses.replace(metadata, address=f"{host}:{port}")
 
     async def publish(self, type: DiscoveryEventType, metadata: WorkerMetadata) -> None:
         """Record (or remove) ``metadata`` and announce it; see the class docstring.
@@ -490,15 +499,18 @@ class _RedisStream:
                     if message is None:
                         await session.reap()
                         continue
-                    parsed = self._parse(message.get("data"))
+                    data = message.get("data")
+                    number = _version_of(data)
+                    if number is not None and number <= last:
+                        continue  # already in the snapshot, or a duplicate
+                    if number is not None and number != last + 1:
+                        raise _Gap(f"expected version {last + 1}, got {number}")
+                    if number is not None:
+                        last = number
+                    parsed = self._parse(data)
                     if parsed is None:
                         continue
-                    number, kind, uid, metadata, payload = parsed
-                    if number <= last:
-                        continue  # already in the snapshot, or a duplicate
-                    if number != last + 1:
-                        raise _Gap(f"expected version {last + 1}, got {number}")
-                    last = number
+                    kind, uid, metadata, payload = parsed
                     event = self._apply(known, kind, uid, metadata, payload)
                     if event is not None:
                         yield event
@@ -557,18 +569,18 @@ class _RedisStream:
         known.update(current)
         return events
 
-    def _parse(
-        self, data: object
-    ) -> tuple[int, str, bytes, WorkerMetadata, bytes] | None:
-        """``(version, type, uid, metadata, payload)``, or None (warned, counted)."""
+    def _parse(self, data: object) -> tuple[str, bytes, WorkerMetadata, bytes] | None:
+        """``(type, uid, metadata, payload)``, or None (warned, counted).
+
+        An announcement whose version is readable but whose rest is not
+        still takes its place in the sequence (the caller advanced it).
+        """
         try:
-            head = cast(bytes, data)
-            number, kind, uid, payload = head.split(b" ", 3)
+            _, kind, uid, payload = cast(bytes, data).split(b" ", 3)
             text = kind.decode()
             if text not in ("worker-added", "worker-updated", "worker-dropped"):
                 raise ValueError(f"unknown event type {text!r}")
-            metadata = _decode(uid, payload)
-            return int(number), text, uid, metadata, payload
+            return text, uid, _decode(uid, payload), payload
         except Exception as error:
             self._invalid(data[:60] if isinstance(data, bytes) else b"?", error)
             return None
