@@ -109,7 +109,9 @@ def redact(url: str) -> str:
     if parts.port is not None:
         host = f"{host}:{parts.port}"
     user = f"{parts.username}@" if parts.username else ""
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}{host}"))
+    return urllib.parse.urlunsplit(
+        (parts.scheme, f"{user}{host}", parts.path, parts.query, parts.fragment)
+    )
 
 
 def _require_asyncio(what: str) -> None:
