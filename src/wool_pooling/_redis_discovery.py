@@ -28,7 +28,7 @@ import attrs
 import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
 from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialWithJitterBackoff
+from redis.backoff import EqualJitterBackoff
 from redis.backoff import NoBackoff
 from wool import DiscoveryEvent
 from wool import DiscoveryEventType
@@ -140,7 +140,7 @@ def _connect(
 ) -> Any:
     """A redis-py asyncio client whose connections name themselves."""
     retry = (
-        Retry(ExponentialWithJitterBackoff(cap=timeout, base=0.05), retries)
+        Retry(EqualJitterBackoff(cap=timeout, base=0.05), retries)
         if retries
         else Retry(NoBackoff(), 0)
     )
