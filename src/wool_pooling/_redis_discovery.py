@@ -638,7 +638,36 @@ class _SharedRedisStream(_RedisStream):
 
 @final
 class RedisDiscovery:
-    """A wool ``DiscoveryLike`` on one Redis server; see :mod:`wool_pooling.redis`."""
+    """A wool ``DiscoveryLike`` on one Redis server.
+
+    :mod:`wool_pooling.redis` states the guarantees in full: ordering by the
+    namespace's version, one shared subscription per (url, namespace) and
+    process, what a reconnect does, lease semantics, asyncio only.
+
+    :param url: The server, as redis-py takes it
+        (``redis://[user:password@]host:port/db``, ``rediss://`` for TLS).
+    :param namespace: Workers are shared between discoveries of one
+        namespace only.
+    :param bind_host: Where wool binds the workers this discovery's
+        publisher announces (``"0.0.0.0"`` for other machines to reach them).
+    :param advertise_host: The host announced for a worker bound to a
+        wildcard; ``None``: this host's default-route address.
+    :param lease: Seconds a worker's record lives without renewal (renewed
+        every ``lease / 3`` by its publisher).
+    :param reap_interval: Seconds between a subscription's sweeps of
+        expired leases; ``None``: ``lease / 4``.
+    :param connect_timeout: Bound, in seconds, on connecting, subscribing
+        and taking a snapshot, and on each command.
+    :param reconnect: How a subscription retries a lost connection
+        (``attempts``, ``backoff``, ``multiplier``, ``max_backoff`` and
+        ``jitter`` apply); unlimited attempts by default.
+    :param shared: ``False`` gives every iteration of every subscriber its
+        own connections, as a discovery without this library would (for
+        comparison).
+    :raises ValueError: for a lease, reap interval or timeout that is not a
+        finite number > 0, or an empty namespace.
+    :raises TypeError: if ``reconnect`` is not a ``RestartPolicy``.
+    """
 
     def __init__(
         self,
