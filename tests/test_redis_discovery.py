@@ -201,7 +201,8 @@ async def test_client_kill_and_server_restart_converge_to_the_hash(
     """``CLIENT KILL`` of the subscription mid-stream, then a server restart
     (its data lost): every consumer's view converges to the hash's content,
     with no duplicate ``worker-added`` and no missed drop (each view checks
-    every event as it arrives)."""
+    every event as it arrives), and no flapping of the workers that their
+    publisher renews after the restart."""
     if await refused_on_trio(anyio_backend_name, redis_server.url):
         return
     redis_discovery = discovery(redis_server)
@@ -249,6 +250,11 @@ async def test_client_kill_and_server_restart_converge_to_the_hash(
         await converged()
         assert redis_discovery.statistics().reconnects > reconnects
         assert all(view.workers.keys() == views[0].workers.keys() for view in views)
+        # The server lost its data: the subscription waited for the publisher
+        # to renew, so the workers it re-added were never dropped meanwhile.
+        for view in views:
+            assert view.added[workers[2].uid] == 1
+            assert view.added[workers[3].uid] == 1
         tg.cancel_scope.cancel()
 
 
@@ -626,3 +632,30 @@ def test_import_without_redis_says_how_to_install_it() -> None:
     assert completed.returncode == 1
     assert "ImportError" in completed.stderr
     assert 'pip install "wool-pooling[redis]"' in completed.stderr
+
+
+@pytest.mark.parametrize("swallowed_as", [None, TimeoutError], ids=["result", "error"])
+def test_a_cancellation_that_redis_py_swallows_is_raised_again(
+    swallowed_as: type[Exception] | None,
+) -> None:
+    """redis-py can turn a cancellation into its read timeout's outcome;
+    ``_watched`` notices the pending cancellation and raises it again."""
+    import asyncio
+
+    from wool_pooling._redis_discovery import _watched
+
+    async def swallow() -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            if swallowed_as is not None:
+                raise swallowed_as from None
+
+    async def main() -> None:
+        task = asyncio.ensure_future(_watched(swallow()))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())

@@ -12,14 +12,17 @@ import logging
 import math
 import os
 import socket
+import time
 import urllib.parse
 import uuid
 from collections.abc import AsyncGenerator
 from collections.abc import AsyncIterator
+from collections.abc import Awaitable
 from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import TypeVar
 from typing import cast
 from typing import final
 
@@ -56,6 +59,8 @@ __all__ = [
 
 logger = logging.getLogger("wool_pooling.redis")
 
+T = TypeVar("T")
+
 #: Errors that mean "the connection is gone": reconnect and resynchronise.
 _CONNECTION_ERRORS = (
     redis_errors.ConnectionError,
@@ -63,6 +68,9 @@ _CONNECTION_ERRORS = (
     OSError,
     TimeoutError,
 )
+
+#: Shortest wait for an announcement, in seconds.
+_MIN_WAIT = 0.05
 
 #: How a subscriber reconnects after losing its connection, by default.
 DEFAULT_RECONNECT = RestartPolicy(
@@ -153,6 +161,28 @@ def _connect(
         retry=retry,
         retry_on_error=[redis_errors.ConnectionError, redis_errors.TimeoutError],
     )
+
+
+async def _watched(awaitable: Awaitable[T]) -> T:
+    """Await a redis-py call; re-raise a cancellation that it swallowed.
+
+    redis-py reads under ``asyncio.timeout``: a task cancelled as that
+    timeout expires can get the timeout's result (``None`` from
+    ``get_message``, or a ``TimeoutError``) in place of its
+    ``CancelledError``, and then go on as if never cancelled. The task's
+    pending cancellation count says it was: raise ``CancelledError`` then.
+    """
+    task = asyncio.current_task()
+    before = task.cancelling() if task is not None else 0
+    try:
+        result = await awaitable
+    except Exception:
+        if task is not None and task.cancelling() > before:
+            raise asyncio.CancelledError from None
+        raise
+    if task is not None and task.cancelling() > before:
+        raise asyncio.CancelledError
+    return result
 
 
 def _failure(url: str, action: str, error: BaseException) -> RedisDiscoveryError:
@@ -340,9 +370,11 @@ class RedisPublisher:
         lease_ms = max(1, round(self.lease * 1000))
         async with self._lock:
             try:
-                await self._scripts["publish"](
-                    keys=self._keys.keys,
-                    args=[self._keys.channel, type, uid, payload, lease_ms],
+                await _watched(
+                    self._scripts["publish"](
+                        keys=self._keys.keys,
+                        args=[self._keys.channel, type, uid, payload, lease_ms],
+                    )
                 )
             except redis_errors.RedisError as error:
                 raise _failure(self.url, f"publishing {type} {uid}", error) from error
@@ -391,6 +423,9 @@ class _Options:
     connect_timeout: float
     reap_interval: float
     reconnect: RestartPolicy
+    #: After the server lost its data: seconds to wait for publishers to add
+    #: their workers again before dropping the ones they do not.
+    settle: float
 
 
 class _Gap(Exception):
@@ -415,26 +450,30 @@ class _Session:
         self.snapshot_script: Any = self.client.register_script(SNAPSHOT)
         self.reap_script: Any = self.client.register_script(REAP)
 
-    async def open(self) -> tuple[int, list[bytes]]:
-        """Subscribe, wait for the confirmation, then snapshot: (version, flat hash)."""
-        await self.pubsub.subscribe(self.keys.channel)
+    async def open(self) -> tuple[int, bytes, list[bytes]]:
+        """Subscribe, wait for the confirmation, then snapshot:
+        (version, epoch, flat hash)."""
+        await _watched(self.pubsub.subscribe(self.keys.channel))
         while True:
-            message = await self.pubsub.get_message(timeout=None)
+            message = await _watched(self.pubsub.get_message(timeout=None))
             if message is not None and message["type"] == "subscribe":
                 break
-        version, flat = await self.snapshot_script(
-            keys=self.keys.keys, args=[self.keys.channel]
+        version, epoch, flat = await _watched(
+            self.snapshot_script(
+                keys=self.keys.snapshot_keys,
+                args=[self.keys.channel, uuid.uuid4().hex],
+            )
         )
-        return int(version), cast(list[bytes], flat)
+        return int(version), cast(bytes, epoch), cast(list[bytes], flat)
 
     async def next_message(self, wait: float) -> dict[str, Any] | None:
         """The next announcement, or None after ``wait`` seconds without one."""
-        return await self.pubsub.get_message(
-            ignore_subscribe_messages=True, timeout=wait
+        return await _watched(
+            self.pubsub.get_message(ignore_subscribe_messages=True, timeout=wait)
         )
 
     async def reap(self) -> None:
-        await self.reap_script(keys=self.keys.keys, args=[self.keys.channel])
+        await _watched(self.reap_script(keys=self.keys.keys, args=[self.keys.channel]))
 
     async def aclose(self) -> None:
         for close in (self.pubsub.aclose, self.listener.aclose, self.client.aclose):
@@ -470,12 +509,16 @@ class _RedisStream:
         known: dict[uuid.UUID, tuple[bytes, WorkerMetadata]] = {}
         failures = 0
         connected = False
+        epoch_seen: bytes | None = None
+        # Workers held after the server lost its data, until `settle_until`.
+        held: set[uuid.UUID] = set()
+        settle_until = 0.0
         while True:
             session = _Session(self.url, self.namespace, options)
             try:
                 try:
                     with anyio.fail_after(options.connect_timeout):
-                        version, flat = await session.open()
+                        version, epoch, flat = await session.open()
                 except redis_errors.ResponseError as error:
                     raise _failure(self.url, "subscribing", error) from error
                 except redis_errors.AuthenticationError as error:
@@ -484,22 +527,49 @@ class _RedisStream:
                     if not connected:
                         raise _failure(self.url, "connecting", error) from error
                     raise
+                lost = epoch_seen is not None and epoch != epoch_seen
+                epoch_seen = epoch
                 if connected:
                     _count(self.url, self.namespace, reconnects=1)
                     logger.warning(
-                        "reconnected to %s (namespace %s): resynchronising",
+                        "reconnected to %s (namespace %s): resynchronising%s",
                         redact(self.url),
                         self.namespace,
+                        f" (the server lost its data: waiting {options.settle:.1f}s "
+                        "for publishers to renew their workers)"
+                        if lost
+                        else "",
                     )
                 connected = True
                 failures = 0
-                for event in self._resync(known, flat):
+                events, held = self._resync(known, flat, hold=lost)
+                settle_until = time.monotonic() + options.settle
+                for event in events:
                     yield event
                 last = version
+                next_reap = time.monotonic() + options.reap_interval
                 while True:
-                    message = await session.next_message(options.reap_interval)
-                    if message is None:
+                    now = time.monotonic()
+                    if held and now >= settle_until:
+                        for uid in list(held):
+                            before = known.pop(uid, None)
+                            if before is not None:
+                                yield DiscoveryEvent(
+                                    "worker-dropped", metadata=before[1]
+                                )
+                        held.clear()
+                        continue
+                    if now >= next_reap:
                         await session.reap()
+                        next_reap = time.monotonic() + options.reap_interval
+                        continue
+                    wait = next_reap - now
+                    if held:
+                        wait = min(wait, settle_until - now)
+                    # Never a very short read: a read cut short by its timeout
+                    # mid-message is what redis-py's pub/sub handles worst.
+                    message = await session.next_message(max(wait, _MIN_WAIT))
+                    if message is None:
                         continue
                     data = message.get("data")
                     number = _version_of(data)
@@ -513,6 +583,7 @@ class _RedisStream:
                     if parsed is None:
                         continue
                     kind, uid, metadata, payload = parsed
+                    held.discard(metadata.uid)
                     event = self._apply(known, kind, uid, metadata, payload)
                     if event is not None:
                         yield event
@@ -546,8 +617,15 @@ class _RedisStream:
         self,
         known: dict[uuid.UUID, tuple[bytes, WorkerMetadata]],
         flat: list[bytes],
-    ) -> list[DiscoveryEvent]:
-        """Events turning ``known`` into the snapshot ``flat``; updates ``known``."""
+        *,
+        hold: bool,
+    ) -> tuple[list[DiscoveryEvent], set[uuid.UUID]]:
+        """Events turning ``known`` into the snapshot ``flat``; updates ``known``.
+
+        With ``hold``, the known workers missing from the snapshot are not
+        dropped but kept, and returned (the caller drops those that are not
+        announced again in time).
+        """
         current: dict[uuid.UUID, tuple[bytes, WorkerMetadata]] = {}
         for index in range(0, len(flat), 2):
             uid, payload = flat[index], flat[index + 1]
@@ -564,12 +642,15 @@ class _RedisStream:
                 events.append(DiscoveryEvent("worker-added", metadata=metadata))
             elif before[0] != payload:
                 events.append(DiscoveryEvent("worker-updated", metadata=metadata))
-        for uid, (_, metadata) in known.items():
-            if uid not in current:
+        missing = {uid: value for uid, value in known.items() if uid not in current}
+        if not hold:
+            for _, metadata in missing.values():
                 events.append(DiscoveryEvent("worker-dropped", metadata=metadata))
         known.clear()
         known.update(current)
-        return events
+        if hold:
+            known.update(missing)
+        return events, set(missing) if hold else set()
 
     def _parse(self, data: object) -> tuple[str, bytes, WorkerMetadata, bytes] | None:
         """``(type, uid, metadata, payload)``, or None (warned, counted).
@@ -706,6 +787,7 @@ class RedisDiscovery:
             connect_timeout=float(connect_timeout),
             reap_interval=float(reap_interval),
             reconnect=reconnect,
+            settle=float(lease),
         )
 
     @property

@@ -13,6 +13,8 @@ keys of a namespace share a slot):
 - ``wool:{ns}:workers``: hash, worker uid -> the metadata's protobuf bytes
 - ``wool:{ns}:leases``: sorted set, worker uid -> lease expiry (ms, server clock)
 - ``wool:{ns}:version``: counter, incremented once per announcement
+- ``wool:{ns}:epoch``: set by the first snapshot; a snapshot that finds a
+  different (or no) epoch than the last knows the server lost its data
 - channel ``wool:{ns}:events``: ``b"<version> <type> <uid> " + protobuf bytes``
 
 Leases are read against the server's clock (``TIME``), never a client's.
@@ -32,6 +34,7 @@ class Keys:
     workers: str
     leases: str
     version: str
+    epoch: str
     channel: str
 
     @classmethod
@@ -41,12 +44,17 @@ class Keys:
             workers=f"{prefix}:workers",
             leases=f"{prefix}:leases",
             version=f"{prefix}:version",
+            epoch=f"{prefix}:epoch",
             channel=f"{prefix}:events",
         )
 
     @property
     def keys(self) -> list[str]:
         return [self.workers, self.leases, self.version]
+
+    @property
+    def snapshot_keys(self) -> list[str]:
+        return [self.workers, self.leases, self.version, self.epoch]
 
 
 # KEYS: workers, leases, version. Shared prelude: the server's clock in ms, and
@@ -127,12 +135,18 @@ return reap(ARGV[1])
 """
 )
 
-#: ARGV: channel. Reaps, then returns {version, {uid, payload, ...}}.
+#: KEYS: workers, leases, version, epoch. ARGV: channel, a new epoch (set if
+#: there is none). Reaps, then returns {version, epoch, {uid, payload, ...}}.
 SNAPSHOT = (
     _PRELUDE
     + """
 reap(ARGV[1])
+local epoch = redis.call('GET', KEYS[4])
+if not epoch then
+  epoch = ARGV[2]
+  redis.call('SET', KEYS[4], epoch)
+end
 local version = tonumber(redis.call('GET', KEYS[3]) or '0')
-return {version, redis.call('HGETALL', KEYS[1])}
+return {version, epoch, redis.call('HGETALL', KEYS[1])}
 """
 )

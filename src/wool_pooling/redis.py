@@ -47,7 +47,12 @@ says (exponential backoff with jitter; unlimited attempts by default;
 the ``wool_pooling.redis`` logger, subscribes again and takes a new
 snapshot. Consumers then receive only the difference between the workers
 they had and the snapshot (added, updated, dropped): nothing lost, nothing
-repeated. While disconnected, consumers keep their last view. Failing the
+repeated. While disconnected, consumers keep their last view. If the
+server lost its data meanwhile (a restart without persistence, a flush:
+the namespace's epoch key changed), the workers missing from the snapshot
+are held for ``lease`` seconds, the time their publishers take to add them
+again, and only those not added again by then are dropped: a server
+restart does not make every proxy drop every worker. Failing the
 first connection raises :class:`RedisDiscoveryError` at once (within
 ``connect_timeout``), as does a server that refuses the client (wrong
 password, ACL); when the policy's attempts run out, every consumer gets a
