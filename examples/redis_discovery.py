@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import shutil
 import socket
@@ -24,14 +25,19 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator
 from contextlib import contextmanager
 
-import redis
 import wool
 
 from wool_pooling.redis import RedisDiscovery
+
+# wool logs every worker's start and stop at INFO; this example's output is
+# its own lines only (worker processes re-import this module, so this
+# applies to them too).
+logging.getLogger("wool").setLevel(logging.WARNING)
 
 
 @wool.routine
@@ -40,8 +46,32 @@ async def where_am_i() -> tuple[int, int]:
     return os.getpid(), os.getppid()
 
 
+def redis_command(url: str, *words: str) -> bytes:
+    """Send one command to the server at ``url`` and return its reply's
+    payload (enough Redis protocol for ``PING`` and ``CLIENT LIST``)."""
+    parts = urllib.parse.urlsplit(url)
+    address = (parts.hostname or "127.0.0.1", parts.port or 6379)
+    commands = [words]
+    if parts.password:
+        commands.insert(0, ("AUTH", *filter(None, [parts.username, parts.password])))
+    with socket.create_connection(address, timeout=5) as connection:
+        replies = connection.makefile("rb")
+        header = b""
+        for command in commands:
+            request = f"*{len(command)}\r\n" + "".join(
+                f"${len(word.encode())}\r\n{word}\r\n" for word in command
+            )
+            connection.sendall(request.encode())
+            header = replies.readline()
+            if header.startswith(b"-"):
+                raise RuntimeError(f"redis: {header[1:].decode().strip()}")
+        if header.startswith(b"$"):
+            return replies.read(int(header[1:]))
+        return header[1:].strip()
+
+
 @contextmanager
-def local_redis_server() -> Iterator[str]:
+def local_redis_server() -> Generator[str]:
     """A throwaway ``redis-server`` on a free loopback port; yields its URL."""
     executable = shutil.which("redis-server")
     if executable is None:
@@ -61,17 +91,15 @@ def local_redis_server() -> Iterator[str]:
     )  # fmt: skip
     url = f"redis://127.0.0.1:{port}/0"
     try:
-        client = redis.Redis.from_url(url)
         deadline = time.monotonic() + 20
         while True:
             try:
-                client.ping()
+                redis_command(url, "PING")
                 break
-            except redis.ConnectionError:
+            except OSError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
-        client.close()
         print(f"started redis-server on 127.0.0.1:{port} (no --url given)")
         yield url
     finally:
@@ -82,14 +110,13 @@ def local_redis_server() -> Iterator[str]:
 
 def subscription_connections(url: str, namespace: str) -> tuple[int, int]:
     """(subscription connections, distinct processes holding them), by name."""
-    client = redis.Redis.from_url(url)
-    try:
-        prefix = f"wool-pooling:subscriber:{namespace}:"
-        names = [
-            c["name"] for c in client.client_list() if c["name"].startswith(prefix)
-        ]
-    finally:
-        client.close()
+    prefix = f"wool-pooling:subscriber:{namespace}:"
+    names = [
+        field.removeprefix("name=")
+        for line in redis_command(url, "CLIENT", "LIST").decode().splitlines()
+        for field in line.split()
+        if field.startswith(f"name={prefix}")
+    ]
     return len(names), len({name.rsplit(":", 1)[1] for name in names})
 
 
@@ -152,7 +179,7 @@ async def main(url: str) -> None:
 
 
 def _cli() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--url", help="a Redis server (default: start one)")
     parser.add_argument(
         "--serve", nargs=2, metavar=("URL", "NAMESPACE"), help=argparse.SUPPRESS
