@@ -381,3 +381,41 @@ async def test_default_max_lag_raises_lagged_for_other_items() -> None:
             assert len(rest) == 1024
             await slow.aclose()
             await fast.aclose()
+
+
+def test_a_subscription_is_checked_once_per_pickler(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The extra pickling that names a failing argument runs at the first
+    pickle with each pickler only, not at every one (wool pickles proxies
+    often)."""
+    from subscribers import NamedSubscriber
+
+    from wool_pooling import _subscription
+
+    checks: list[bool] = []
+    check = _subscription._check_picklable
+
+    def counting(*arguments: Any) -> None:
+        checks.append(arguments[-1])
+        check(*arguments)
+
+    monkeypatch.setattr(_subscription, "_check_picklable", counting)
+    subscription = NamedSubscriber("a")
+    for _ in range(3):
+        pickle.dumps(subscription)
+        cloudpickle.dumps(subscription)
+    assert checks == [False, True]
+
+
+def test_without_a_python_level_cloudpickle_dump_pickling_is_taken_as_cloudpickle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Should cloudpickle's ``Pickler.dump`` stop being Python code, the
+    pickler in use cannot be told: the subscription then never claims that
+    plain pickle is at fault."""
+    from wool_pooling import _subscription
+
+    assert _subscription._pickling_with_cloudpickle() is False
+    monkeypatch.setattr(_subscription, "_CLOUDPICKLE_DUMP", None)
+    assert _subscription._pickling_with_cloudpickle() is True

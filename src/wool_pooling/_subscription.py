@@ -64,7 +64,7 @@ class SharedSubscription(Generic[T_co]):
     or in the body of a class cloudpickle copies by value).
     """
 
-    __slots__ = ("__weakref__", "_args", "_cls", "_key", "_kwargs")
+    __slots__ = ("__weakref__", "_args", "_checked", "_cls", "_key", "_kwargs")
 
     def __init__(
         self, cls: type, key: Hashable, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -73,6 +73,9 @@ class SharedSubscription(Generic[T_co]):
         self._key = key
         self._args = args
         self._kwargs = kwargs
+        # The picklers (cloudpickle: True, plain pickle: False) this
+        # subscription was checked to pickle with: checked once each.
+        self._checked: set[bool] = set()
 
     @property
     def cls(self) -> type:
@@ -125,7 +128,10 @@ class SharedSubscription(Generic[T_co]):
         return hash((self._cls, self._key))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        _check_picklable(self._cls, self._args, self._kwargs)
+        cloud = _pickling_with_cloudpickle()
+        if cloud not in self._checked:
+            _check_picklable(self._cls, self._args, self._kwargs, cloud)
+            self._checked.add(cloud)
         return (_construct, (self._cls, self._args, self._kwargs))
 
     def __repr__(self) -> str:
@@ -175,14 +181,16 @@ def _cloudpickles(value: object) -> bool:
     return True
 
 
-def _check_picklable(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+def _check_picklable(
+    cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], cloud: bool
+) -> None:
     """Fail as pickling would, but naming the class, the argument and a remedy.
 
-    The arguments are pickled once more here, with the pickler in use, so
-    that their failure can be told from the class's; a class's result is
-    remembered.
+    The arguments are pickled once more here, with the pickler in use
+    (``cloud``: cloudpickle's), so that their failure can be told from the
+    class's; a class's result is remembered, and a subscription's (see
+    :meth:`SharedSubscription.__reduce__`) too.
     """
-    cloud = _pickling_with_cloudpickle()
     what = f"a {cls.__qualname__} subscription"
     known = _classes_pickled[cloud]
     if not known.get(cls, False):
