@@ -57,8 +57,10 @@ class Lagged(Exception):
     """A consumer fell more than ``max_lag`` items behind and skipped some.
 
     Raised by ``__anext__`` (and :meth:`~FanoutConsumer.receive_nowait`) of a
-    :class:`FanoutConsumer` of a fan-out built with ``on_lag="error"``; the
-    consumer's next read returns the oldest item still held.
+    :class:`FanoutConsumer` of a fan-out built with ``on_lag="error"``, and
+    by ``__anext__`` of a :class:`~wool_pooling.SubscriptionConsumer` whose
+    stream carried items that are not discovery events (which no resync can
+    stand for); the consumer's next read returns the oldest item still held.
     """
 
     def __init__(self, skipped: int) -> None:
