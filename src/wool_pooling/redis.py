@@ -28,7 +28,7 @@ announcement lost) is handled as a lost connection. A consumer never
 receives a second ``worker-added`` for a worker it has, nor a drop of a
 worker it does not have.
 
-**One connection per process.** Subscribers of the same (url, namespace)
+**One subscription per process.** Subscribers of the same (url, namespace)
 in one process share one subscription (``@shared_subscription``, keyed by
 url and namespace; the first subscriber's options apply): one pub/sub
 connection named ``wool-pooling:subscriber:<namespace>:<host>:<pid>``
