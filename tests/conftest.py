@@ -1,12 +1,28 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from _loops import BACKENDS
+from _redis import RedisServer
+from _redis import require_redis_server
 
 
 @pytest.fixture(params=BACKENDS)
 def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
     """Run every ``anyio``-marked test under asyncio (see ``_loops``) and trio."""
     return request.param
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    """A real ``redis-server`` on a free loopback port, persistence off, one per
+    test module (see ``_redis``: skips, or fails under
+    ``WOOL_POOLING_REQUIRE_REDIS=1``, without one)."""
+    server = RedisServer(require_redis_server())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.cleanup()

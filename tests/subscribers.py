@@ -61,3 +61,14 @@ async def first_uid(consumer: Any) -> uuid.UUID:
         event = await consumer.__anext__()
     assert event.type == "worker-added"
     return event.metadata.uid
+
+
+@shared_subscription
+class StarSubscriber:
+    """Takes any number of positional arguments (pickling error messages)."""
+
+    def __init__(self, *items: Any) -> None:
+        self.items = items
+
+    async def __aiter__(self) -> AsyncGenerator[DiscoveryEvent, None]:
+        yield announcement(self)

@@ -422,17 +422,19 @@ def test_unhashable_default_key_raises_type_error_naming_the_class() -> None:
         Named(["a"])
 
 
-def test_key_callable_exception_propagates() -> None:
-    """An exception from the key callable propagates unchanged at construction."""
+def test_key_callable_exception_names_the_class_and_chains_the_error() -> None:
+    """An exception from the key callable becomes a TypeError naming the class
+    whose key failed, with the original exception as its cause."""
     error = Boom("bad key")
 
     def key(cls: type, *args: Any, **kwargs: Any) -> Any:
         raise error
 
     Named = make_named(key=key)
-    with pytest.raises(Boom) as caught:
+    with pytest.raises(TypeError, match="Named") as caught:
         Named("a")
-    assert caught.value is error
+    assert caught.value.__cause__ is error
+    assert "bad key" in str(caught.value)
     assert Named.inits == 0
 
 

@@ -239,3 +239,15 @@ def test_demo_help_says_how_to_get_trio() -> None:
     help_text = " ".join(completed.stdout.split())
     assert "--backend trio" in help_text
     assert 'pip install "wool-pooling[trio]"' in help_text
+
+
+def test_redis_reference_documents_every_public_name() -> None:
+    """``docs/redis.rst`` has an autodoc directive for each public name of
+    ``wool_pooling.redis``."""
+    import wool_pooling.redis as redis_module
+
+    page = (ROOT / "docs" / "redis.rst").read_text()
+    documented = set(
+        re.findall(r"^\.\. auto(?!module)\w+:: (\w+)$", page, flags=re.MULTILINE)
+    )
+    assert documented == set(redis_module.__all__)

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from _redis import require_redis_server
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
@@ -68,3 +70,32 @@ def test_demo_under_trio_without_trio_says_how_to_get_it() -> None:
     assert completed.returncode == 2
     assert 'pip install "wool-pooling[trio]"' in completed.stderr
     assert "Traceback" not in completed.stderr
+
+
+def test_redis_discovery_example_pools_find_each_other() -> None:
+    """``python examples/redis_discovery.py`` starts its own redis-server and
+    shows two pools in two processes using each other's workers, with one
+    subscription connection per process."""
+    require_redis_server()
+    completed = subprocess.run(
+        [sys.executable, str(EXAMPLES / "redis_discovery.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    lines = completed.stdout.splitlines()
+    assert lines[0].startswith("started redis-server on 127.0.0.1:")
+    assert lines[1].endswith("): one namespace")
+    assert lines[2:4] == [
+        "pool A's proxy knows 2 workers: its own and pool B's",
+        "where_am_i() ran on pool A's worker and on pool B's worker: True",
+    ]
+    counts = re.fullmatch(
+        r"subscription connections for the namespace: (\d+), from (\d+) processes.*",
+        lines[4],
+    )
+    assert counts is not None, lines[4]
+    assert counts[1] == counts[2]
+    assert int(counts[1]) >= 2

@@ -367,6 +367,66 @@ async def test_no_task_is_left_after_the_source_ends_or_consumers_leave(
     assert probe.finally_runs == 1
 
 
+async def test_no_task_is_left_after_a_fan_out_is_collected_in_a_cycle() -> None:
+    """A fan-out and its consumers dropped together, in a reference cycle,
+    without ``aclose()``: whatever ran their pulls ends once the collector
+    has freed them."""
+    await settle()
+    baseline = running_tasks()
+    with anyio.fail_after(5):
+        fanout = Fanout(counting_source(10))
+        consumer = fanout.consumer()
+        assert await anext(consumer) == 0
+        cycle: list[object] = [fanout, consumer]
+        cycle.append(cycle)
+        state = weakref.ref(fanout)
+        del fanout, consumer, cycle
+        gc.collect()
+        assert state() is None
+        await settle()
+        assert running_tasks() == baseline
+
+
+async def test_consumers_leaving_and_rejoining_never_start_a_second_pull(
+    probe: Probe,
+) -> None:
+    """The last consumer leaving between pulls, or during one, and a new one
+    joining at once: still one pull at a time, no item lost or repeated."""
+    fanout = Fanout(probe)
+    with anyio.fail_after(5):
+        first = fanout.consumer()
+        probe.feed(0)
+        assert await anext(first) == 0
+        await first.aclose()  # between pulls: nobody is left
+        second = fanout.consumer()  # ...and someone joins before anything ran
+        received: list[int] = []
+
+        async def receive(consumer: FanoutConsumer[int]) -> None:
+            received.append(await anext(consumer))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(receive, second)
+            await anyio.wait_all_tasks_blocked()
+            assert probe.active == 1
+            probe.feed(1)
+        assert received == [1]
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(receive, second)  # a pull in flight...
+            await anyio.wait_all_tasks_blocked()
+            group.cancel_scope.cancel()
+        await second.aclose()  # ...when the last consumer leaves
+        third = fanout.consumer()
+        async with anyio.create_task_group() as group:
+            group.start_soon(receive, third)
+            await anyio.wait_all_tasks_blocked()
+            probe.feed(2)
+        assert received == [1, 2]
+    assert probe.max_active == 1
+    assert probe.pulls == 3
+    await fanout.aclose()
+
+
 # --- 4. cancellation safety -----------------------------------------------------------
 
 

@@ -10,7 +10,6 @@ import argparse
 import importlib.util
 import uuid
 from collections.abc import AsyncIterator
-from typing import cast
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
@@ -18,7 +17,6 @@ from anyio.streams.memory import MemoryObjectSendStream
 from wool import DiscoveryEvent
 from wool import WorkerMetadata
 
-from wool_pooling import SharedSubscription
 from wool_pooling import SubscriptionPool
 from wool_pooling import shared_subscription
 
@@ -32,23 +30,29 @@ def _worker(number: int, version: str = "1.0") -> WorkerMetadata:
     )
 
 
+class _Raw:
+    """What the demo knows of the raw subscribers built (to a type checker,
+    ``DemoSubscriber`` is a factory of subscriptions, not the class)."""
+
+    opened: int = 0
+    events: MemoryObjectSendStream[DiscoveryEvent] | None = None
+
+
 @shared_subscription
 class DemoSubscriber:
     """A discovery subscriber whose events the demo pushes by hand."""
 
-    opened: int = 0
-    latest: DemoSubscriber
     events: MemoryObjectSendStream[DiscoveryEvent]
     _receive: MemoryObjectReceiveStream[DiscoveryEvent]
 
     def __init__(self, namespace: str) -> None:
-        type(self).opened += 1
-        type(self).latest = self
+        _Raw.opened += 1
         self.namespace = namespace
         self.events, self._receive = anyio.create_memory_object_stream[DiscoveryEvent](
             100
         )
-        print(f"  [raw] DemoSubscriber({namespace!r}) built (#{type(self).opened})")
+        _Raw.events = self.events
+        print(f"  [raw] DemoSubscriber({namespace!r}) built (#{_Raw.opened})")
 
     async def __aiter__(self) -> AsyncIterator[DiscoveryEvent]:
         print("  [raw] one upstream iteration started")
@@ -64,8 +68,7 @@ def _describe(event: DiscoveryEvent) -> str:
 
 
 async def _consume(name: str, stop: anyio.Event) -> None:
-    # Type checkers see the class; at run time the decorator returns a subscription.
-    subscription = cast(SharedSubscription, DemoSubscriber("demo"))
+    subscription = DemoSubscriber("demo")
     async with (
         aiter(subscription) as consumer,
         anyio.create_task_group() as tg,
@@ -81,7 +84,8 @@ async def _consume(name: str, stop: anyio.Event) -> None:
 
 
 async def _publish(event: DiscoveryEvent) -> None:
-    await DemoSubscriber.latest.events.send(event)
+    assert _Raw.events is not None
+    await _Raw.events.send(event)
     await anyio.wait_all_tasks_blocked()
 
 
@@ -106,7 +110,7 @@ async def main() -> None:
             print(f"pool: {pool.statistics()}")
             stop.set()
         print(f"all proxies done; pool: {pool.statistics()}")
-        print(f"raw subscribers built: {DemoSubscriber.opened}")
+        print(f"raw subscribers built: {_Raw.opened}")
 
 
 def _cli() -> None:

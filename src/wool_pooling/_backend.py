@@ -9,15 +9,19 @@ timers, and the release of a consumer abandoned without ``aclose()``.
 their public APIs only; every task it starts is owned and bounded by the
 object that started it.
 
-**Where a pull runs.** :meth:`EventLoop.start_pull` starts each pull as a
-task of its own. On asyncio with CPython 3.12+ the task is created with
-:func:`asyncio.eager_task_factory`: its first step runs at once, inside the
-consumer's call, but *as the new task* (``asyncio.current_task()`` is the
-pull's task, and the consumer's cancellation cannot reach it), so an item the
-source has ready costs no trip through the event loop. Elsewhere (CPython
-3.11, trio) the task starts at the loop's next pass. Setting the environment
-variable ``WOOL_POOLING_PULLS=task`` before import selects the second route on
-every interpreter (the test suite runs under both).
+**Where a pull runs.** On asyncio, :meth:`EventLoop.start_pull` starts each
+pull as a task of its own. With CPython 3.12+ the task is created with
+``eager_start=True`` (what :func:`asyncio.eager_task_factory` does): its
+first step runs at once, inside the consumer's call, but *as the new task*
+(``asyncio.current_task()`` is the pull's task, and the consumer's
+cancellation cannot reach it), so an item the source has ready costs no trip
+through the event loop. On CPython 3.11 the task starts at the loop's next
+pass; setting the environment variable ``WOOL_POOLING_PULLS=task`` before
+import selects that route on every interpreter (the test suite runs under
+both). On trio, where spawning a task and its cancel scope costs more than a
+pull, a fan-out runs all its pulls in one system task, its pump
+(:attr:`EventLoop.pulls_in_pump`), started by the first pull and waiting
+between pulls for the next demand.
 """
 
 from __future__ import annotations
@@ -121,15 +125,20 @@ class EventLoop:
     is gone instead of keeping it alive.
     """
 
-    __slots__ = ("__weakref__", "_loop_ref", "backend", "thread")
+    __slots__ = ("__weakref__", "_loop_ref", "backend", "pulls_in_pump", "thread")
 
     #: ``"asyncio"`` or ``"trio"``.
     backend: str
+    #: Whether a fan-out runs all its pulls in one task, its pump (trio:
+    #: spawning a task per pull costs more than the pull), rather than each
+    #: in a task of its own (asyncio).
+    pulls_in_pump: bool
     #: The thread the loop runs in.
     thread: int
 
     def __init__(self, backend: str, loop: object) -> None:
         self.backend = backend
+        self.pulls_in_pump = backend == "trio"
         self.thread = threading.get_ident()
         self._loop_ref = weakref.ref(loop)
 

@@ -13,7 +13,14 @@ import attrs
 
 from ._restart import RestartPolicy
 
-__all__ = ["CONFIG_ATTRIBUTE", "SubscriptionConfig", "build_raw", "derive_key"]
+__all__ = [
+    "CONFIG_ATTRIBUTE",
+    "SubscriptionConfig",
+    "build_raw",
+    "derive_key",
+    "named_arguments",
+    "short_repr",
+]
 
 #: Name of the class attribute holding a decorated class's configuration.
 CONFIG_ATTRIBUTE = "__shared_subscription__"
@@ -44,17 +51,26 @@ class SubscriptionConfig:
 def derive_key(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable:
     """Compute the subscription key of ``cls(*args, **kwargs)``.
 
-    With a key function, its result (an exception it raises propagates).
+    With a key function, its result (an exception it raises, a wrong arity
+    included, becomes a :exc:`TypeError` naming the class and the function,
+    the original chained as its ``__cause__``).
     Without one, the arguments bound to the signature of ``cls.__init__``
     with defaults applied, so positional and keyword spellings of the same
     call share a key.
 
-    :raises TypeError: if the key is not hashable, or the arguments do not
-        fit ``__init__``; the message names the class.
+    :raises TypeError: if the key function fails, the key is not hashable,
+        or the arguments do not fit ``__init__``; the message names the class.
     """
     config: SubscriptionConfig = getattr(cls, CONFIG_ATTRIBUTE)
     if config.key is not None:
-        key = config.key(cls, *args, **kwargs)
+        try:
+            key = config.key(cls, *args, **kwargs)
+        except Exception as error:
+            raise TypeError(
+                f"{cls.__qualname__}: its subscription key function "
+                f"{_describe(config.key)} failed for "
+                f"{_call(cls, args, kwargs)}: {type(error).__name__}: {error}"
+            ) from error
     else:
         key = _bound_arguments(cls, args, kwargs)
     try:
@@ -64,6 +80,63 @@ def derive_key(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hash
             f"{cls.__qualname__}: subscription key {key!r} is not hashable"
         ) from error
     return key
+
+
+def _describe(function: Callable[..., Any]) -> str:
+    """``module.qualname(signature)`` of a key function, as far as known."""
+    name = getattr(function, "__qualname__", None) or repr(function)
+    module = getattr(function, "__module__", None)
+    if module and module != "builtins":
+        name = f"{module}.{name}"
+    try:
+        return f"{name}{inspect.signature(function)}"
+    except (TypeError, ValueError):
+        return name
+
+
+def _call(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """How ``cls(*args, **kwargs)`` reads, values shortened."""
+    shown = [_short(value) for value in args]
+    shown += [f"{name}={_short(value)}" for name, value in kwargs.items()]
+    return f"{cls.__qualname__}({', '.join(shown)})"
+
+
+def short_repr(value: object) -> str:
+    """``repr(value)``, cut to 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+_short = short_repr
+
+
+def named_arguments(
+    cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> list[tuple[str, Any]]:
+    """The constructor arguments with the names ``__init__`` gives them.
+
+    A positional argument ``__init__`` does not name is called by its
+    position (``argument 1``); keywords keep their own name.
+    """
+    names: list[str] = []
+    try:
+        parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    except (TypeError, ValueError):
+        parameters = []
+    for parameter in parameters:
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            break
+        if parameter.kind in (
+            inspect.Parameter.POSITIONAL_ONLY,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        ):
+            names.append(parameter.name)
+    named = [
+        (names[index] if index < len(names) else f"argument {index + 1}", value)
+        for index, value in enumerate(args)
+    ]
+    named += list(kwargs.items())
+    return named
 
 
 def _bound_arguments(

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import AsyncIterable
 from collections.abc import Callable
 from typing import Any
+from typing import ParamSpec
+from typing import Protocol
 from typing import TypeVar
 from typing import overload
 
@@ -18,7 +21,17 @@ from ._subscription import SharedSubscription
 
 __all__ = ["shared_subscription"]
 
-C = TypeVar("C", bound=type)
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class _Decorator(Protocol):
+    """What ``shared_subscription(key=..., ...)`` returns: the decorator itself."""
+
+    def __call__(
+        self, cls: Callable[P, AsyncIterable[T]], /
+    ) -> Callable[P, SharedSubscription[T]]: ...
+
 
 #: Default bound on how far a consumer of a shared subscription may lag.
 DEFAULT_MAX_LAG = 1024
@@ -26,14 +39,14 @@ DEFAULT_MAX_LAG = 1024
 
 @overload
 def shared_subscription(
-    cls: C,
+    cls: Callable[P, AsyncIterable[T]],
     /,
     *,
     key: KeyFunction | None = None,
     ttl: float = 0.0,
     max_lag: int | None = DEFAULT_MAX_LAG,
     restart: RestartPolicy | None = None,
-) -> C: ...
+) -> Callable[P, SharedSubscription[T]]: ...
 
 
 @overload
@@ -45,7 +58,7 @@ def shared_subscription(
     ttl: float = 0.0,
     max_lag: int | None = DEFAULT_MAX_LAG,
     restart: RestartPolicy | None = None,
-) -> Callable[[C], C]: ...
+) -> _Decorator: ...
 
 
 def shared_subscription(
@@ -67,6 +80,19 @@ def shared_subscription(
     ``__init__``: it computes the key and returns a subscription. The raw
     instance is built from those arguments when a consumer first iterates.
 
+    **Types.** A type checker sees the decorated name as what calling it
+    returns: a callable taking the parameters of the class's ``__init__``
+    and returning ``SharedSubscription[T]``, ``T`` being the item type of the
+    class's ``__aiter__``; so ``Cls(...).aclose`` is an error and
+    ``aiter(Cls(...))`` is a :class:`SubscriptionConsumer`, without casts.
+    The class's own attributes are not visible through that name (keep
+    class-level state in another object), a checker does not let it be
+    subclassed (decorate the subclasses of an undecorated base instead),
+    and ``isinstance(x, Cls)`` is rejected, as it is never true of a
+    subscription. Under
+    ``pyright --strict`` give ``key`` as a ``def`` with annotated
+    parameters: a lambda's parameters cannot be annotated.
+
     :param key: ``key(cls, *args, **kwargs) -> Hashable``, evaluated at
         construction. ``None`` keys by the arguments bound to ``__init__``'s
         signature with defaults applied, so ``Cls("a")`` and
@@ -78,8 +104,10 @@ def shared_subscription(
         resynchronised: instead of the events it missed it receives the
         difference between the workers it last saw and the current ones, so
         memory is bounded by the number of workers, not of events. The
-        diff covers discovery events only: for a stream of other items,
-        which a consumer must not miss, pass ``max_lag=None``.
+        diff covers discovery events only: once the stream has carried
+        other items, a consumer that falls behind gets
+        :exc:`~wool_pooling.Lagged` (with the count it missed) instead;
+        pass ``max_lag=None`` for a stream no consumer may miss items of.
     :param restart: A :class:`RestartPolicy` to iterate the raw subscriber
         again when its stream fails (or ends), instead of ending every
         consumer; ``None`` (the default) ends them with the error.
@@ -103,13 +131,20 @@ def shared_subscription(
             f"shared_subscription restart must be a RestartPolicy, got {restart!r}"
         )
 
-    def decorate(target: C) -> C:
+    def decorate(target: Any) -> Any:
         if not isinstance(target, type):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise TypeError(f"@shared_subscription decorates a class, got {target!r}")
-        if not callable(getattr(target, "__aiter__", None)):
+        method = getattr(target, "__aiter__", None)
+        if method is None:
             raise TypeError(
                 f"@shared_subscription: {target.__qualname__} has no __aiter__; "
                 "only async-iterable subscriber classes can be shared"
+            )
+        if not callable(method):
+            raise TypeError(
+                f"@shared_subscription: {target.__qualname__}.__aiter__ is "
+                f"{method!r}, not a method; only async-iterable subscriber "
+                "classes can be shared"
             )
         config = SubscriptionConfig(
             key=key,
@@ -127,7 +162,7 @@ def shared_subscription(
     return decorate(cls)
 
 
-def _pooled_new(cls: type, *args: Any, **kwargs: Any) -> SharedSubscription:
+def _pooled_new(cls: type, *args: Any, **kwargs: Any) -> SharedSubscription[Any]:
     # Not an instance of cls, so type.__call__ does not run cls.__init__.
     return SharedSubscription(cls, derive_key(cls, args, kwargs), args, kwargs)
 

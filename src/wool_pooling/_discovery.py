@@ -185,32 +185,38 @@ class SharedDiscovery:
         return self._inner.publisher
 
     @property
-    def subscriber(self) -> SharedSubscription:
+    def subscriber(self) -> SharedSubscription[DiscoveryEvent]:
         """The unfiltered pooled subscription; same as ``subscribe()``."""
         return self.subscribe()
 
     @overload
-    def subscribe(self, filter: None = None) -> SharedSubscription: ...
+    def subscribe(self, filter: None = None) -> SharedSubscription[DiscoveryEvent]: ...
 
     @overload
     def subscribe(self, filter: Callable[[WorkerMetadata], bool]) -> afilter: ...
 
+    @overload
     def subscribe(
         self, filter: Callable[[WorkerMetadata], bool] | None = None
-    ) -> SharedSubscription | afilter:
+    ) -> SharedSubscription[DiscoveryEvent] | afilter: ...
+
+    def subscribe(
+        self, filter: Callable[[WorkerMetadata], bool] | None = None
+    ) -> SharedSubscription[DiscoveryEvent] | afilter:
         """Return a pooled subscription, filtered by ``filter`` if given.
 
         Builds nothing and needs no event loop: the shared upstream is
         attached (and built if needed) when a consumer starts iterating.
+        Accepts what wool's ``DiscoveryLike.subscribe`` passes (a
+        ``PredicateFunction`` or ``None``), so a ``SharedDiscovery`` is a
+        ``DiscoveryLike`` to a type checker too.
 
         :param filter: Predicate a worker must satisfy to appear in this
             subscriber's stream; ``None`` for every worker.
         :returns: The shared upstream subscription itself when ``filter`` is
             ``None``, else an :class:`~wool_pooling.afilter` over it.
         """
-        upstream = cast(
-            SharedSubscription, _UpstreamSubscriber(self._inner, self._options)
-        )
+        upstream = _UpstreamSubscriber(self._inner, self._options)
         if filter is None:
             return upstream
         return afilter(filter, upstream)

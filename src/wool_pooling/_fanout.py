@@ -2,11 +2,11 @@
 
 The data path, top to bottom: a consumer with nothing buffered asks for the
 next item (:meth:`_FanoutState.wait_readable`); if no pull is in flight, one
-starts, as a task of its own (:func:`_run_pull`, the only code that awaits the
-source); the item it returns is appended to a singly linked log
-(:meth:`_FanoutState.append`) and every waiter is woken; each consumer holds a
-reference to the next node it will read and reads it with
-:meth:`FanoutConsumer.receive_nowait`.
+starts (:func:`_run_pull`, the only code that awaits the source: a task of its
+own on asyncio, the fan-out's pump :func:`_run_pump` on trio); the item it
+returns is appended to a singly linked log (:meth:`_FanoutState.append`) and
+every waiter is woken; each consumer holds a reference to the next node it
+will read and reads it with :meth:`FanoutConsumer.receive_nowait`.
 
 **Where an item is held and when it is freed.** A node is ``[item, next,
 seq]`` (a list: the cheapest object to build and index); the fan-out holds
@@ -57,8 +57,10 @@ class Lagged(Exception):
     """A consumer fell more than ``max_lag`` items behind and skipped some.
 
     Raised by ``__anext__`` (and :meth:`~FanoutConsumer.receive_nowait`) of a
-    :class:`FanoutConsumer` of a fan-out built with ``on_lag="error"``; the
-    consumer's next read returns the oldest item still held.
+    :class:`FanoutConsumer` of a fan-out built with ``on_lag="error"``, and
+    by ``__anext__`` of a :class:`~wool_pooling.SubscriptionConsumer` whose
+    stream carried items that are not discovery events (which no resync can
+    stand for); the consumer's next read returns the oldest item still held.
     """
 
     def __init__(self, skipped: int) -> None:
@@ -138,6 +140,8 @@ class _FanoutState(Generic[T]):
         "pull",
         "pull_done",
         "pulling",
+        "pump",
+        "pump_bell",
         "registry",
         "slowest",
         "source",
@@ -183,6 +187,10 @@ class _FanoutState(Generic[T]):
         self.pulling = False
         self.pull: PullTask | None = None
         self.pull_done: anyio.Event | None = None
+        # trio: the pump that runs every pull (see _run_pump), and its bell
+        # while it waits between pulls (None while it pulls or has ended).
+        self.pump: PullTask | None = None
+        self.pump_bell: _Bell | None = None
         # The Fanout object over this state, held weakly (consumers hold the
         # state, not the fan-out object).
         self.handle: weakref.ref[Fanout[T]] | None = None
@@ -321,6 +329,8 @@ class _FanoutState(Generic[T]):
             return
         self.consumers -= 1
         self.wake_space()
+        if self.consumers == 0:
+            self.stop_pump()
 
     # -- waiting and pulling -------------------------------------------------
 
@@ -382,6 +392,20 @@ class _FanoutState(Generic[T]):
         self.pulling = True
         context = self.context
         assert context is not None
+        if loop.pulls_in_pump:
+            bell = self.pump_bell
+            if bell is not None:  # the pump waits between pulls: wake it
+                self.pump_bell = None
+                bell.ring(True)
+            else:
+                bell = _Bell()
+                self.pump, _ = loop.start_pull(
+                    _run_pump, (weakref.ref(self), bell), context
+                )
+                # Dropped while the pump waits between pulls: let it end.
+                bell.finalizer = weakref.finalize(self, loop.run_soon, bell.ring, False)
+                bell.finalizer.atexit = False
+            return False
         task, cancel_requested = loop.start_pull(_run_pull, weakref.ref(self), context)
         if self.pulling:  # not completed inline
             self.pull = task
@@ -419,6 +443,15 @@ class _FanoutState(Generic[T]):
         self.end = _End(error, traceback)
         self.wake_waiters()
         self.wake_space()
+        self.stop_pump()
+
+    def stop_pump(self) -> None:
+        """Let a pump waiting between pulls end (the fan-out has ended, or
+        has no consumer left)."""
+        bell = self.pump_bell
+        if bell is not None:
+            self.pump_bell = None
+            bell.ring(False)
 
     async def close(self) -> None:
         first = not (self.end is not None and self.end.closed)
@@ -434,6 +467,7 @@ class _FanoutState(Generic[T]):
             self.registry = set()
             self.wake_waiters()
             self.wake_space()
+            self.stop_pump()
         loop = self.loop
         if loop is not None and self.pulling:
             loop.check_current("this fan-out")
@@ -442,8 +476,9 @@ class _FanoutState(Generic[T]):
                 done = self.pull_done
                 if done is None:
                     done = self.pull_done = anyio.Event()
-                if self.pull is not None:
-                    self.pull.cancel()
+                pull = self.pull if self.pull is not None else self.pump
+                if pull is not None:
+                    pull.cancel()
                 await done.wait()
             if first:
                 iterator, self.iterator = self.iterator, None
@@ -460,8 +495,9 @@ class _FanoutState(Generic[T]):
 async def _run_pull(ref: weakref.ref[_FanoutState[Any]]) -> None:
     """Pull one item from the source and log it for every consumer.
 
-    The only code that awaits the source. It runs as a task of its own (see
-    :meth:`~wool_pooling._backend.EventLoop.start_pull`) and holds the state
+    The only code that awaits the source. It runs as a task of its own on
+    asyncio (see :meth:`~wool_pooling._backend.EventLoop.start_pull`), in the
+    fan-out's pump on trio (:func:`_run_pump`), and holds the state
     only weakly while it awaits, so that neither a pull in flight nor an
     error's traceback keeps a dropped fan-out alive. Whatever the source
     raises, synchronously or not, ends the fan-out with it.
@@ -483,6 +519,58 @@ async def _run_pull(ref: weakref.ref[_FanoutState[Any]]) -> None:
     state = ref()
     if state is not None:
         state.pulled(item)
+
+
+@final
+class _Bell:
+    """How a fan-out reaches its pump while the pump waits between pulls."""
+
+    __slots__ = ("demand", "finalizer", "wanted")
+
+    def __init__(self) -> None:
+        self.demand: Waiters | None = None
+        # Why the pump was woken: a pull is wanted, or it is to end.
+        self.wanted = False
+        # Rings the bell if the fan-out is dropped while the pump waits.
+        self.finalizer: weakref.finalize[Any, Any] | None = None
+
+    def ring(self, wanted: bool) -> None:
+        demand = self.demand
+        if demand is not None:
+            self.demand = None
+            self.wanted = wanted
+            demand.wake()
+
+
+async def _run_pump(
+    args: tuple[weakref.ref[_FanoutState[Any]], _Bell],
+) -> None:
+    """trio: run a fan-out's pulls one after the other, in this one task.
+
+    Spawning a trio task (and its cancel scope) per pull costs more than the
+    pull; this task instead waits between pulls for the next demand. It
+    holds the state only weakly, as :func:`_run_pull` does, and ends when the
+    fan-out ends, is closed or dropped, or has no consumer left (the next
+    demand then starts a new pump).
+    """
+    ref, bell = args
+    try:
+        while True:
+            await _run_pull(ref)
+            state = ref()
+            if state is None or state.end is not None or state.consumers == 0:
+                return
+            loop = state.loop
+            assert loop is not None
+            demand = bell.demand = loop.waiters()
+            state.pump_bell = bell
+            del state
+            await demand.wait()
+            if not bell.wanted:
+                return
+    finally:
+        if bell.finalizer is not None:
+            bell.finalizer.detach()
 
 
 class _ClosedSource:
@@ -520,17 +608,21 @@ class Fanout(Generic[T]):
     nothing is pulled ahead of that demand. A consumer that has items buffered
     receives them without suspending and without touching the source.
 
-    **Where a pull runs.** Every pull runs in a task of its own, started by
-    the fan-out, never in a consumer's task: on asyncio with CPython 3.12+
+    **Where a pull runs.** Never in a consumer's task. On asyncio every pull
+    runs in a task of its own, started by the fan-out: with CPython 3.12+
     its first step runs eagerly, inside the call of the consumer that asked
     for it, but as the new task, so an item the source has ready costs no
-    trip through the event loop; elsewhere it starts at the loop's next
-    pass. The source may rely on this: one pull at a time; all pulls run in
-    one :class:`contextvars.Context` (a copy of the first waiting consumer's);
-    the current task during a pull is that pull's own (``asyncio.timeout``,
-    anyio and trio cancel scopes work inside a pull); cancelling a consumer
-    never reaches it. Successive pulls run in different tasks, so a source
-    must not keep a cancel scope or task group open across its own ``yield``.
+    trip through the event loop; on 3.11 it starts at the loop's next pass.
+    On trio, where spawning a task costs more than a pull, the fan-out runs
+    its pulls one after the other in one system task, its pump, which waits
+    for the next demand between pulls and ends when the fan-out ends, is
+    closed or dropped, or has no consumer left. The source may rely on this:
+    one pull at a time; all pulls run in one :class:`contextvars.Context` (a
+    copy of the first waiting consumer's); the current task during a pull is
+    not a consumer's (``asyncio.timeout``, anyio and trio cancel scopes work
+    inside a pull); cancelling a consumer never reaches it. Successive pulls
+    may run in different tasks, so a source must not keep a cancel scope or
+    task group open across its own ``yield``.
 
     **Cancellation safety.** Cancelling a consumer, even the one whose
     request started the pull in flight, only abandons that consumer's wait,

@@ -18,19 +18,37 @@ import attrs
 from wool import DiscoveryEvent
 
 from ._backend import current_loop
+from ._tracking import BrokenSubscriber
 from ._tracking import Workers
 from ._tracking import apply_event
+from ._tracking import open_iterator
 
 __all__ = ["RestartPolicy", "RestartingSource"]
 
 restart_logger = logging.getLogger("wool_pooling.restart")
 
 
-def _non_negative(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float):  # pyright: ignore[reportUnnecessaryIsInstance]
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+def _in_range(value: object, low: float, high: float) -> bool:
+    """A number (an int or float, not a bool) with ``low <= value <= high``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return low <= value <= high
+
+
+def _is_attempts(value: object) -> bool:
+    if value is None:
+        return True
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _is_bool(value: object) -> bool:
+    return isinstance(value, bool)
+
+
+def _check(name: str, value: object, valid: bool, rule: str) -> None:
+    """One rule per field, one wording for every way of breaking it."""
+    if not valid:
+        raise ValueError(f"{name} must be {rule}, got {value!r}")
 
 
 @attrs.frozen
@@ -59,9 +77,11 @@ class RestartPolicy:
         are dropped.
     :param restart_on_end: Also restart when the raw stream ends normally
         (otherwise its end ends the consumers).
-    :raises ValueError: naming the parameter, for a negative or non-finite
-        delay, a multiplier below 1, a jitter outside ``[0, 1]``, or
-        ``attempts`` below 1.
+    :raises ValueError: naming the parameter, with one wording per rule
+        whatever breaks it (wrong type or value): ``attempts`` is ``None`` or
+        an int >= 1; ``backoff``, ``max_backoff`` and ``settle`` finite
+        numbers >= 0; ``multiplier`` a finite number >= 1; ``jitter`` a number
+        in ``[0, 1]``; ``restart_on_end`` a bool.
     """
 
     attempts: int | None = 5
@@ -73,22 +93,31 @@ class RestartPolicy:
     restart_on_end: bool = False
 
     def __attrs_post_init__(self) -> None:
-        if self.attempts is not None and (
-            isinstance(self.attempts, bool)
-            or not isinstance(self.attempts, int)  # pyright: ignore[reportUnnecessaryIsInstance]
-            or self.attempts < 1
-        ):
-            raise ValueError(
-                f"attempts must be None or an int >= 1, got {self.attempts!r}"
-            )
+        finite = math.nextafter(math.inf, 0)  # the largest finite float
+        _check(
+            "attempts",
+            self.attempts,
+            _is_attempts(self.attempts),
+            "None or an int >= 1",
+        )
         for name in ("backoff", "max_backoff", "settle"):
-            _non_negative(name, getattr(self, name))
-        _non_negative("multiplier", self.multiplier)
-        if self.multiplier < 1:
-            raise ValueError(f"multiplier must be >= 1, got {self.multiplier!r}")
-        _non_negative("jitter", self.jitter)
-        if self.jitter > 1:
-            raise ValueError(f"jitter must be within [0, 1], got {self.jitter!r}")
+            value = getattr(self, name)
+            _check(name, value, _in_range(value, 0, finite), "a finite number >= 0")
+        _check(
+            "multiplier",
+            self.multiplier,
+            _in_range(self.multiplier, 1, finite),
+            "a finite number >= 1",
+        )
+        _check(
+            "jitter", self.jitter, _in_range(self.jitter, 0, 1), "a number in [0, 1]"
+        )
+        _check(
+            "restart_on_end",
+            self.restart_on_end,
+            _is_bool(self.restart_on_end),
+            "a bool (True or False)",
+        )
 
     def allows(self, attempt: int) -> bool:
         """Whether restart number ``attempt`` (from 1) may happen."""
@@ -132,6 +161,7 @@ class RestartingSource:
         "_raw",
         "_reported",
         "_settling",
+        "untracked",
         "workers",
     )
 
@@ -140,6 +170,7 @@ class RestartingSource:
         self._policy = policy
         self._iterator: AsyncIterator[Any] | None = None
         self.workers: Workers = {}
+        self.untracked = False
         # Consecutive restarts without an event in between.
         self._failures = 0
         # After a restart: the workers the new stream has reported so far,
@@ -164,8 +195,10 @@ class RestartingSource:
             iterator = self._iterator
             try:
                 if iterator is None:
-                    iterator = self._iterator = aiter(self._raw)
+                    iterator = self._iterator = open_iterator(self._raw)
                 event = await iterator.__anext__()
+            except BrokenSubscriber:
+                raise  # a programming error: another attempt cannot fix it
             except StopAsyncIteration as end:
                 if not policy.restart_on_end:
                     raise
@@ -177,7 +210,10 @@ class RestartingSource:
             self._failures = 0
             event = self._translate(event)
             if event is not None:
-                apply_event(self.workers, event)
+                if isinstance(event, DiscoveryEvent):
+                    apply_event(self.workers, event)
+                else:
+                    self.untracked = True
                 return event
 
     async def _restart_after(self, error: BaseException, policy: RestartPolicy) -> None:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import inspect
+import pickle
+import weakref
 from collections import deque
 from collections.abc import Hashable
 from typing import Any
+from typing import Generic
+from typing import TypeVar
+from typing import cast
 from typing import final
 
 import anyio
@@ -15,6 +21,8 @@ from wool import DiscoveryEvent
 from ._construction import CONFIG_ATTRIBUTE
 from ._construction import SubscriptionConfig
 from ._construction import build_raw
+from ._construction import named_arguments
+from ._construction import short_repr
 from ._fanout import FanoutConsumer
 from ._fanout import Lagged
 from ._pool import SubscriptionPool
@@ -28,10 +36,17 @@ from ._tracking import replay_events
 
 __all__ = ["SharedSubscription", "SubscriptionConsumer"]
 
+#: The item type of a subscription: what its class's ``__aiter__`` yields.
+T_co = TypeVar("T_co", covariant=True)
+
 
 @final
-class SharedSubscription:
+class SharedSubscription(Generic[T_co]):
     """What ``Cls(*args, **kwargs)`` returns for a decorated class.
+
+    Generic in the item type ``T_co`` of the class's ``__aiter__``: a type
+    checker sees ``Cls(...)`` as a ``SharedSubscription[T_co]`` (see
+    :func:`~wool_pooling.shared_subscription`), as it is at run time.
 
     Holds only the class, the key and the constructor arguments; it needs no
     event loop and builds nothing. Each ``__aiter__()`` returns an independent
@@ -42,9 +57,14 @@ class SharedSubscription:
     Pickles (plain ``pickle`` when the class is importable, cloudpickle
     otherwise) by calling the class again with the same arguments, so the
     copy attaches to the pool of the process and context that iterates it.
+    When that fails, the :exc:`TypeError` names the class and, where one is
+    at fault, the argument (``name=value``), and says what to do: pickle
+    with cloudpickle (a local class or function under plain ``pickle``),
+    or build the unpicklable object in ``__init__`` (a lock in an argument
+    or in the body of a class cloudpickle copies by value).
     """
 
-    __slots__ = ("__weakref__", "_args", "_cls", "_key", "_kwargs")
+    __slots__ = ("__weakref__", "_args", "_checked", "_cls", "_key", "_kwargs")
 
     def __init__(
         self, cls: type, key: Hashable, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -53,6 +73,9 @@ class SharedSubscription:
         self._key = key
         self._args = args
         self._kwargs = kwargs
+        # The picklers (cloudpickle: True, plain pickle: False) this
+        # subscription was checked to pickle with: checked once each.
+        self._checked: set[bool] = set()
 
     @property
     def cls(self) -> type:
@@ -92,25 +115,23 @@ class SharedSubscription:
     def _config(self) -> SubscriptionConfig:
         return getattr(self._cls, CONFIG_ATTRIBUTE)
 
-    def __aiter__(self) -> SubscriptionConsumer:
+    def __aiter__(self) -> SubscriptionConsumer[T_co]:
         return SubscriptionConsumer(self)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, SharedSubscription):
             return NotImplemented
-        return self._cls is other._cls and self._key == other._key
+        theirs = cast("SharedSubscription[object]", other)
+        return self._cls is theirs._cls and self._key == theirs._key
 
     def __hash__(self) -> int:
         return hash((self._cls, self._key))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        try:
-            cloudpickle.dumps((self._args, self._kwargs))  # pyright: ignore[reportUnknownMemberType]
-        except Exception as error:
-            raise TypeError(
-                f"cannot pickle a {self._cls.__qualname__} subscription: its "
-                f"constructor arguments are not picklable ({error})"
-            ) from error
+        cloud = _pickling_with_cloudpickle()
+        if cloud not in self._checked:
+            _check_picklable(self._cls, self._args, self._kwargs, cloud)
+            self._checked.add(cloud)
         return (_construct, (self._cls, self._args, self._kwargs))
 
     def __repr__(self) -> str:
@@ -120,13 +141,112 @@ class SharedSubscription:
         return build_raw(self._cls, self._args, self._kwargs)
 
 
+# -- pickling errors that name the class and the argument --------------------
+
+# cloudpickle's Pickler.dump is Python code, on the stack while it pickles; if
+# a version makes it C, plain pickle cannot be told apart: assume cloudpickle.
+_CLOUDPICKLE_DUMP: object = getattr(
+    getattr(cloudpickle.Pickler, "dump", None), "__code__", None
+)
+_classes_pickled: dict[bool, weakref.WeakKeyDictionary[type, bool]] = {
+    True: weakref.WeakKeyDictionary(),
+    False: weakref.WeakKeyDictionary(),
+}
+
+
+def _pickling_with_cloudpickle() -> bool:
+    """Whether the pickler running now is cloudpickle's (else: plain pickle)."""
+    if _CLOUDPICKLE_DUMP is None:
+        return True
+    frame = inspect.currentframe()
+    while frame is not None:
+        if frame.f_code is _CLOUDPICKLE_DUMP:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _dumps(value: object, cloud: bool) -> None:
+    if cloud:
+        cloudpickle.dumps(value)  # pyright: ignore[reportUnknownMemberType]
+    else:
+        pickle.dumps(value)
+
+
+def _cloudpickles(value: object) -> bool:
+    try:
+        _dumps(value, cloud=True)
+    except Exception:
+        return False
+    return True
+
+
+def _check_picklable(
+    cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], cloud: bool
+) -> None:
+    """Fail as pickling would, but naming the class, the argument and a remedy.
+
+    The arguments are pickled once more here, with the pickler in use
+    (``cloud``: cloudpickle's), so that their failure can be told from the
+    class's; a class's result is remembered, and a subscription's (see
+    :meth:`SharedSubscription.__reduce__`) too.
+    """
+    what = f"a {cls.__qualname__} subscription"
+    known = _classes_pickled[cloud]
+    if not known.get(cls, False):
+        try:
+            _dumps(cls, cloud)
+        except Exception as error:
+            if not cloud and _cloudpickles(cls):
+                raise TypeError(
+                    f"cannot pickle {what} with pickle: the class "
+                    f"{cls.__qualname__} cannot be imported by name ({error}); "
+                    "pickle it with cloudpickle (as wool does), or define the "
+                    "class at the top level of an importable module"
+                ) from error
+            raise TypeError(
+                f"cannot pickle {what}: the class {cls.__qualname__} is not "
+                "importable by name, so cloudpickle copies it by value, and "
+                f"its body holds something that does not pickle ({error}); "
+                "define the class in an importable module, or create that "
+                "object in __init__ (the raw instance is built where it is "
+                "iterated, and never pickled)"
+            ) from error
+        known[cls] = True
+    try:
+        _dumps((args, kwargs), cloud)
+    except Exception as error:
+        for name, value in named_arguments(cls, args, kwargs):
+            try:
+                _dumps(value, cloud)
+            except Exception as failure:
+                shown = f"{name}={short_repr(value)}"
+                if not cloud and _cloudpickles(value):
+                    raise TypeError(
+                        f"cannot pickle {what} with pickle: its argument "
+                        f"{shown} pickles only with cloudpickle ({failure}); "
+                        "pickle the subscription with cloudpickle (as wool "
+                        "does), or pass an object defined at the top level of "
+                        "an importable module"
+                    ) from failure
+                raise TypeError(
+                    f"cannot pickle {what}: its argument {shown} does not "
+                    f"pickle ({failure}); pass what it is made from (a name, "
+                    "an address) and build it in __init__, which runs in the "
+                    "process that iterates"
+                ) from failure
+        raise TypeError(
+            f"cannot pickle {what}: its constructor arguments do not pickle ({error})"
+        ) from error
+
+
 def _construct(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Unpickle a :class:`SharedSubscription` by constructing its class again."""
     return cls(*args, **kwargs)
 
 
 @final
-class SubscriptionConsumer:
+class SubscriptionConsumer(Generic[T_co]):
     """One consumer of a :class:`SharedSubscription`, from its ``__aiter__()``.
 
     Joins at its first ``__anext__`` (not at ``__aiter__()``): it looks up the
@@ -140,7 +260,12 @@ class SubscriptionConsumer:
     ``__anext__`` returns, in place of the events it missed, the difference
     between the workers it last saw and the current ones (``worker-added``,
     ``worker-updated``, ``worker-dropped``), then the live events. Its view
-    of the workers always ends equal to the source's.
+    of the workers always ends equal to the source's. A stream that has
+    carried items that are not ``DiscoveryEvent`` cannot be resynchronised
+    so: there the lagging consumer's ``__anext__`` raises
+    :exc:`~wool_pooling.Lagged` (with the number of items it missed)
+    instead of losing them silently, and its next ``__anext__`` returns the
+    oldest item still held (``max_lag=None`` never lags).
 
     **Cancellation.** Cancelling a pending ``__anext__`` (a timeout around
     ``async for event in consumer``, say) ends this consumer and releases its
@@ -162,6 +287,8 @@ class SubscriptionConsumer:
 
     :raises RuntimeError: from ``__anext__`` if the current pool is closed,
         or if the consumer joined under another event loop.
+    :raises Lagged: from ``__anext__``, when it fell behind a stream of
+        items that are not all discovery events.
     """
 
     __slots__ = (
@@ -174,7 +301,7 @@ class SubscriptionConsumer:
         "_view",
     )
 
-    def __init__(self, subscription: SharedSubscription) -> None:
+    def __init__(self, subscription: SharedSubscription[T_co]) -> None:
         self._subscription = subscription
         self._pool: SubscriptionPool | None = None
         self._entry: _Entry | None = None
@@ -186,14 +313,14 @@ class SubscriptionConsumer:
         self._ended = False
 
     @property
-    def subscription(self) -> SharedSubscription:
+    def subscription(self) -> SharedSubscription[T_co]:
         """The subscription this consumer iterates."""
         return self._subscription
 
-    def __aiter__(self) -> SubscriptionConsumer:
+    def __aiter__(self) -> SubscriptionConsumer[T_co]:
         return self
 
-    async def __anext__(self) -> DiscoveryEvent:
+    async def __anext__(self) -> T_co:
         consumer = self._consumer
         if consumer is None:
             if self._ended:
@@ -210,7 +337,8 @@ class SubscriptionConsumer:
             except anyio.WouldBlock:
                 pass
             except Lagged:
-                self._resync(consumer)
+                if not self._resync(consumer):
+                    raise  # items that are not discovery events were skipped
                 continue
             except anyio.BusyResourceError:
                 raise
@@ -231,20 +359,25 @@ class SubscriptionConsumer:
                 raise StopAsyncIteration  # released while it waited
         if self._view is not None:
             apply_event(self._view, event)
-        return event
+        return cast(T_co, event)
 
-    def _resync(self, consumer: FanoutConsumer[Any]) -> None:
+    def _resync(self, consumer: FanoutConsumer[Any]) -> bool:
         """Replace the events this consumer missed by a diff to the current state.
 
         The entry's known workers describe the log's end, so the consumer
         moves there and first receives, for each worker, what changed
-        between its own view and that state.
+        between its own view and that state. Returns ``False``, changing
+        nothing, when the stream carried items that are not discovery
+        events: no diff can stand for those.
         """
         entry = self._entry
         assert entry is not None
         assert self._view is not None  # kept wherever Lagged can be raised
+        if entry.source.untracked:
+            return False
         self._replay = diff_events(self._view, entry.source.workers)
         consumer.skip_buffered()
+        return True
 
     def _join(self) -> FanoutConsumer[Any]:
         subscription = self._subscription
@@ -268,7 +401,7 @@ class SubscriptionConsumer:
         await self._release()
         await anyio.lowlevel.checkpoint_if_cancelled()
 
-    async def __aenter__(self) -> SubscriptionConsumer:
+    async def __aenter__(self) -> SubscriptionConsumer[T_co]:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

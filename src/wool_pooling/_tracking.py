@@ -2,27 +2,79 @@
 
 from __future__ import annotations
 
+import inspect
 import uuid
 from collections import deque
 from collections.abc import AsyncIterable
 from collections.abc import AsyncIterator
 from typing import Any
 from typing import Protocol
+from typing import cast
 from typing import final
 
 from wool import DiscoveryEvent
 from wool import WorkerMetadata
 
 __all__ = [
+    "BrokenSubscriber",
     "TrackedSource",
     "Tracking",
     "Workers",
     "apply_event",
     "diff_events",
+    "open_iterator",
     "replay_events",
 ]
 
 Workers = dict[uuid.UUID, WorkerMetadata]
+
+
+class BrokenSubscriber(TypeError):
+    """A subscriber class's ``__aiter__`` did not return an async iterator.
+
+    A programming error, not a failing stream: never restarted.
+    """
+
+
+def open_iterator(raw: object) -> AsyncIterator[Any]:
+    """``aiter(raw)``, with an error naming the class when ``__aiter__`` is wrong.
+
+    A coroutine or generator it returned instead is closed, so no "never
+    awaited" warning follows the error.
+
+    :raises BrokenSubscriber: (a :exc:`TypeError`) naming the subscriber
+        class and what its ``__aiter__`` returned.
+    """
+    cls = type(raw)
+    method = getattr(cls, "__aiter__", None)
+    if not callable(method):
+        raise BrokenSubscriber(
+            f"{cls.__qualname__}.__aiter__ is {method!r}, not a method returning "
+            "an async iterator"
+        )
+    iterator: object = method(raw)
+    if callable(getattr(type(iterator), "__anext__", None)):
+        return cast("AsyncIterator[Any]", iterator)
+    hint = ""
+    if inspect.iscoroutine(iterator):
+        iterator.close()
+        hint = (
+            ": an 'async def __aiter__' without 'yield' returns a coroutine; "
+            "make it an async generator (yield the items) or a plain 'def' "
+            "returning an async iterator"
+        )
+    elif inspect.isgenerator(iterator):
+        iterator.close()
+        hint = ": a generator is not async; use 'async def' with 'yield'"
+    raise BrokenSubscriber(
+        f"{cls.__qualname__}.__aiter__() returned {type(iterator).__qualname__} "
+        f"{_short(iterator)}, not an async iterator{hint}"
+    )
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 def apply_event(workers: Workers, event: object) -> None:
@@ -69,6 +121,10 @@ class Tracking(Protocol):
 
     #: The workers known at the log's end.
     workers: Workers
+    #: Whether an item that is not a discovery event has passed: the
+    #: workers then do not describe the whole stream, and a lagging
+    #: consumer cannot be resynchronised from them.
+    untracked: bool
 
     def __aiter__(self) -> AsyncIterator[Any]: ...
 
@@ -90,16 +146,18 @@ class TrackedSource:
 
     Known workers are those added or updated and not dropped since, each with
     its latest metadata, in the order they were first seen. Items that are not
-    discovery events pass through untracked. Memory held: one metadata per
+    discovery events pass through untracked (and set :attr:`untracked`).
+    Memory held: one metadata per
     known worker. (Restarts are :class:`~wool_pooling._restart.RestartingSource`'s.)
     """
 
-    __slots__ = ("_iterator", "_raw", "workers")
+    __slots__ = ("_iterator", "_raw", "untracked", "workers")
 
     def __init__(self, raw: AsyncIterable[Any]) -> None:
         self._raw = raw
         self._iterator: AsyncIterator[Any] | None = None
         self.workers: Workers = {}
+        self.untracked = False
 
     def __aiter__(self) -> TrackedSource:
         return self
@@ -107,7 +165,7 @@ class TrackedSource:
     async def __anext__(self) -> Any:
         iterator = self._iterator
         if iterator is None:
-            iterator = self._iterator = aiter(self._raw)
+            iterator = self._iterator = open_iterator(self._raw)
         event = await iterator.__anext__()
         if isinstance(event, DiscoveryEvent):  # apply_event, inline: every pull
             metadata = event.metadata
@@ -115,6 +173,8 @@ class TrackedSource:
                 self.workers.pop(metadata.uid, None)
             else:
                 self.workers[metadata.uid] = metadata
+        else:
+            self.untracked = True
         return event
 
     async def aclose(self) -> None:

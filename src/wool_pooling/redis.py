@@ -1,0 +1,103 @@
+"""``RedisDiscovery``: wool discovery through one Redis server, beyond one machine.
+
+Needs the ``redis`` extra: ``pip install "wool-pooling[redis]"`` (redis-py's
+asyncio client). ``RedisDiscovery(url, namespace)`` is a wool ``DiscoveryLike``:
+
+.. code-block:: python
+
+    import wool
+    from wool_pooling.redis import RedisDiscovery
+
+    discovery = RedisDiscovery("redis://10.0.0.2:6379/0", "prod", bind_host="0.0.0.0")
+    async with wool.WorkerPool(spawn=4, discovery=discovery):
+        ...
+
+**Records.** A namespace's workers live in one Redis hash (worker uid ->
+the metadata's protobuf bytes, ``WorkerMetadata.to_protobuf()``), each
+with a lease in a sorted set (expiry on the server's clock). Every change
+is one Lua script that updates the hash and the lease, increments the
+namespace's version (``INCR``) and announces ``<version> <type> <uid>
+<bytes>`` on the namespace's channel, atomically.
+
+**Ordering.** A subscriber subscribes to the channel first, then reads the
+hash and the version in one script (the snapshot), and yields the snapshot
+as ``worker-added`` events, then every announcement with a version above
+the snapshot's, in version order. Announcements at or below it are already
+in the snapshot, or duplicates, and are skipped; a missing version (an
+announcement lost) is handled as a lost connection. A consumer never
+receives a second ``worker-added`` for a worker it has, nor a drop of a
+worker it does not have.
+
+**One subscription per process.** Subscribers of the same (url, namespace)
+in one process share one subscription (``@shared_subscription``, keyed by
+url and namespace; the first subscriber's options apply): one pub/sub
+connection named ``wool-pooling:subscriber:<namespace>:<host>:<pid>``
+(``CLIENT SETNAME``, so ``CLIENT LIST`` shows who holds it) and one
+command connection (``wool-pooling:subscriber-cmd:...``) for snapshots
+and reaping, however many proxies subscribe. Consumers joining late are
+replayed the known workers by the pool, not by a new snapshot. Filters are
+applied per consumer by :class:`~wool_pooling.afilter`. ``shared=False``
+gives every iteration its own connections (for comparison).
+
+**Reconnects.** When a connection is lost (server restart, ``CLIENT
+KILL``, a network error, a version gap), the subscription closes both
+connections, waits as its ``reconnect`` :class:`~wool_pooling.RestartPolicy`
+says (exponential backoff with jitter; unlimited attempts by default;
+``settle`` and ``restart_on_end`` do not apply), logging each attempt on
+the ``wool_pooling.redis`` logger, subscribes again and takes a new
+snapshot. Consumers then receive only the difference between the workers
+they had and the snapshot (added, updated, dropped): nothing lost, nothing
+repeated. While disconnected, consumers keep their last view. If the
+server lost its data meanwhile (a restart without persistence, a flush:
+the namespace's epoch key changed), the workers missing from the snapshot
+are held for ``lease`` seconds, the time their publishers take to add them
+again, and only those not added again by then are dropped: a server
+restart does not make every proxy drop every worker. Failing the
+first connection raises :class:`RedisDiscoveryError` at once (within
+``connect_timeout``), as does a server that refuses the client (wrong
+password, ACL); when the policy's attempts run out, every consumer gets a
+:class:`RedisDiscoveryError`. Messages name the URL without its password.
+
+**Leases.** The publisher renews the lease of each worker it published
+every ``lease / 3`` seconds while it is entered and the worker's process is
+alive; a record lost with the server's data is added again at the next
+renewal. A worker whose publisher died, or whose process died, is dropped
+(and the drop announced) once its lease has expired: within ``lease +
+reap_interval`` seconds of its last renewal, by whichever publisher or
+subscriber of the namespace reaps first (each subscribing process reaps
+every ``reap_interval`` seconds, ``lease / 4`` by default). Records in the
+hash without a lease never expire.
+
+**Invalid records.** A record or announcement that is not valid worker
+metadata is skipped with a warning on ``wool_pooling.redis`` and counted
+in :meth:`RedisDiscovery.statistics`; it never ends the subscription.
+
+**Asyncio only.** redis-py's client, and wool itself, run on asyncio
+(uvloop and eager task factories included). Under trio, iterating a
+subscriber or entering a publisher raises :exc:`RuntimeError` saying so.
+"""
+
+from __future__ import annotations
+
+try:
+    import redis.asyncio  # pyright: ignore[reportUnusedImport]  # noqa: F401
+except ImportError as error:  # pragma: no cover - exercised in a subprocess
+    raise ImportError(
+        'wool_pooling.redis needs redis-py: pip install "wool-pooling[redis]"'
+    ) from error
+
+from ._redis_discovery import DEFAULT_RECONNECT
+from ._redis_discovery import RedisDiscovery
+from ._redis_discovery import RedisDiscoveryError
+from ._redis_discovery import RedisPublisher
+from ._redis_discovery import RedisStatistics
+from ._redis_discovery import redact
+
+__all__ = [
+    "DEFAULT_RECONNECT",
+    "RedisDiscovery",
+    "RedisDiscoveryError",
+    "RedisPublisher",
+    "RedisStatistics",
+    "redact",
+]

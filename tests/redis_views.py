@@ -1,0 +1,138 @@
+"""Helpers for the Redis discovery tests: consumer views, fake workers, the admin.
+
+A :class:`View` applies one consumer's events and fails the test at once on
+a ``worker-added`` for a worker it already has, or an update or a drop of
+one it does not have. Waits are on events, bounded by a deadline, never on
+sleeps.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterable
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import pytest
+import redis
+from wool import DiscoveryEvent
+from wool import WorkerMetadata
+from wool import protocol
+
+from wool_pooling.redis import RedisDiscovery
+
+#: Bound on any single wait.
+DEADLINE = 20
+
+
+def fake_worker(port: int = 1, pid: int = 0, tag: str = "") -> WorkerMetadata:
+    """Metadata of a worker that does not exist (``pid=0``: never checked)."""
+    return WorkerMetadata(
+        uid=uuid.uuid4(),
+        address=f"127.0.0.1:{port}",
+        pid=pid,
+        version="test",
+        tags=frozenset({tag} if tag else ()),
+    )
+
+
+class View:
+    """The workers one consumer knows, from its events."""
+
+    def __init__(self) -> None:
+        self.workers: dict[uuid.UUID, WorkerMetadata] = {}
+        self.events: list[DiscoveryEvent] = []
+        self.added: Counter[uuid.UUID] = Counter()
+        self._changed = anyio.Event()
+
+    def apply(self, event: DiscoveryEvent) -> None:
+        uid = event.metadata.uid
+        if event.type == "worker-added":
+            assert uid not in self.workers, f"duplicate worker-added for {uid}"
+            self.added[uid] += 1
+        else:
+            assert uid in self.workers, f"{event.type} for unknown worker {uid}"
+        if event.type == "worker-dropped":
+            del self.workers[uid]
+        else:
+            self.workers[uid] = event.metadata
+        self.events.append(event)
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def until(
+        self, predicate: Callable[[dict[uuid.UUID, WorkerMetadata]], bool]
+    ) -> None:
+        with anyio.fail_after(DEADLINE):
+            while not predicate(self.workers):
+                await self._changed.wait()
+
+    async def has(self, *uids: uuid.UUID) -> None:
+        await self.until(lambda workers: set(workers) == set(uids))
+
+    async def consume(self, subscription: AsyncIterable[DiscoveryEvent]) -> None:
+        async for event in subscription:
+            self.apply(event)
+
+
+def admin(url: str) -> Any:
+    """A plain (synchronous) redis-py client for inspecting the server."""
+    return redis.Redis.from_url(url)
+
+
+def connections(url: str, role: str, namespace: str) -> int:
+    """How many connections named ``wool-pooling:<role>:<namespace>:...`` exist."""
+    prefix = f"wool-pooling:{role}:{namespace}:"
+    client = admin(url)
+    try:
+        return sum(
+            1 for entry in client.client_list() if entry["name"].startswith(prefix)
+        )
+    finally:
+        client.close()
+
+
+def hash_content(url: str, namespace: str) -> dict[uuid.UUID, WorkerMetadata]:
+    """The namespace's records, decoded as wool does."""
+    client = admin(url)
+    try:
+        records = client.hgetall(f"wool:{{{namespace}}}:workers")
+    finally:
+        client.close()
+    return {
+        uuid.UUID(uid.decode()): WorkerMetadata.from_protobuf(
+            protocol.WorkerMetadata.FromString(payload)
+        )
+        for uid, payload in records.items()
+    }
+
+
+async def refused_on_trio(backend: str, url: str) -> bool:
+    """Under trio, check the clear asyncio-only error and return True.
+
+    redis-py's client (and wool) run on asyncio only: on trio, iterating a
+    subscriber and entering a publisher must each say so, not fail somewhere
+    deep inside asyncio.
+    """
+    if backend != "trio":
+        return False
+    discovery = RedisDiscovery(url, f"trio-{uuid.uuid4().hex}")
+    with pytest.raises(RuntimeError, match="runs on asyncio only"):
+        async for _ in discovery.subscribe():
+            pass  # pragma: no cover - never reached
+    with pytest.raises(RuntimeError, match="runs on asyncio only"):
+        async with discovery.publisher:
+            pass  # pragma: no cover - never reached
+    return True
+
+
+async def eventually(check: Callable[[], bool]) -> None:
+    """Poll ``check`` (state held by the server, which sends no event) until
+    it holds, within the deadline."""
+    with anyio.fail_after(DEADLINE):
+        while True:
+            if check():
+                return
+            await anyio.sleep(0.02)

@@ -1,0 +1,421 @@
+"""Errors at the library's boundary name the subscriber class and the argument.
+
+A broken ``__aiter__``, a failing key function, a bad ``RestartPolicy``
+field, a lagging consumer of items that are not discovery events, and
+pickling failures each give an error that says which class (and which
+argument) is at fault, and what to do.
+"""
+
+from __future__ import annotations
+
+import gc
+import pickle
+import threading
+import warnings
+from collections.abc import AsyncIterator
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import cloudpickle
+import pytest
+
+from wool_pooling import Lagged
+from wool_pooling import RestartPolicy
+from wool_pooling import SubscriptionPool
+from wool_pooling import shared_subscription
+
+pytestmark = pytest.mark.anyio
+
+
+# -- a broken __aiter__ ---------------------------------------------------------
+
+
+def _returns_list(self: Any) -> Any:
+    return [1, 2]
+
+
+def _sync_generator(self: Any) -> Iterator[int]:
+    yield 1
+
+
+async def _coroutine(self: Any) -> Any:
+    return None
+
+
+BROKEN = {
+    "list": (_returns_list, "list"),
+    "sync generator": (_sync_generator, "generator"),
+    "coroutine": (_coroutine, "coroutine"),
+}
+
+
+def _broken_class(aiter_method: Any, restart: RestartPolicy | None) -> Any:
+    class BrokenAiter:
+        __aiter__ = aiter_method
+
+    return shared_subscription(restart=restart)(BrokenAiter)
+
+
+@pytest.mark.parametrize(
+    "restart", [None, RestartPolicy(backoff=0)], ids=["plain", "restart"]
+)
+@pytest.mark.parametrize("kind", list(BROKEN))
+async def test_broken_aiter_names_the_class_and_what_it_returned(
+    kind: str, restart: RestartPolicy | None
+) -> None:
+    """A ``__aiter__`` returning a list, a sync generator or a coroutine fails
+    every consumer with a TypeError naming the class and the returned type;
+    the coroutine is closed (no "never awaited" warning), nothing restarts."""
+    method, returned = BROKEN[kind]
+    Broken = _broken_class(method, restart)
+    gc.collect()  # only this test's leftovers below
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        async with SubscriptionPool():
+            with pytest.raises(TypeError) as error:
+                async for _ in Broken():
+                    pass
+        message = str(error.value)
+        del error  # its traceback holds what __aiter__ returned
+        gc.collect()
+    assert "BrokenAiter.__aiter__()" in message
+    assert f"returned {returned}" in message
+    assert not [w for w in caught if "_coroutine' was never awaited" in str(w.message)]
+
+
+async def test_aiter_that_is_not_a_method_names_the_class() -> None:
+    """``__aiter__ = 5`` is refused at decoration, naming the class and the value;
+    on a subclass of a decorated class, at iteration."""
+
+    class Five:
+        __aiter__ = 5
+
+    with pytest.raises(TypeError, match=r"Five\.__aiter__ is 5"):
+        shared_subscription(Five)
+
+    @shared_subscription
+    class Good:
+        async def __aiter__(self) -> AsyncIterator[int]:
+            yield 1
+
+    class Bad(Good):  # type: ignore[misc, valid-type]
+        __aiter__ = 5
+
+    async with SubscriptionPool():
+        with pytest.raises(TypeError, match=r"Bad\.__aiter__ is 5"):
+            async for _ in Bad():
+                pass
+
+
+# -- a failing key function -----------------------------------------------------
+
+
+class _Numbers:
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+
+    async def __aiter__(self) -> AsyncIterator[int]:
+        yield 1
+
+
+def test_key_that_raises_names_the_class_and_chains_the_error() -> None:
+    """``KeyError`` from the key becomes a TypeError naming the class and the
+    key function, the KeyError as its cause."""
+    known: dict[str, str] = {}
+
+    def by_namespace(cls: type, namespace: str) -> str:
+        return known[namespace]
+
+    class KeyedByNamespace(_Numbers):
+        pass
+
+    Keyed = shared_subscription(key=by_namespace)(KeyedByNamespace)
+    with pytest.raises(TypeError) as error:
+        Keyed("a")
+    message = str(error.value)
+    assert "KeyedByNamespace" in message
+    assert "by_namespace" in message
+    assert "KeyError" in message
+    assert isinstance(error.value.__cause__, KeyError)
+
+
+def test_key_with_the_wrong_arity_names_the_class() -> None:
+    """A key lambda missing the ``cls`` parameter says whose key it is."""
+
+    class WrongArity(_Numbers):
+        pass
+
+    Keyed = shared_subscription(key=lambda namespace: namespace)(WrongArity)
+    with pytest.raises(TypeError) as error:
+        Keyed("a")
+    message = str(error.value)
+    assert "WrongArity" in message
+    assert "<lambda>(namespace)" in message
+    assert isinstance(error.value.__cause__, TypeError)
+
+
+# -- RestartPolicy: every field, one rule, one wording ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "bad", "rule"),
+    [
+        ("restart_on_end", "no", "a bool (True or False)"),
+        ("restart_on_end", 1, "a bool (True or False)"),
+        ("restart_on_end", None, "a bool (True or False)"),
+        ("jitter", -0.1, "a number in [0, 1]"),
+        ("jitter", 2, "a number in [0, 1]"),
+        ("jitter", "0.1", "a number in [0, 1]"),
+        ("attempts", True, "None or an int >= 1"),
+        ("attempts", 0, "None or an int >= 1"),
+        ("attempts", 2.0, "None or an int >= 1"),
+        ("backoff", -1, "a finite number >= 0"),
+        ("backoff", "1", "a finite number >= 0"),
+        ("max_backoff", float("inf"), "a finite number >= 0"),
+        ("settle", float("nan"), "a finite number >= 0"),
+        ("settle", False, "a finite number >= 0"),
+        ("multiplier", 0.5, "a finite number >= 1"),
+        ("multiplier", None, "a finite number >= 1"),
+    ],
+)
+def test_restart_policy_validates_every_field_with_one_wording(
+    name: str, bad: Any, rule: str
+) -> None:
+    """Each field is checked, and every way of breaking its rule gives the same
+    message."""
+    with pytest.raises(ValueError, match=rf"^{name} must be ") as error:
+        RestartPolicy(**{name: bad})
+    assert str(error.value) == f"{name} must be {rule}, got {bad!r}"
+
+
+def test_restart_policy_accepts_its_edges() -> None:
+    """The ends of each rule are valid."""
+    policy = RestartPolicy(
+        attempts=None, backoff=0, multiplier=1, jitter=1, settle=0, restart_on_end=True
+    )
+    assert policy.restart_on_end is True
+    assert RestartPolicy(jitter=0).jitter == 0
+
+
+# -- lagging behind items that are not discovery events --------------------------
+
+
+def _counting_class(restart: RestartPolicy | None) -> Any:
+    class Counting:
+        async def __aiter__(self) -> AsyncIterator[int]:
+            for number in range(20):
+                yield number
+            await anyio.sleep_forever()
+
+    return shared_subscription(max_lag=4, restart=restart)(Counting)
+
+
+@pytest.mark.parametrize(
+    "restart", [None, RestartPolicy(backoff=0)], ids=["plain", "restart"]
+)
+async def test_lagging_consumer_of_other_items_gets_lagged(
+    restart: RestartPolicy | None,
+) -> None:
+    """A slow consumer of a stream of ints, behind by more than max_lag, gets
+    ``Lagged`` with the count it missed, then the oldest item still held:
+    nothing is lost silently."""
+    Counting = _counting_class(restart)
+    with anyio.fail_after(10):  # before the fix, the slow consumer waited forever
+        await _lag_behind(Counting)
+
+
+async def _lag_behind(Counting: Any) -> None:
+    async with SubscriptionPool():
+        subscription = Counting()
+        slow = aiter(subscription)
+        fast = aiter(subscription)
+        assert await anext(slow) == 0
+        fast_got = [await anext(fast) for _ in range(19)]  # joined after 0
+        assert fast_got == list(range(1, 20))
+        with pytest.raises(Lagged) as lagged:
+            await anext(slow)
+        assert lagged.value.skipped == 15
+        rest = [await anext(slow) for _ in range(4)]
+        assert rest == [16, 17, 18, 19]
+        await slow.aclose()
+        await fast.aclose()
+
+
+# -- pickling --------------------------------------------------------------------
+
+
+def test_class_holding_a_lock_names_the_class_and_what_to_do() -> None:
+    """A local class with a lock in its body fails cloudpickle naming the class."""
+
+    @shared_subscription
+    class HoldsALock:
+        lock = threading.Lock()
+
+        async def __aiter__(self) -> AsyncIterator[int]:
+            yield 1
+
+    with pytest.raises(TypeError) as error:
+        cloudpickle.dumps(HoldsALock())
+    message = str(error.value)
+    assert "HoldsALock subscription" in message
+    assert "lock" in message
+    assert "__init__" in message
+    assert error.value.__cause__ is not None
+
+
+def test_argument_only_cloudpickle_can_pickle_fails_pickle_naming_it() -> None:
+    """A local function argument: plain pickle names the class, the argument
+    and says to use cloudpickle; cloudpickle itself pickles it."""
+    from subscribers import NamedSubscriber
+
+    def local() -> int:
+        return 1
+
+    subscription = NamedSubscriber(local)
+    with pytest.raises(TypeError) as error:
+        pickle.dumps(subscription)
+    message = str(error.value)
+    assert "NamedSubscriber subscription" in message
+    assert "name=" in message
+    assert "cloudpickle" in message
+    copy = cloudpickle.loads(cloudpickle.dumps(subscription))
+    assert copy.cls is NamedSubscriber
+    assert copy.args[0]() == 1
+
+
+def test_unpicklable_argument_names_the_argument() -> None:
+    """A lock passed by keyword: both picklers name the class and ``size=``."""
+    from subscribers import NamedSubscriber
+
+    subscription = NamedSubscriber("a", size=threading.Lock())  # type: ignore[arg-type]
+    for dumps in (pickle.dumps, cloudpickle.dumps):
+        with pytest.raises(TypeError) as error:
+            dumps(subscription)
+        message = str(error.value)
+        assert "NamedSubscriber subscription" in message
+        assert "size=" in message
+        assert "__init__" in message
+
+
+def test_local_class_fails_plain_pickle_naming_it() -> None:
+    """A class defined in a function: plain pickle names it, says cloudpickle."""
+
+    @shared_subscription
+    class Local:
+        async def __aiter__(self) -> AsyncIterator[int]:
+            yield 1
+
+    with pytest.raises(TypeError) as error:
+        pickle.dumps(Local())
+    assert "class" in str(error.value)
+    assert "Local" in str(error.value)
+    assert "cloudpickle" in str(error.value)
+    assert cloudpickle.loads(cloudpickle.dumps(Local())) is not None
+
+
+def test_builtin_key_without_a_signature_is_still_named() -> None:
+    """A key with no inspectable signature (``max``) is named by its name."""
+
+    class BuiltinKeyed(_Numbers):
+        pass
+
+    Keyed = shared_subscription(key=max)(BuiltinKeyed)
+    with pytest.raises(TypeError, match="BuiltinKeyed") as error:
+        Keyed("a")
+    assert "key function max failed" in str(error.value)
+    assert isinstance(error.value.__cause__, TypeError)
+
+
+def test_unpicklable_star_argument_is_named_by_position() -> None:
+    """An argument ``__init__`` collects in ``*args`` is named by its position."""
+    from subscribers import StarSubscriber
+
+    with pytest.raises(TypeError, match=r"argument 2="):
+        pickle.dumps(StarSubscriber("a", threading.Lock()))
+
+
+def test_a_cloudpickle_pickler_subclass_pickles_a_local_function_argument() -> None:
+    """wool pickles with a subclass of cloudpickle's Pickler: an argument only
+    cloudpickle can serialise passes there too."""
+    import io
+
+    from subscribers import NamedSubscriber
+
+    class Subclassed(cloudpickle.Pickler):
+        pass
+
+    def local() -> int:
+        return 2
+
+    buffer = io.BytesIO()
+    Subclassed(buffer).dump(NamedSubscriber(local))
+    copy = cloudpickle.loads(buffer.getvalue())
+    assert copy.args[0]() == 2
+
+
+@shared_subscription
+class _ManyInts:
+    async def __aiter__(self) -> AsyncIterator[int]:
+        for number in range(1100):
+            yield number
+        await anyio.sleep_forever()
+
+
+async def test_default_max_lag_raises_lagged_for_other_items() -> None:
+    """With the default bound (1024), a consumer left behind a stream of ints
+    gets Lagged, as the issue's fast/slow pair would have shown."""
+    with anyio.fail_after(10):
+        async with SubscriptionPool():
+            subscription = _ManyInts()
+            assert subscription.max_lag == 1024
+            slow = aiter(subscription)
+            fast = aiter(subscription)
+            assert await anext(slow) == 0
+            fast_got = [await anext(fast) for _ in range(1099)]
+            assert fast_got == list(range(1, 1100))
+            with pytest.raises(Lagged) as lagged:
+                await anext(slow)
+            rest = [await anext(slow) for _ in range(1099 - lagged.value.skipped)]
+            assert rest == list(range(1 + lagged.value.skipped, 1100))
+            assert len(rest) == 1024
+            await slow.aclose()
+            await fast.aclose()
+
+
+def test_a_subscription_is_checked_once_per_pickler(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The extra pickling that names a failing argument runs at the first
+    pickle with each pickler only, not at every one (wool pickles proxies
+    often)."""
+    from subscribers import NamedSubscriber
+
+    from wool_pooling import _subscription
+
+    checks: list[bool] = []
+    check = _subscription._check_picklable
+
+    def counting(*arguments: Any) -> None:
+        checks.append(arguments[-1])
+        check(*arguments)
+
+    monkeypatch.setattr(_subscription, "_check_picklable", counting)
+    subscription = NamedSubscriber("a")
+    for _ in range(3):
+        pickle.dumps(subscription)
+        cloudpickle.dumps(subscription)
+    assert checks == [False, True]
+
+
+def test_without_a_python_level_cloudpickle_dump_pickling_is_taken_as_cloudpickle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Should cloudpickle's ``Pickler.dump`` stop being Python code, the
+    pickler in use cannot be told: the subscription then never claims that
+    plain pickle is at fault."""
+    from wool_pooling import _subscription
+
+    assert _subscription._pickling_with_cloudpickle() is False
+    monkeypatch.setattr(_subscription, "_CLOUDPICKLE_DUMP", None)
+    assert _subscription._pickling_with_cloudpickle() is True

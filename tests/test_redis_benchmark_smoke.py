@@ -1,0 +1,49 @@
+"""Smoke run of ``benchmarks/pooling_redis.py``: it runs, and counts connections.
+
+Timings are not looked at (they depend on the machine); the connection
+counts are exact: a pooled subscription holds 2 connections whatever K,
+unpooled consumers 2 each.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from _redis import RedisServer
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "pooling_redis.py"
+
+
+def test_pooling_redis_counts_connections(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    out = tmp_path / "pooling_redis.md"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--url",
+            redis_server.url,
+            "--consumers",
+            "1",
+            "3",
+            "--rounds",
+            "1",
+            "--idle",
+            "0.1",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(out.read_text().split("```json\n", 1)[1].split("\n```", 1)[0])
+    counts = {(row["consumers"], row["pooled"]): row["connections"] for row in rows}
+    assert counts == {(1, True): 2, (1, False): 2, (3, True): 2, (3, False): 6}
+    assert "| 3 | 2 / 6 |" in done.stdout
