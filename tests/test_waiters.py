@@ -43,3 +43,32 @@ async def test_wake_releases_every_waiter_and_a_cancelled_one_is_withdrawn() -> 
         assert woken == []
         waiters.wake()
     assert sorted(woken) == [0, 1]
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_parking_wakes_the_task_parked_there_each_time_and_no_other() -> None:
+    """trio's parking (a pump between pulls): reusable; a wake reaches only
+    a task parked then; a cancelled wait leaves it empty."""
+    loop = current_loop()
+    parking = loop.parking()
+    parking.wake()  # nobody parked: nothing happens, nothing is kept
+    rounds: list[int] = []
+
+    async def park() -> None:
+        for index in range(3):
+            await parking.wait()
+            rounds.append(index)
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as group:
+            group.start_soon(park)
+            for index in range(3):
+                await anyio.wait_all_tasks_blocked()
+                assert rounds == list(range(index))
+                parking.wake()
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await parking.wait()
+        assert scope.cancelled_caught
+        parking.wake()  # the cancelled wait left nobody to reschedule
+    assert rounds == [0, 1, 2]

@@ -43,7 +43,17 @@ from typing import final
 
 import anyio
 
-__all__ = ["EAGER_PULLS", "EventLoop", "PullTask", "Waiters", "current_loop"]
+__all__ = [
+    "EAGER_PULLS",
+    "EventLoop",
+    "PullTask",
+    "Waiters",
+    "current_loop",
+    "eager_task",
+    "running_loop",
+    "running_task",
+    "trio_task",
+]
 
 logger = logging.getLogger("wool_pooling")
 
@@ -54,10 +64,21 @@ EAGER_PULLS = (
     and os.environ.get("WOOL_POOLING_PULLS", "eager") != "task"
 )
 
+#: The eager route's parts, named here for the fan-out's per-item fast path
+#: (``FanoutConsumer.__anext__``), where a call through
+#: :meth:`EventLoop.start_pull` would cost as much as the rest of a pull.
+#: (``asyncio.Task``: called with ``eager_start=True``, 3.12+ only.)
+eager_task: Callable[..., Any] = asyncio.Task
+running_loop = asyncio.get_running_loop
+running_task = asyncio.current_task
+
 _asyncio_handles: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, EventLoop] = (
     weakref.WeakKeyDictionary()
 )
 _trio_handles: weakref.WeakKeyDictionary[Any, EventLoop] = weakref.WeakKeyDictionary()
+#: ``trio.lowlevel``, once a trio run has been seen (trio is imported only
+#: by programs that run it).
+_trio_lowlevel: Any = None
 #: Background asyncio tasks, held until done (the loop holds tasks weakly).
 _running: set[asyncio.Task[Any]] = set()
 
@@ -172,11 +193,25 @@ class EventLoop:
         """Whether the caller runs in the loop's thread."""
         return threading.get_ident() == self.thread
 
+    def eager_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The asyncio loop, if pulls start eagerly on it (:data:`EAGER_PULLS`);
+        ``None`` on trio and on the non-eager route. A caller may then start
+        a pull itself, as :meth:`start_pull` does, without the call."""
+        if self.backend == "asyncio" and EAGER_PULLS:
+            return self._asyncio_loop()
+        return None
+
     def waiters(self) -> Waiters:
         """A new, empty set of waiters for this loop."""
         if self.backend == "asyncio":
             return _FutureWaiters(self._asyncio_loop())
         return _TrioWaiters()
+
+    def parking(self) -> Waiters:
+        """trio: a place where one task waits to be woken, again and again
+        (unlike :meth:`waiters`, a wake reaches only a task waiting then)."""
+        assert self.backend == "trio"
+        return _TrioParking()
 
     def start_pull(
         self,
@@ -286,22 +321,51 @@ class _TrioWaiters:
     async def wait(self) -> None:
         if self._woken:
             return
-        lowlevel = sys.modules["trio"].lowlevel
+        lowlevel = _trio_lowlevel
         task = lowlevel.current_task()
-        self._tasks[task] = None
+        tasks = self._tasks
+        tasks[task] = None
 
         def abort(_: object) -> Any:
-            self._tasks.pop(task, None)
+            tasks.pop(task, None)
             return lowlevel.Abort.SUCCEEDED
 
         await lowlevel.wait_task_rescheduled(abort)
 
     def wake(self) -> None:
         self._woken = True
-        tasks, self._tasks = self._tasks, {}
-        reschedule = sys.modules["trio"].lowlevel.reschedule
-        for task in tasks:
-            reschedule(task)
+        tasks = self._tasks
+        if tasks:
+            self._tasks = {}
+            reschedule = _trio_lowlevel.reschedule
+            for task in tasks:
+                reschedule(task)
+
+
+@final
+class _TrioParking:
+    """trio: where one task waits, again and again, to be woken (a fan-out's
+    pump between pulls). :meth:`wake` wakes the task parked there, if any."""
+
+    __slots__ = ("_task",)
+
+    def __init__(self) -> None:
+        self._task: Any = None
+
+    async def wait(self) -> None:
+        lowlevel = _trio_lowlevel
+        self._task = lowlevel.current_task()
+        await lowlevel.wait_task_rescheduled(self._abort)
+
+    def _abort(self, _: object) -> Any:
+        self._task = None
+        return _trio_lowlevel.Abort.SUCCEEDED
+
+    def wake(self) -> None:
+        task = self._task
+        if task is not None:
+            self._task = None
+            _trio_lowlevel.reschedule(task)
 
 
 async def _scoped(
@@ -318,6 +382,17 @@ async def _guarded(fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         raise
     except BaseException:
         logger.exception("unexpected error in a wool_pooling background task")
+
+
+def trio_task() -> Any:
+    """The running trio task, or ``None`` outside a trio run."""
+    lowlevel = _trio_lowlevel
+    if lowlevel is None:
+        return None
+    try:
+        return lowlevel.current_task()
+    except RuntimeError:
+        return None
 
 
 def current_loop() -> EventLoop:
@@ -341,6 +416,8 @@ def current_loop() -> EventLoop:
         except RuntimeError:
             pass
         else:
+            global _trio_lowlevel
+            _trio_lowlevel = trio.lowlevel
             handle = _trio_handles.get(token)
             if handle is None:
                 handle = _trio_handles[token] = EventLoop("trio", token)

@@ -3,7 +3,7 @@
 The data path, top to bottom: a consumer with nothing buffered asks for the
 next item (:meth:`_FanoutState.wait_readable`); if no pull is in flight, one
 starts (:func:`_run_pull`, the only code that awaits the source: a task of its
-own on asyncio, the fan-out's pump :func:`_run_pump` on trio); the item it
+own on asyncio, the fan-out's pump on trio); the item it
 returns is appended to a singly linked log (:meth:`_FanoutState.append`) and
 every waiter is woken; each consumer holds a reference to the next node it
 will read and reads it with :meth:`FanoutConsumer.receive_nowait`.
@@ -24,11 +24,13 @@ read as an item.
 from __future__ import annotations
 
 import contextvars
+import inspect
 import sys
 import types
 import weakref
 from collections.abc import AsyncIterable
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 from typing import Generic
 from typing import Literal
@@ -44,6 +46,10 @@ from ._backend import EventLoop
 from ._backend import PullTask
 from ._backend import Waiters
 from ._backend import current_loop
+from ._backend import eager_task
+from ._backend import running_loop
+from ._backend import running_task
+from ._backend import trio_task
 
 __all__ = ["Fanout", "FanoutConsumer", "FanoutStatistics", "LagPolicy", "Lagged"]
 
@@ -129,7 +135,10 @@ class _FanoutState(Generic[T]):
         "arrival",
         "consumers",
         "context",
+        "direct",
+        "direct_ok",
         "drop_lagging",
+        "eager",
         "end",
         "handle",
         "holds_back",
@@ -142,6 +151,8 @@ class _FanoutState(Generic[T]):
         "pulling",
         "pump",
         "pump_bell",
+        "pumped",
+        "ref",
         "registry",
         "slowest",
         "source",
@@ -177,6 +188,25 @@ class _FanoutState(Generic[T]):
         # Bound at the first wait: the loop, and the context every pull runs in.
         self.loop: EventLoop | None = None
         self.context: contextvars.Context | None = None
+        # The asyncio loop while a consumer may start an eager pull itself
+        # (FanoutConsumer.__anext__'s fast path): bound to a loop that starts
+        # pulls eagerly, and not ended. None otherwise.
+        self.eager: Any = None
+        # The loop (trio) while its pulls run in a pump and it is not ended:
+        # a consumer may wait without wait_readable() (see __anext__).
+        self.pumped: EventLoop | None = None
+        # What a pull holds of this state while it awaits the source.
+        self.ref = weakref.ref(self)
+        # The eager route's two ways to pull (FanoutConsumer.__anext__): a
+        # task whose coroutine is the source's own __anext__() (direct_ok:
+        # the iterator is an async generator or its __anext__ is an
+        # ``async def``, so that call runs nothing), whose item the consumer
+        # logs when the task is done at once; or a task running _run_pull,
+        # which logs the item itself. Direct while the source's items come
+        # without suspending; after a suspension, _run_pull (a direct task
+        # that suspends is settled by a done callback, one loop pass later).
+        self.direct = False
+        self.direct_ok = False
         # Consumers waiting for the item after the log's end (woken when it
         # lands, or when the fan-out ends); a pull waiting for room.
         self.arrival: Waiters | None = None
@@ -187,7 +217,7 @@ class _FanoutState(Generic[T]):
         self.pulling = False
         self.pull: PullTask | None = None
         self.pull_done: anyio.Event | None = None
-        # trio: the pump that runs every pull (see _run_pump), and its bell
+        # trio: the pump that runs every pull (see _run_pull), and its bell
         # while it waits between pulls (None while it pulls or has ended).
         self.pump: PullTask | None = None
         self.pump_bell: _Bell | None = None
@@ -343,6 +373,9 @@ class _FanoutState(Generic[T]):
         if loop is None:
             loop = self.loop = current_loop()
             self.context = contextvars.copy_context()
+            if self.end is None:
+                self.eager = loop.eager_loop()
+                self.pumped = loop if loop.pulls_in_pump else None
         else:
             loop.check_current("this fan-out")
         return loop
@@ -398,26 +431,47 @@ class _FanoutState(Generic[T]):
                 self.pump_bell = None
                 bell.ring(True)
             else:
-                bell = _Bell()
-                self.pump, _ = loop.start_pull(
-                    _run_pump, (weakref.ref(self), bell), context
-                )
+                bell = _Bell(loop.parking())
+                self.pump, _ = loop.start_pull(_pump, (self.ref, bell), context)
                 # Dropped while the pump waits between pulls: let it end.
                 bell.finalizer = weakref.finalize(self, loop.run_soon, bell.ring, False)
                 bell.finalizer.atexit = False
             return False
-        task, cancel_requested = loop.start_pull(_run_pull, weakref.ref(self), context)
+        task, cancel_requested = loop.start_pull(_run_pull, self.ref, context)
         if self.pulling:  # not completed inline
             self.pull = task
         return cancel_requested
 
     def pulled(self, item: T) -> None:
+        """A pull returned ``item``: log it (:meth:`append`, written out:
+        this runs once per item)."""
         self.pulling = False
         self.pull = None
         if self.end is None:
-            self.append(item)
+            tail = self.tail
+            seq: int = tail[2] + 1
+            following: _Node = [None, None, seq]
+            tail[0] = item
+            tail[1] = following
+            self.tail = following
+            if self.lag_check_at <= seq:
+                self.drop_beyond_lag()
+            if self.arrival is not None:
+                self.wake_waiters()
         if self.pull_done is not None:
             self.pull_done.set()
+
+    def settle(self, task: Any) -> None:
+        """A direct pull's task (see ``direct``) is done: log its item, or
+        end with its error."""
+        try:
+            error: BaseException | None = task.exception()
+        except BaseException as cancelled:  # the task was cancelled
+            error = cancelled
+        if error is None:
+            self.pulled(task.result())
+        else:
+            self.failed(error)
 
     def failed(self, error: BaseException) -> None:
         self.pulling = False
@@ -441,6 +495,8 @@ class _FanoutState(Generic[T]):
     def finish(self, error: BaseException | None) -> None:
         traceback = error.__traceback__ if error is not None else None
         self.end = _End(error, traceback)
+        self.eager = None
+        self.pumped = None
         self.wake_waiters()
         self.wake_space()
         self.stop_pump()
@@ -457,6 +513,8 @@ class _FanoutState(Generic[T]):
         first = not (self.end is not None and self.end.closed)
         if first:
             self.end = _End(closed=True)
+            self.eager = None
+            self.pumped = None
             self.consumers = 0
             # Every consumer ends: what it had yet to read is dropped, and it
             # lets go of this state (a consumer kept alive by, say, the
@@ -492,85 +550,102 @@ class _FanoutState(Generic[T]):
                     await closer()
 
 
-async def _run_pull(ref: weakref.ref[_FanoutState[Any]]) -> None:
-    """Pull one item from the source and log it for every consumer.
+async def _run_pull(
+    ref: weakref.ref[_FanoutState[Any]], bell: _Bell | None = None
+) -> None:
+    """Pull one item from the source and log it for every consumer; with a
+    ``bell``, go on pulling, one item per demand, as the fan-out's pump.
 
-    The only code that awaits the source. It runs as a task of its own on
-    asyncio (see :meth:`~wool_pooling._backend.EventLoop.start_pull`), in the
-    fan-out's pump on trio (:func:`_run_pump`), and holds the state
-    only weakly while it awaits, so that neither a pull in flight nor an
-    error's traceback keeps a dropped fan-out alive. Whatever the source
-    raises, synchronously or not, ends the fan-out with it.
+    The only code that awaits the source. A pull runs as a task of its own
+    on asyncio (see :meth:`~wool_pooling._backend.EventLoop.start_pull`).
+    On trio, where spawning a task (and its cancel scope) per pull costs more
+    than the pull, this runs as the fan-out's pump: one system task that
+    waits at ``bell`` between pulls for the next demand, and ends when the
+    fan-out ends, is closed or dropped, or has no consumer left (the next
+    demand then starts a new pump). It holds the state only weakly while it
+    awaits, so that neither a pull in flight nor an error's traceback keeps
+    a dropped fan-out alive. Whatever the source raises, synchronously or
+    not, ends the fan-out with it.
     """
-    state = ref()
-    if state is None:
-        return
     try:
-        iterator = state.iterator
-        if iterator is None:
-            iterator = state.iterator = aiter(state.source)
-        del state
-        item = await iterator.__anext__()
-    except BaseException as error:
-        state = ref()
-        if state is not None:
-            state.failed(error)
-        return
+        while True:
+            state = ref()
+            if state is None:
+                return
+            try:
+                iterator = state.iterator
+                if iterator is None:
+                    iterator = state.iterator = aiter(state.source)
+                    state.direct_ok = _anext_runs_nothing(iterator)
+                del state
+                item = await iterator.__anext__()
+            except BaseException as error:
+                state = ref()
+                if state is not None:
+                    state.failed(error)
+                return
+            state = ref()
+            if state is None:
+                return
+            state.pulled(item)
+            if bell is None or state.end is not None or state.consumers == 0:
+                return
+            bell.waiting = True
+            state.pump_bell = bell
+            del state, item, iterator  # nothing of the source is held while waiting
+            await bell.parking.wait()
+            if not bell.wanted:
+                return
+    finally:
+        if bell is not None and bell.finalizer is not None:
+            bell.finalizer.detach()
+
+
+def _anext_runs_nothing(iterator: object) -> bool:
+    """Whether ``iterator.__anext__()`` returns a coroutine and runs nothing
+    of the source: an async generator, or an ``async def __anext__``."""
+    if isinstance(iterator, types.AsyncGeneratorType):
+        return True
+    anext = getattr(type(iterator), "__anext__", None)
+    return isinstance(anext, types.FunctionType) and bool(
+        anext.__code__.co_flags & inspect.CO_COROUTINE
+    )
+
+
+def _settle_later(ref: weakref.ref[_FanoutState[Any]], task: Any) -> None:
+    """A direct pull's done callback (it suspended)."""
     state = ref()
     if state is not None:
-        state.pulled(item)
+        state.settle(task)
+    elif not task.cancelled():
+        task.exception()  # retrieved: asyncio logs nothing
 
 
 @final
 class _Bell:
     """How a fan-out reaches its pump while the pump waits between pulls."""
 
-    __slots__ = ("demand", "finalizer", "wanted")
+    __slots__ = ("finalizer", "parking", "waiting", "wanted")
 
-    def __init__(self) -> None:
-        self.demand: Waiters | None = None
+    def __init__(self, parking: Waiters) -> None:
+        # Where the pump waits between pulls, and whether it waits there.
+        self.parking = parking
+        self.waiting = False
         # Why the pump was woken: a pull is wanted, or it is to end.
         self.wanted = False
         # Rings the bell if the fan-out is dropped while the pump waits.
         self.finalizer: weakref.finalize[Any, Any] | None = None
 
     def ring(self, wanted: bool) -> None:
-        demand = self.demand
-        if demand is not None:
-            self.demand = None
+        if self.waiting:
+            self.waiting = False
             self.wanted = wanted
-            demand.wake()
+            self.parking.wake()
 
 
-async def _run_pump(
-    args: tuple[weakref.ref[_FanoutState[Any]], _Bell],
-) -> None:
-    """trio: run a fan-out's pulls one after the other, in this one task.
-
-    Spawning a trio task (and its cancel scope) per pull costs more than the
-    pull; this task instead waits between pulls for the next demand. It
-    holds the state only weakly, as :func:`_run_pull` does, and ends when the
-    fan-out ends, is closed or dropped, or has no consumer left (the next
-    demand then starts a new pump).
-    """
-    ref, bell = args
-    try:
-        while True:
-            await _run_pull(ref)
-            state = ref()
-            if state is None or state.end is not None or state.consumers == 0:
-                return
-            loop = state.loop
-            assert loop is not None
-            demand = bell.demand = loop.waiters()
-            state.pump_bell = bell
-            del state
-            await demand.wait()
-            if not bell.wanted:
-                return
-    finally:
-        if bell.finalizer is not None:
-            bell.finalizer.detach()
+async def _pump(args: tuple[weakref.ref[_FanoutState[Any]], _Bell]) -> None:
+    """trio: the fan-out's pump (see :func:`_run_pull`)."""
+    await _run_pull(*args)
 
 
 class _ClosedSource:
@@ -787,7 +862,7 @@ class FanoutConsumer(Generic[T]):
     consumer never affects the source or the others.
     """
 
-    __slots__ = ("__weakref__", "_busy", "_node", "_state")
+    __slots__ = ("__weakref__", "_busy", "_node", "_state", "_task")
 
     def __init__(self, state: _FanoutState[T], node: _Node) -> None:
         # The shared state while this consumer is registered; once it ends,
@@ -797,6 +872,8 @@ class FanoutConsumer(Generic[T]):
         self._node: _Node = node
         # Whether a task is waiting in __anext__.
         self._busy = False
+        # trio: the last task found to run in the fan-out's loop here.
+        self._task: object = None
 
     def __aiter__(self) -> FanoutConsumer[T]:
         return self
@@ -847,21 +924,145 @@ class FanoutConsumer(Generic[T]):
     async def __anext__(self) -> T:
         while True:
             node = self._node
+            following = node[1]
+            if following is not None:  # the fast path: an item is buffered
+                self._node = following
+                return node[0]
+            del following
+            state = self._state
+            eager = state.eager
+            if (
+                node is state.tail  # at the log's end: not ended, no trap
+                and eager is not None  # asyncio, eager pulls, not ended
+                and not state.pulling
+                and not self._busy
+                and (
+                    not state.holds_back
+                    or state.tail[2] - state.slowest < state.max_lag
+                )
+            ):
+                # The eager route (asyncio, CPython 3.12+): start the pull
+                # here, as EventLoop.start_pull would, without the calls (it
+                # is written out because it runs once per item). An item the
+                # source has ready is logged before the task is returned.
+                try:
+                    running = running_loop()
+                except RuntimeError:
+                    running = None
+                caller = running_task() if running is eager else None
+                if caller is not None:
+                    state.pulling = True
+                    self._busy = True
+                    try:
+                        if state.direct:
+                            # The task's coroutine is the source's own
+                            # __anext__() (which runs nothing until awaited).
+                            task = eager_task(
+                                state.iterator.__anext__(),  # pyright: ignore[reportOptionalMemberAccess]
+                                loop=eager,
+                                context=state.context,
+                                eager_start=True,
+                            )
+                            if not task.done():  # suspended: settle when done
+                                state.pull = task
+                                state.direct = False
+                                settle = partial(_settle_later, state.ref)
+                                task.add_done_callback(settle)
+                            else:
+                                try:
+                                    error = task.exception()
+                                except BaseException as cancelled:
+                                    error = cancelled
+                                if error is not None or state.end is not None:
+                                    state.settle(task)
+                                else:  # state.pulled(task.result()), written out
+                                    state.pulling = False
+                                    tail = state.tail
+                                    seq: int = tail[2] + 1
+                                    following = [None, None, seq]
+                                    tail[0] = task.result()
+                                    tail[1] = following
+                                    state.tail = following
+                                    if state.lag_check_at <= seq:
+                                        state.drop_beyond_lag()
+                                    if state.arrival is not None:
+                                        state.wake_waiters()
+                                    del following
+                        else:
+                            task = eager_task(
+                                _run_pull(state.ref),
+                                loop=eager,
+                                context=state.context,
+                                eager_start=True,
+                            )
+                            if state.pulling:  # the source suspended
+                                state.pull = task
+                            else:
+                                state.direct = state.direct_ok
+                    except BaseException as error:
+                        # KeyboardInterrupt or SystemExit out of a direct
+                        # task's first step (an asyncio task's step raises
+                        # them on, after keeping them as its result): the
+                        # fan-out ends with it.
+                        state.failed(error)
+                        raise
+                    finally:
+                        self._busy = False
+                    del task
+                    # If the caller is to be cancelled (its cancel scope,
+                    # say, cancelled by the pull's first step), that is let
+                    # through here, at an await inside this call, as
+                    # wait_readable() does. A task being cancelled already
+                    # takes this checkpoint too; it raises nothing that its
+                    # next await would not.
+                    if caller.cancelling():
+                        await anyio.lowlevel.checkpoint()
+                    continue
+            pumped = state.pumped
+            if (
+                pumped is not None  # trio, not ended
+                and node is state.tail  # at the log's end: not ended, no trap
+                and not self._busy
+                and (
+                    not state.holds_back
+                    or state.tail[2] - state.slowest < state.max_lag
+                )
+                and (task := trio_task()) is not None
+            ):
+                # wait_readable(), written out for trio: with many consumers
+                # this runs once per item for each of them.
+                if task is not self._task:
+                    pumped.check_current("this fan-out")
+                    self._task = task
+                if not state.pulling:
+                    state.start_pull(pumped)
+                arrival = state.arrival
+                if arrival is None:
+                    arrival = state.arrival = pumped.waiters()
+                state.waiting += 1
+                self._busy = True
+                try:
+                    await arrival.wait()
+                finally:
+                    self._busy = False
+                    if state.arrival is arrival:  # not woken: withdraw the demand
+                        state.waiting -= 1
+                continue
             if (
                 node[1] is None  # nothing buffered,
                 and len(node) == 3  # no trap,
                 and node is not _ENDED  # not ended,
-                and self._state.end is None  # the source goes on:
+                and state.end is None  # the source goes on:
             ):  # receive_nowait() would raise WouldBlock; wait instead
                 if self._busy:
                     raise anyio.BusyResourceError("receiving from")
                 self._busy = True
                 try:
-                    await self._state.wait_readable(self)
+                    await state.wait_readable(self)
                 finally:
                     self._busy = False
                 continue
-            del node  # a traceback (of Lagged, say) must not pin the log
+            del node, state  # a traceback (of Lagged, say) must not pin the log
             try:
                 return self.receive_nowait()
             except anyio.EndOfStream:
@@ -908,6 +1109,7 @@ class FanoutConsumer(Generic[T]):
         """End this consumer and free the items it held. Idempotent."""
         if self._node is not _ENDED:
             self._node = _ENDED
+            self._task = None
             state = self._state
             self._state = _ended_state()
             state.leave()

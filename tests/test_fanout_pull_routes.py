@@ -1,0 +1,300 @@
+"""Every kind of source, on every route a pull can take.
+
+On asyncio with CPython 3.12+ a consumer starts the pull its demand needs
+itself, as an eager task, by one of two routes: a task whose coroutine is the
+source's own ``__anext__()`` (an async generator, or an ``async def
+__anext__``, while the source's items come without suspending), or a task
+that calls ``__anext__()`` and logs the item itself (any other source, and
+after a pull suspended). On 3.11, with ``WOOL_POOLING_PULLS=task`` and on
+trio there is one route. These tests drive each kind of source through
+patterns of ready and suspending items, so that every switch between the
+routes happens, and pin what no route may change: every consumer gets every
+item once and in order, then the end or the error; every part of a pull (the
+plain ``def __anext__`` body included) runs in a task that is no consumer's;
+a pull that cancels its caller's scope cancels that very call, losing
+nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from collections.abc import Generator
+from typing import Any
+from typing import Literal
+
+import anyio
+import anyio.lowlevel
+import pytest
+import sniffio
+from _loops import BACKENDS
+from _loops import run
+from hypothesis import example
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from wool_pooling import Fanout
+
+TIMEOUT = 5
+
+Step = Literal["ready", "pause"]
+Kind = Literal["async generator", "async def", "plain def", "awaitable"]
+KINDS: tuple[Kind, ...] = ("async generator", "async def", "plain def", "awaitable")
+
+
+class Boom(Exception):
+    """The source's error."""
+
+
+def current_task() -> object:
+    """The task object running the caller (asyncio's or trio's own)."""
+    if sniffio.current_async_library() == "asyncio":
+        task: object = asyncio.current_task()
+    else:
+        import trio
+
+        task = trio.lowlevel.current_task()
+    assert task is not None
+    return task
+
+
+class Script:
+    """What each pull does: ``"ready"`` returns its item at once, ``"pause"``
+    passes a checkpoint first; after the last step the source ends, or
+    raises :exc:`Boom` if ``fails``. Records the task of every part of every
+    pull (the task objects are kept, so identity comparisons are sound)."""
+
+    def __init__(self, steps: list[Step], fails: bool) -> None:
+        self.steps, self.fails = steps, fails
+        self.pulls: list[list[object]] = []
+
+    def begin(self) -> int:
+        """A pull begins: its index (``len(steps)`` past the end)."""
+        self.pulls.append([current_task()])
+        return len(self.pulls) - 1
+
+    def finish(self, index: int) -> None:
+        """Past the last step: the end, or the error."""
+        if self.fails:
+            raise Boom(index)
+        raise StopAsyncIteration
+
+    async def step(self, index: int) -> int:
+        if index == len(self.steps):
+            self.finish(index)
+        if self.steps[index] == "pause":
+            await anyio.lowlevel.checkpoint()
+            self.pulls[index].append(current_task())
+        return index
+
+
+class AsyncDefSource:
+    """``async def __anext__``: the direct route may take it."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+
+    def __aiter__(self) -> AsyncDefSource:
+        return self
+
+    async def __anext__(self) -> int:
+        return await self.script.step(self.script.begin())
+
+
+class PlainDefSource:
+    """A plain ``def __anext__`` whose body runs when it is called (and
+    raises synchronously at the end) and returns a coroutine."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+
+    def __aiter__(self) -> PlainDefSource:
+        return self
+
+    def __anext__(self) -> Awaitable[int]:
+        index = self.script.begin()
+        if index == len(self.script.steps):
+            self.script.finish(index)
+        return self.script.step(index)
+
+
+class _Step:
+    """An awaitable that is no coroutine."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+
+    def __await__(self) -> Generator[Any, None, int]:
+        return (yield from self.script.step(self.script.begin()).__await__())
+
+
+class AwaitableSource:
+    """``__anext__`` returns an awaitable that is no coroutine."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+
+    def __aiter__(self) -> AwaitableSource:
+        return self
+
+    def __anext__(self) -> _Step:
+        return _Step(self.script)
+
+
+def make_source(kind: Kind, script: Script) -> Any:
+    if kind == "async def":
+        return AsyncDefSource(script)
+    if kind == "plain def":
+        return PlainDefSource(script)
+    if kind == "awaitable":
+        return AwaitableSource(script)
+
+    async def generator() -> Any:
+        while True:
+            index = script.begin()
+            if index == len(script.steps) and not script.fails:
+                return  # (an async generator ends by returning)
+            yield await script.step(index)
+
+    return generator()
+
+
+async def drive(kind: Kind, steps: list[Step], fails: bool, consumers: int) -> None:
+    """Every consumer reads to the end in a task of its own; check the lot."""
+    script = Script(steps, fails)
+    fanout = Fanout(make_source(kind, script))
+    readers = [fanout.consumer() for _ in range(consumers)]
+    received: list[list[int]] = [[] for _ in readers]
+    endings: list[str] = ["none"] * consumers
+    consumer_tasks: list[object] = []
+
+    async def read(index: int) -> None:
+        consumer_tasks.append(current_task())
+        try:
+            async for item in readers[index]:
+                received[index].append(item)
+        except Boom:
+            endings[index] = "error"
+        else:
+            endings[index] = "end"
+
+    with anyio.fail_after(TIMEOUT):
+        async with anyio.create_task_group() as group:
+            for index in range(consumers):
+                group.start_soon(read, index)
+    assert received == [list(range(len(steps)))] * consumers
+    assert endings == ["error" if fails else "end"] * consumers
+    # One pull per step, plus the one that found the end; a pull never
+    # changes task between its parts, and never runs in a consumer's task.
+    assert len(script.pulls) == len(steps) + 1
+    assert [pull for pull in script.pulls if any(t is not pull[0] for t in pull)] == []
+    assert not {id(pull[0]) for pull in script.pulls} & {id(t) for t in consumer_tasks}
+    await fanout.aclose()
+
+
+READY_4: list[Step] = ["ready"] * 4
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", KINDS)
+@settings(max_examples=40, deadline=None)
+@given(
+    steps=st.lists(st.sampled_from(["ready", "pause"]), max_size=12),
+    fails=st.booleans(),
+    consumers=st.integers(1, 3),
+)
+@example(steps=[*READY_4, "pause", "ready", "ready", "pause"], fails=True, consumers=1)
+@example(steps=["pause", *READY_4, "pause", "pause"], fails=False, consumers=2)
+def test_every_source_kind_on_every_route_delivers_everything_in_no_consumers_task(
+    backend: Any, kind: Kind, steps: list[Step], fails: bool, consumers: int
+) -> None:
+    run(lambda: drive(kind, steps, fails, consumers), backend)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", BACKENDS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("at", [1, 2, 4])
+async def test_a_ready_pull_cancelling_its_callers_scope_cancels_that_call_only(
+    kind: Kind, at: int
+) -> None:
+    """However the pull runs, a cancellation it requests of its caller's
+    scope is raised inside that call; the item is kept for the next read."""
+    victim_scope = anyio.CancelScope()
+    script = Script(["ready"] * 6, fails=False)
+    step = script.step
+
+    async def cancelling_step(index: int) -> int:
+        if index == at:
+            victim_scope.cancel()
+        return await step(index)
+
+    script.step = cancelling_step  # type: ignore[method-assign]
+    fanout = Fanout(make_source(kind, script))
+    victim = fanout.consumer()
+    items: list[int] = []
+    stray: list[str] = []
+    with anyio.fail_after(TIMEOUT):
+        while len(items) < at:
+            items.append(await anext(victim))
+        with victim_scope:
+            items.append(await anext(victim))  # starts the pull that cancels it
+        assert victim_scope.cancelled_caught
+        try:
+            await anyio.lowlevel.checkpoint()  # a stray cancellation lands here
+        except anyio.get_cancelled_exc_class():
+            stray.append("victim")
+        items += [item async for item in victim]
+    assert stray == []
+    assert items == list(range(6))
+    await fanout.aclose()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", BACKENDS)
+@pytest.mark.parametrize("kind", KINDS)
+async def test_system_exit_from_a_ready_pull_reaches_every_consumer(kind: Kind) -> None:
+    """SystemExit raised by the source ends the fan-out with it, for everyone."""
+    script = Script(["ready"] * 3, fails=True)  # finish() is replaced below
+
+    def finish(index: int) -> None:
+        raise SystemExit(index)
+
+    script.finish = finish  # type: ignore[method-assign]
+    fanout = Fanout(make_source(kind, script))
+    first, second = fanout.consumer(), fanout.consumer()
+    with anyio.fail_after(TIMEOUT):
+        assert [await anext(first) for _ in range(3)] == [0, 1, 2]
+        with pytest.raises(SystemExit) as raised:
+            await anext(first)
+        assert raised.value.code == 3
+        assert [await anext(second) for _ in range(3)] == [0, 1, 2]
+        with pytest.raises(SystemExit):
+            await anext(second)
+        with pytest.raises(StopAsyncIteration):
+            await anext(second)
+    assert fanout.finished
+    await fanout.aclose()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", BACKENDS)
+@pytest.mark.parametrize("kind", KINDS)
+async def test_ready_items_take_the_direct_route_where_there_is_one(kind: Kind) -> None:
+    """White box: the route the speed of a source that never suspends rests
+    on is the one taken (eager asyncio pulls, a source whose ``__anext__()``
+    runs nothing when called), and is left after a pull suspends."""
+    from wool_pooling._backend import EAGER_PULLS
+
+    script = Script(["ready", "ready", "ready", "pause", "ready"], fails=False)
+    fanout = Fanout(make_source(kind, script))
+    consumer = fanout.consumer()
+    direct = EAGER_PULLS and sniffio.current_async_library() == "asyncio"
+    direct = direct and kind in ("async generator", "async def")
+    with anyio.fail_after(TIMEOUT):
+        assert [await anext(consumer) for _ in range(3)] == [0, 1, 2]
+        assert fanout._state.direct is direct  # pyright: ignore[reportPrivateUsage]
+        assert await anext(consumer) == 3  # suspends: the other route
+        assert fanout._state.direct is False  # pyright: ignore[reportPrivateUsage]
+    await fanout.aclose()
