@@ -151,6 +151,18 @@ async def ended(it: AsyncIterator[DiscoveryEvent]) -> bool:
     return False
 
 
+def current_task() -> object:
+    """The task object running the caller (asyncio's or trio's own)."""
+    if sniffio.current_async_library() == "asyncio":
+        task: object = asyncio.current_task()
+    else:
+        import trio
+
+        task = trio.lowlevel.current_task()
+    assert task is not None
+    return task
+
+
 def running_tasks() -> int:
     """Count every task alive in the current event loop / trio run (a pump too)."""
     if sniffio.current_async_library() == "asyncio":

@@ -18,7 +18,6 @@ comparisons are sound.
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import math
 import random
@@ -29,8 +28,8 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
-import sniffio
 from _stubs import WITH_UVLOOP
+from _stubs import current_task
 from _stubs import running_tasks
 
 from wool_pooling import Fanout
@@ -51,18 +50,6 @@ TIMEOUT = 5
 K = 3
 
 _MISSING: Any = object()
-
-
-def current_task() -> object:
-    """The task object running the caller (asyncio's or trio's own)."""
-    if sniffio.current_async_library() == "asyncio":
-        task: object = asyncio.current_task()
-    else:
-        import trio
-
-        task = trio.lowlevel.current_task()
-    assert task is not None
-    return task
 
 
 class PullTasks:

@@ -17,7 +17,6 @@ nothing.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable
 from collections.abc import Generator
 from typing import Any
@@ -29,6 +28,7 @@ import pytest
 import sniffio
 from _loops import BACKENDS
 from _loops import run
+from _stubs import current_task
 from hypothesis import example
 from hypothesis import given
 from hypothesis import settings
@@ -45,18 +45,6 @@ KINDS: tuple[Kind, ...] = ("async generator", "async def", "plain def", "awaitab
 
 class Boom(Exception):
     """The source's error."""
-
-
-def current_task() -> object:
-    """The task object running the caller (asyncio's or trio's own)."""
-    if sniffio.current_async_library() == "asyncio":
-        task: object = asyncio.current_task()
-    else:
-        import trio
-
-        task = trio.lowlevel.current_task()
-    assert task is not None
-    return task
 
 
 class Script:
@@ -298,3 +286,90 @@ async def test_ready_items_take_the_direct_route_where_there_is_one(kind: Kind) 
         assert await anext(consumer) == 3  # suspends: the other route
         assert fanout._state.direct is False  # pyright: ignore[reportPrivateUsage]
     await fanout.aclose()
+
+
+class Held:
+    """A source whose items come ready until ``hold`` is set; then each pull
+    waits for ``release`` and raises :exc:`Boom`."""
+
+    def __init__(self) -> None:
+        self.hold = False
+        self.release = anyio.Event()
+        self.closed = False
+
+    async def items(self) -> Any:
+        try:
+            number = 0
+            while True:
+                if self.hold:
+                    await self.release.wait()
+                    raise Boom(number)
+                yield number
+                number += 1
+        finally:
+            self.closed = True
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", BACKENDS)
+async def test_closing_during_a_ready_sources_suspended_pull_cancels_it() -> None:
+    """A pull that suspends after ready ones (on asyncio 3.12+, a task on the
+    source's own ``__anext__()``) is cancelled by ``aclose()``, which closes
+    the source and ends the waiting consumer."""
+    source = Held()
+    fanout = Fanout(source.items())
+    consumer = fanout.consumer()
+    ended: list[str] = []
+
+    async def wait_for_the_held_item() -> None:
+        async for _ in consumer:
+            pass
+        ended.append("end")
+
+    with anyio.fail_after(TIMEOUT):
+        assert [await anext(consumer) for _ in range(4)] == [0, 1, 2, 3]
+        source.hold = True
+        async with anyio.create_task_group() as group:
+            group.start_soon(wait_for_the_held_item)
+            await anyio.wait_all_tasks_blocked()
+            assert fanout.statistics().pulling
+            await fanout.aclose()
+    assert ended == ["end"]
+    assert source.closed
+    assert not fanout.statistics().pulling
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", BACKENDS)
+async def test_a_fan_out_dropped_mid_pull_is_freed_and_its_pulls_error_is_not_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Dropped while a pull waits (after ready ones): nothing keeps the
+    fan-out alive, and the pull's later error is dealt with, not reported."""
+    import gc
+    import weakref
+
+    source = Held()
+    fanout = Fanout(source.items())
+    consumer = fanout.consumer()
+    with anyio.fail_after(TIMEOUT):
+        assert [await anext(consumer) for _ in range(4)] == [0, 1, 2, 3]
+        source.hold = True
+        with anyio.CancelScope() as scope:
+            scope.deadline = anyio.current_time()  # gives up at its wait
+            await anext(consumer)
+        assert scope.cancelled_caught
+        assert fanout.statistics().pulling
+        state = weakref.ref(fanout._state)  # pyright: ignore[reportPrivateUsage]
+        del fanout, consumer
+        # (trio keeps the Cancelled last thrown into this task, with its
+        # traceback, until the task is next rescheduled.)
+        await anyio.lowlevel.checkpoint()
+        gc.collect()
+        assert state() is None
+        source.release.set()
+        for _ in range(5):  # the pull's task ends, its callback runs
+            await anyio.lowlevel.checkpoint()
+        await anyio.wait_all_tasks_blocked()
+        gc.collect()
+    assert [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")] == []

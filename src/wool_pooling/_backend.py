@@ -15,13 +15,15 @@ pull as a task of its own. With CPython 3.12+ the task is created with
 first step runs at once, inside the consumer's call, but *as the new task*
 (``asyncio.current_task()`` is the pull's task, and the consumer's
 cancellation cannot reach it), so an item the source has ready costs no trip
-through the event loop. On CPython 3.11 the task starts at the loop's next
-pass; setting the environment variable ``WOOL_POOLING_PULLS=task`` before
-import selects that route on every interpreter (the test suite runs under
-both). On trio, where spawning a task and its cancel scope costs more than a
-pull, a fan-out runs all its pulls in one system task, its pump
-(:attr:`EventLoop.pulls_in_pump`), started by the first pull and waiting
-between pulls for the next demand.
+through the event loop. (``FanoutConsumer.__anext__`` starts that task
+itself, with :data:`eager_task`, to spare the calls.) On CPython 3.11 the
+task starts at the loop's next pass; setting the environment variable
+``WOOL_POOLING_PULLS=task`` before import selects that route on every
+interpreter (the test suite runs under both). On trio, where spawning a task
+and its cancel scope costs more than a pull, a fan-out runs all its pulls in
+one system task, its pump (:attr:`EventLoop.pulls_in_pump`), started by the
+first pull and waiting between pulls for the next demand, at a
+:meth:`EventLoop.parking`.
 """
 
 from __future__ import annotations

@@ -3,10 +3,17 @@
 The data path, top to bottom: a consumer with nothing buffered asks for the
 next item (:meth:`_FanoutState.wait_readable`); if no pull is in flight, one
 starts (:func:`_run_pull`, the only code that awaits the source: a task of its
-own on asyncio, the fan-out's pump on trio); the item it
-returns is appended to a singly linked log (:meth:`_FanoutState.append`) and
-every waiter is woken; each consumer holds a reference to the next node it
-will read and reads it with :meth:`FanoutConsumer.receive_nowait`.
+own on asyncio, the fan-out's pump on trio); the item it returns is appended
+to a singly linked log (:meth:`_FanoutState.pulled`) and every waiter is
+woken; each consumer holds a reference to the next node it will read and
+reads it with :meth:`FanoutConsumer.receive_nowait`.
+
+``FanoutConsumer.__anext__`` writes the common cases of that path out, since
+they run once per item (for each consumer): the buffered read; on asyncio
+with eager pulls, starting the pull task itself (whose coroutine, while the
+source's items come without suspending, is the source's own ``__anext__()``,
+the item being logged by the consumer when the task is done at once: see
+``_FanoutState.direct``); on trio, the wait for the pump's next item.
 
 **Where an item is held and when it is freed.** A node is ``[item, next,
 seq]`` (a list: the cheapest object to build and index); the fan-out holds
@@ -443,21 +450,11 @@ class _FanoutState(Generic[T]):
         return cancel_requested
 
     def pulled(self, item: T) -> None:
-        """A pull returned ``item``: log it (:meth:`append`, written out:
-        this runs once per item)."""
+        """A pull returned ``item``: log it."""
         self.pulling = False
         self.pull = None
         if self.end is None:
-            tail = self.tail
-            seq: int = tail[2] + 1
-            following: _Node = [None, None, seq]
-            tail[0] = item
-            tail[1] = following
-            self.tail = following
-            if self.lag_check_at <= seq:
-                self.drop_beyond_lag()
-            if self.arrival is not None:
-                self.wake_waiters()
+            self.append(item)
         if self.pull_done is not None:
             self.pull_done.set()
 
@@ -687,7 +684,10 @@ class Fanout(Generic[T]):
     runs in a task of its own, started by the fan-out: with CPython 3.12+
     its first step runs eagerly, inside the call of the consumer that asked
     for it, but as the new task, so an item the source has ready costs no
-    trip through the event loop; on 3.11 it starts at the loop's next pass.
+    trip through the event loop (for an async generator, or an ``async def
+    __anext__``, whose items come without suspending, the task runs the
+    source's ``__anext__()`` itself, with no frame of the fan-out's around
+    it); on 3.11 it starts at the loop's next pass.
     On trio, where spawning a task costs more than a pull, the fan-out runs
     its pulls one after the other in one system task, its pump, which waits
     for the next demand between pulls and ends when the fan-out ends, is
@@ -709,7 +709,11 @@ class Fanout(Generic[T]):
     **Errors.** An exception raised by the source (synchronously by
     ``aiter()`` or ``__anext__()``, or by the awaitable ``__anext__()``
     returns) reaches every consumer, each after the items pulled before it,
-    with its original traceback; afterwards each consumer ends. A consumer
+    with its original traceback; afterwards each consumer ends.
+    ``KeyboardInterrupt`` and ``SystemExit`` end the fan-out too; on asyncio
+    they may also propagate out of the event loop (asyncio lets them out of
+    any task's step), and asyncio may report the pull's task as having had
+    an exception never retrieved. A consumer
     registered after the source ended ends immediately (after receiving the
     error, if there was one).
 
