@@ -332,31 +332,23 @@ class SubscriptionConsumer(Generic[T_co]):
                 event = replay.popleft()
                 break
             try:
-                event = consumer.receive_nowait()
+                event = await consumer.__anext__()
                 break
-            except anyio.WouldBlock:
-                pass
             except Lagged:
                 if not self._resync(consumer):
                     raise  # items that are not discovery events were skipped
-                continue
             except anyio.BusyResourceError:
+                raise  # another task waits: not ours to end
+            except RuntimeError:
+                if not consumer.closed:
+                    raise  # another event loop: not ours to end
+                await self._release()  # the source's error
                 raise
-            except anyio.EndOfStream:
-                await self._release()
-                raise StopAsyncIteration from None
             except BaseException:
+                # The end, the source's error, or a cancellation: this
+                # consumer ends (released meanwhile, it ends all the same).
                 await self._release()
                 raise
-            try:
-                await consumer.wait_readable()
-            except (anyio.BusyResourceError, RuntimeError):
-                raise  # another task waits, or another event loop: not ours to end
-            except BaseException:
-                await self._release()  # cancelled: this consumer ends
-                raise
-            if self._consumer is None:
-                raise StopAsyncIteration  # released while it waited
         if self._view is not None:
             apply_event(self._view, event)
         return cast(T_co, event)
