@@ -54,7 +54,7 @@ __all__ = [
     "eager_task",
     "running_loop",
     "running_task",
-    "trio_task",
+    "trio_lowlevel",
 ]
 
 logger = logging.getLogger("wool_pooling")
@@ -79,8 +79,9 @@ _asyncio_handles: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, EventLoop
 )
 _trio_handles: weakref.WeakKeyDictionary[Any, EventLoop] = weakref.WeakKeyDictionary()
 #: ``trio.lowlevel``, once a trio run has been seen (trio is imported only
-#: by programs that run it).
-_trio_lowlevel: Any = None
+#: by programs that run it): for the fan-out's per-item wait on trio
+#: (``FanoutConsumer.__anext__``), and the waiters here.
+trio_lowlevel: Any = None
 #: Background asyncio tasks, held until done (the loop holds tasks weakly).
 _running: set[asyncio.Task[Any]] = set()
 
@@ -323,23 +324,29 @@ class _TrioWaiters:
     async def wait(self) -> None:
         if self._woken:
             return
-        lowlevel = _trio_lowlevel
-        task = lowlevel.current_task()
+        task = trio_lowlevel.current_task()
+        await trio_lowlevel.wait_task_rescheduled(self.enter(task))
+
+    def enter(self, task: Any) -> Any:
+        """Register ``task`` (the caller's) to be woken, and return the abort
+        function it then parks with (``await
+        trio.lowlevel.wait_task_rescheduled(abort)``): :meth:`wait` without
+        a coroutine of its own. Only before :meth:`wake`."""
         tasks = self._tasks
         tasks[task] = None
 
         def abort(_: object) -> Any:
             tasks.pop(task, None)
-            return lowlevel.Abort.SUCCEEDED
+            return trio_lowlevel.Abort.SUCCEEDED
 
-        await lowlevel.wait_task_rescheduled(abort)
+        return abort
 
     def wake(self) -> None:
         self._woken = True
         tasks = self._tasks
         if tasks:
             self._tasks = {}
-            reschedule = _trio_lowlevel.reschedule
+            reschedule = trio_lowlevel.reschedule
             for task in tasks:
                 reschedule(task)
 
@@ -355,19 +362,19 @@ class _TrioParking:
         self._task: Any = None
 
     async def wait(self) -> None:
-        lowlevel = _trio_lowlevel
+        lowlevel = trio_lowlevel
         self._task = lowlevel.current_task()
         await lowlevel.wait_task_rescheduled(self._abort)
 
     def _abort(self, _: object) -> Any:
         self._task = None
-        return _trio_lowlevel.Abort.SUCCEEDED
+        return trio_lowlevel.Abort.SUCCEEDED
 
     def wake(self) -> None:
         task = self._task
         if task is not None:
             self._task = None
-            _trio_lowlevel.reschedule(task)
+            trio_lowlevel.reschedule(task)
 
 
 async def _scoped(
@@ -384,17 +391,6 @@ async def _guarded(fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         raise
     except BaseException:
         logger.exception("unexpected error in a wool_pooling background task")
-
-
-def trio_task() -> Any:
-    """The running trio task, or ``None`` outside a trio run."""
-    lowlevel = _trio_lowlevel
-    if lowlevel is None:
-        return None
-    try:
-        return lowlevel.current_task()
-    except RuntimeError:
-        return None
 
 
 def current_loop() -> EventLoop:
@@ -418,8 +414,8 @@ def current_loop() -> EventLoop:
         except RuntimeError:
             pass
         else:
-            global _trio_lowlevel
-            _trio_lowlevel = trio.lowlevel
+            global trio_lowlevel
+            trio_lowlevel = trio.lowlevel
             handle = _trio_handles.get(token)
             if handle is None:
                 handle = _trio_handles[token] = EventLoop("trio", token)

@@ -49,6 +49,7 @@ import anyio
 import anyio.lowlevel
 import attrs
 
+from . import _backend
 from ._backend import EventLoop
 from ._backend import PullTask
 from ._backend import Waiters
@@ -56,7 +57,6 @@ from ._backend import current_loop
 from ._backend import eager_task
 from ._backend import running_loop
 from ._backend import running_task
-from ._backend import trio_task
 
 __all__ = ["Fanout", "FanoutConsumer", "FanoutStatistics", "LagPolicy", "Lagged"]
 
@@ -1031,27 +1031,36 @@ class FanoutConsumer(Generic[T]):
                     not state.holds_back
                     or state.tail[2] - state.slowest < state.max_lag
                 )
-                and (task := trio_task()) is not None
             ):
                 # wait_readable(), written out for trio: with many consumers
                 # this runs once per item for each of them.
-                if task is not self._task:
-                    pumped.check_current("this fan-out")
-                    self._task = task
-                if not state.pulling:
-                    state.start_pull(pumped)
-                arrival = state.arrival
-                if arrival is None:
-                    arrival = state.arrival = pumped.waiters()
-                state.waiting += 1
-                self._busy = True
+                trio = _backend.trio_lowlevel
                 try:
-                    await arrival.wait()
-                finally:
-                    self._busy = False
-                    if state.arrival is arrival:  # not woken: withdraw the demand
-                        state.waiting -= 1
-                continue
+                    task = trio.current_task()
+                except RuntimeError:  # not in a trio run: the slow path says so
+                    task = None
+                if task is not None:
+                    if task is not self._task:
+                        pumped.check_current("this fan-out")
+                        self._task = task
+                    if not state.pulling:
+                        state.start_pull(pumped)
+                    # trio's waiters take a task in (enter(): state.arrival
+                    # is never one already woken) without a coroutine of
+                    # their own; this task then parks itself.
+                    arrival: Any = state.arrival
+                    if arrival is None:
+                        arrival = state.arrival = pumped.waiters()
+                    abort = arrival.enter(task)
+                    state.waiting += 1
+                    self._busy = True
+                    try:
+                        await trio.wait_task_rescheduled(abort)
+                    finally:
+                        self._busy = False
+                        if state.arrival is arrival:  # not woken: withdrawn
+                            state.waiting -= 1
+                    continue
             if (
                 node[1] is None  # nothing buffered,
                 and len(node) == 3  # no trap,
