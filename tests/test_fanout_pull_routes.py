@@ -1,18 +1,16 @@
 """Every kind of source, on every route a pull can take.
 
-On asyncio with CPython 3.12+ a consumer starts the pull its demand needs
-itself, as an eager task, by one of two routes: a task whose coroutine is the
-source's own ``__anext__()`` (an async generator, or an ``async def
-__anext__``, while the source's items come without suspending), or a task
-that calls ``__anext__()`` and logs the item itself (any other source, and
-after a pull suspended). On 3.11, with ``WOOL_POOLING_PULLS=task`` and on
-trio there is one route. These tests drive each kind of source through
-patterns of ready and suspending items, so that every switch between the
-routes happens, and pin what no route may change: every consumer gets every
-item once and in order, then the end or the error; every part of a pull (the
-plain ``def __anext__`` body included) runs in a task that is no consumer's;
-a pull that cancels its caller's scope cancels that very call, losing
-nothing.
+A pull runs as a task of its own on asyncio, started by the consumer's call
+(on CPython 3.12+ eagerly, inside that call: ``FanoutConsumer.__anext__``
+starts it itself, ``wait_readable()`` through ``EventLoop.start_pull``), and
+in the fan-out's pump on trio. These tests drive four kinds of source (an
+async generator, an ``async def __anext__``, a plain ``def __anext__`` whose
+body runs when it is called, an awaitable that is no coroutine) through
+patterns of ready and suspending items, and pin what no route may change:
+every consumer gets every item once and in order, then the end or the
+error; every part of a pull (the plain ``def __anext__`` body included) runs
+in a task that is no consumer's; a pull that cancels its caller's scope
+cancels that very call, losing nothing.
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ from typing import Literal
 import anyio
 import anyio.lowlevel
 import pytest
-import sniffio
 from _loops import BACKENDS
 from _loops import run
 from _stubs import current_task
@@ -78,7 +75,7 @@ class Script:
 
 
 class AsyncDefSource:
-    """``async def __anext__``: the direct route may take it."""
+    """``async def __anext__``: its call runs nothing of the source."""
 
     def __init__(self, script: Script) -> None:
         self.script = script
@@ -266,28 +263,6 @@ async def test_system_exit_from_a_ready_pull_reaches_every_consumer(kind: Kind) 
     await fanout.aclose()
 
 
-@pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", BACKENDS)
-@pytest.mark.parametrize("kind", KINDS)
-async def test_ready_items_take_the_direct_route_where_there_is_one(kind: Kind) -> None:
-    """White box: the route the speed of a source that never suspends rests
-    on is the one taken (eager asyncio pulls, a source whose ``__anext__()``
-    runs nothing when called), and is left after a pull suspends."""
-    from wool_pooling._backend import EAGER_PULLS
-
-    script = Script(["ready", "ready", "ready", "pause", "ready"], fails=False)
-    fanout = Fanout(make_source(kind, script))
-    consumer = fanout.consumer()
-    direct = EAGER_PULLS and sniffio.current_async_library() == "asyncio"
-    direct = direct and kind in ("async generator", "async def")
-    with anyio.fail_after(TIMEOUT):
-        assert [await anext(consumer) for _ in range(3)] == [0, 1, 2]
-        assert fanout._state.direct is direct  # pyright: ignore[reportPrivateUsage]
-        assert await anext(consumer) == 3  # suspends: the other route
-        assert fanout._state.direct is False  # pyright: ignore[reportPrivateUsage]
-    await fanout.aclose()
-
-
 class Held:
     """A source whose items come ready until ``hold`` is set; then each pull
     waits for ``release`` and raises :exc:`Boom`."""
@@ -313,9 +288,8 @@ class Held:
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", BACKENDS)
 async def test_closing_during_a_ready_sources_suspended_pull_cancels_it() -> None:
-    """A pull that suspends after ready ones (on asyncio 3.12+, a task on the
-    source's own ``__anext__()``) is cancelled by ``aclose()``, which closes
-    the source and ends the waiting consumer."""
+    """A pull that suspends after ready ones is cancelled by ``aclose()``,
+    which closes the source and ends the waiting consumer."""
     source = Held()
     fanout = Fanout(source.items())
     consumer = fanout.consumer()

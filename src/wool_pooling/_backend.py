@@ -52,7 +52,6 @@ __all__ = [
     "Waiters",
     "current_loop",
     "eager_task",
-    "running_loop",
     "running_task",
     "trio_lowlevel",
 ]
@@ -71,7 +70,6 @@ EAGER_PULLS = (
 #: :meth:`EventLoop.start_pull` would cost as much as the rest of a pull.
 #: (``asyncio.Task``: called with ``eager_start=True``, 3.12+ only.)
 eager_task: Callable[..., Any] = asyncio.Task
-running_loop = asyncio.get_running_loop
 running_task = asyncio.current_task
 
 _asyncio_handles: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, EventLoop] = (

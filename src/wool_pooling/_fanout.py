@@ -10,10 +10,8 @@ reads it with :meth:`FanoutConsumer.receive_nowait`.
 
 ``FanoutConsumer.__anext__`` writes the common cases of that path out, since
 they run once per item (for each consumer): the buffered read; on asyncio
-with eager pulls, starting the pull task itself (whose coroutine, while the
-source's items come without suspending, is the source's own ``__anext__()``,
-the item being logged by the consumer when the task is done at once: see
-``_FanoutState.direct``); on trio, the wait for the pump's next item.
+with eager pulls, starting the pull's task itself; on trio, the wait for the
+pump's next item.
 
 **Where an item is held and when it is freed.** A node is ``[item, next,
 seq]`` (a list: the cheapest object to build and index); the fan-out holds
@@ -31,13 +29,11 @@ read as an item.
 from __future__ import annotations
 
 import contextvars
-import inspect
 import sys
 import types
 import weakref
 from collections.abc import AsyncIterable
 from collections.abc import AsyncIterator
-from functools import partial
 from typing import Any
 from typing import Generic
 from typing import Literal
@@ -55,7 +51,6 @@ from ._backend import PullTask
 from ._backend import Waiters
 from ._backend import current_loop
 from ._backend import eager_task
-from ._backend import running_loop
 from ._backend import running_task
 
 __all__ = ["Fanout", "FanoutConsumer", "FanoutStatistics", "LagPolicy", "Lagged"]
@@ -142,8 +137,6 @@ class _FanoutState(Generic[T]):
         "arrival",
         "consumers",
         "context",
-        "direct",
-        "direct_ok",
         "drop_lagging",
         "eager",
         "end",
@@ -204,16 +197,6 @@ class _FanoutState(Generic[T]):
         self.pumped: EventLoop | None = None
         # What a pull holds of this state while it awaits the source.
         self.ref = weakref.ref(self)
-        # The eager route's two ways to pull (FanoutConsumer.__anext__): a
-        # task whose coroutine is the source's own __anext__() (direct_ok:
-        # the iterator is an async generator or its __anext__ is an
-        # ``async def``, so that call runs nothing), whose item the consumer
-        # logs when the task is done at once; or a task running _run_pull,
-        # which logs the item itself. Direct while the source's items come
-        # without suspending; after a suspension, _run_pull (a direct task
-        # that suspends is settled by a done callback, one loop pass later).
-        self.direct = False
-        self.direct_ok = False
         # Consumers waiting for the item after the log's end (woken when it
         # lands, or when the fan-out ends); a pull waiting for room.
         self.arrival: Waiters | None = None
@@ -458,18 +441,6 @@ class _FanoutState(Generic[T]):
         if self.pull_done is not None:
             self.pull_done.set()
 
-    def settle(self, task: Any) -> None:
-        """A direct pull's task (see ``direct``) is done: log its item, or
-        end with its error."""
-        try:
-            error: BaseException | None = task.exception()
-        except BaseException as cancelled:  # the task was cancelled
-            error = cancelled
-        if error is None:
-            self.pulled(task.result())
-        else:
-            self.failed(error)
-
     def failed(self, error: BaseException) -> None:
         self.pulling = False
         self.pull = None
@@ -573,7 +544,6 @@ async def _run_pull(
                 iterator = state.iterator
                 if iterator is None:
                     iterator = state.iterator = aiter(state.source)
-                    state.direct_ok = _anext_runs_nothing(iterator)
                 del state
                 item = await iterator.__anext__()
             except BaseException as error:
@@ -596,26 +566,6 @@ async def _run_pull(
     finally:
         if bell is not None and bell.finalizer is not None:
             bell.finalizer.detach()
-
-
-def _anext_runs_nothing(iterator: object) -> bool:
-    """Whether ``iterator.__anext__()`` returns a coroutine and runs nothing
-    of the source: an async generator, or an ``async def __anext__``."""
-    if isinstance(iterator, types.AsyncGeneratorType):
-        return True
-    anext = getattr(type(iterator), "__anext__", None)
-    return isinstance(anext, types.FunctionType) and bool(
-        anext.__code__.co_flags & inspect.CO_COROUTINE
-    )
-
-
-def _settle_later(ref: weakref.ref[_FanoutState[Any]], task: Any) -> None:
-    """A direct pull's done callback (it suspended)."""
-    state = ref()
-    if state is not None:
-        state.settle(task)
-    elif not task.cancelled():
-        task.exception()  # retrieved: asyncio logs nothing
 
 
 @final
@@ -684,10 +634,7 @@ class Fanout(Generic[T]):
     runs in a task of its own, started by the fan-out: with CPython 3.12+
     its first step runs eagerly, inside the call of the consumer that asked
     for it, but as the new task, so an item the source has ready costs no
-    trip through the event loop (for an async generator, or an ``async def
-    __anext__``, whose items come without suspending, the task runs the
-    source's ``__anext__()`` itself, with no frame of the fan-out's around
-    it); on 3.11 it starts at the loop's next pass.
+    trip through the event loop; on 3.11 it starts at the loop's next pass.
     On trio, where spawning a task costs more than a pull, the fan-out runs
     its pulls one after the other in one system task, its pump, which waits
     for the next demand between pulls and ends when the fan-out ends, is
@@ -709,11 +656,7 @@ class Fanout(Generic[T]):
     **Errors.** An exception raised by the source (synchronously by
     ``aiter()`` or ``__anext__()``, or by the awaitable ``__anext__()``
     returns) reaches every consumer, each after the items pulled before it,
-    with its original traceback; afterwards each consumer ends.
-    ``KeyboardInterrupt`` and ``SystemExit`` end the fan-out too; on asyncio
-    they may also propagate out of the event loop (asyncio lets them out of
-    any task's step), and asyncio may report the pull's task as having had
-    an exception never retrieved. A consumer
+    with its original traceback; afterwards each consumer ends. A consumer
     registered after the source ended ends immediately (after receiving the
     error, if there was one).
 
@@ -950,68 +893,29 @@ class FanoutConsumer(Generic[T]):
                 # is written out because it runs once per item). An item the
                 # source has ready is logged before the task is returned.
                 try:
-                    running = running_loop()
-                except RuntimeError:
-                    running = None
-                caller = running_task() if running is eager else None
+                    caller = running_task()
+                except RuntimeError:  # no asyncio loop: the slow path says so
+                    caller = None
+                if caller is not None and caller is not self._task:
+                    # A task runs in one loop only: check the loop once per task.
+                    if caller.get_loop() is eager:
+                        self._task = caller
+                    else:
+                        caller = None
                 if caller is not None:
                     state.pulling = True
                     self._busy = True
                     try:
-                        if state.direct:
-                            # The task's coroutine is the source's own
-                            # __anext__() (which runs nothing until awaited).
-                            task = eager_task(
-                                state.iterator.__anext__(),  # pyright: ignore[reportOptionalMemberAccess]
-                                loop=eager,
-                                context=state.context,
-                                eager_start=True,
-                            )
-                            if not task.done():  # suspended: settle when done
-                                state.pull = task
-                                state.direct = False
-                                settle = partial(_settle_later, state.ref)
-                                task.add_done_callback(settle)
-                            else:
-                                try:
-                                    error = task.exception()
-                                except BaseException as cancelled:
-                                    error = cancelled
-                                if error is not None or state.end is not None:
-                                    state.settle(task)
-                                else:  # state.pulled(task.result()), written out
-                                    state.pulling = False
-                                    tail = state.tail
-                                    seq: int = tail[2] + 1
-                                    following = [None, None, seq]
-                                    tail[0] = task.result()
-                                    tail[1] = following
-                                    state.tail = following
-                                    if state.lag_check_at <= seq:
-                                        state.drop_beyond_lag()
-                                    if state.arrival is not None:
-                                        state.wake_waiters()
-                                    del following
-                        else:
-                            task = eager_task(
-                                _run_pull(state.ref),
-                                loop=eager,
-                                context=state.context,
-                                eager_start=True,
-                            )
-                            if state.pulling:  # the source suspended
-                                state.pull = task
-                            else:
-                                state.direct = state.direct_ok
-                    except BaseException as error:
-                        # KeyboardInterrupt or SystemExit out of a direct
-                        # task's first step (an asyncio task's step raises
-                        # them on, after keeping them as its result): the
-                        # fan-out ends with it.
-                        state.failed(error)
-                        raise
+                        task = eager_task(
+                            _run_pull(state.ref),
+                            loop=eager,
+                            context=state.context,
+                            eager_start=True,
+                        )
                     finally:
                         self._busy = False
+                    if state.pulling:  # the source suspended
+                        state.pull = task
                     del task
                     # If the caller is to be cancelled (its cancel scope,
                     # say, cancelled by the pull's first step), that is let
