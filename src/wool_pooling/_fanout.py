@@ -4,7 +4,7 @@ The data path, top to bottom: a consumer with nothing buffered asks for the
 next item (:meth:`_FanoutState.wait_readable`); if no pull is in flight, one
 starts (:func:`_run_pull`, the only code that awaits the source: a task of its
 own on asyncio, the fan-out's pump on trio); the item it returns is appended
-to a singly linked log (:meth:`_FanoutState.pulled`) and every waiter is
+to a singly linked log (:meth:`_FanoutState.append`) and every waiter is
 woken; each consumer holds a reference to the next node it will read and
 reads it with :meth:`FanoutConsumer.receive_nowait`.
 
@@ -207,7 +207,7 @@ class _FanoutState(Generic[T]):
         self.pulling = False
         self.pull: PullTask | None = None
         self.pull_done: anyio.Event | None = None
-        # trio: the pump that runs every pull (see _run_pull), and its bell
+        # trio: the pump that runs every pull (see _pump), and its bell
         # while it waits between pulls (None while it pulls or has ended).
         self.pump: PullTask | None = None
         self.pump_bell: _Bell | None = None
@@ -432,15 +432,6 @@ class _FanoutState(Generic[T]):
             self.pull = task
         return cancel_requested
 
-    def pulled(self, item: T) -> None:
-        """A pull returned ``item``: log it."""
-        self.pulling = False
-        self.pull = None
-        if self.end is None:
-            self.append(item)
-        if self.pull_done is not None:
-            self.pull_done.set()
-
     def failed(self, error: BaseException) -> None:
         self.pulling = False
         self.pull = None
@@ -518,54 +509,53 @@ class _FanoutState(Generic[T]):
                     await closer()
 
 
-async def _run_pull(
-    ref: weakref.ref[_FanoutState[Any]], bell: _Bell | None = None
-) -> None:
-    """Pull one item from the source and log it for every consumer; with a
-    ``bell``, go on pulling, one item per demand, as the fan-out's pump.
+async def _run_pull(ref: weakref.ref[_FanoutState[Any]]) -> None:
+    """Pull one item from the source and log it for every consumer.
 
-    The only code that awaits the source. A pull runs as a task of its own
-    on asyncio (see :meth:`~wool_pooling._backend.EventLoop.start_pull`).
-    On trio, where spawning a task (and its cancel scope) per pull costs more
-    than the pull, this runs as the fan-out's pump: one system task that
-    waits at ``bell`` between pulls for the next demand, and ends when the
-    fan-out ends, is closed or dropped, or has no consumer left (the next
-    demand then starts a new pump). It holds the state only weakly while it
-    awaits, so that neither a pull in flight nor an error's traceback keeps
-    a dropped fan-out alive. Whatever the source raises, synchronously or
-    not, ends the fan-out with it.
+    The only code that awaits the source. It runs as a task of its own on
+    asyncio (see :meth:`~wool_pooling._backend.EventLoop.start_pull`), in the
+    fan-out's pump on trio (:func:`_pump`), and holds the state only weakly
+    while it awaits, so that neither a pull in flight nor an error's
+    traceback keeps a dropped fan-out alive. The item is logged in the step
+    that receives it, so the source is never ahead of the log (a consumer
+    joining in between would be told of the source's state, then get the
+    item too). Whatever the source raises, synchronously or not, ends the
+    fan-out with it.
     """
+    state = ref()
+    if state is None:
+        return
     try:
-        while True:
-            state = ref()
-            if state is None:
-                return
-            try:
-                iterator = state.iterator
-                if iterator is None:
-                    iterator = state.iterator = aiter(state.source)
-                del state
-                item = await iterator.__anext__()
-            except BaseException as error:
-                state = ref()
-                if state is not None:
-                    state.failed(error)
-                return
-            state = ref()
-            if state is None:
-                return
-            state.pulled(item)
-            if bell is None or state.end is not None or state.consumers == 0:
-                return
-            bell.waiting = True
-            state.pump_bell = bell
-            del state, item, iterator  # nothing of the source is held while waiting
-            await bell.parking.wait()
-            if not bell.wanted:
-                return
-    finally:
-        if bell is not None and bell.finalizer is not None:
-            bell.finalizer.detach()
+        iterator = state.iterator
+        if iterator is None:
+            iterator = state.iterator = aiter(state.source)
+        del state
+        item = await iterator.__anext__()
+    except BaseException as error:
+        state = ref()
+        if state is not None:
+            state.failed(error)
+        return
+    state = ref()
+    if state is None:
+        return
+    # The pull is over; append(item), written out (on asyncio this runs once
+    # per item, in a task of its own).
+    state.pulling = False
+    state.pull = None
+    if state.end is None:
+        tail = state.tail
+        seq: int = tail[2] + 1
+        following: _Node = [None, None, seq]
+        tail[0] = item
+        tail[1] = following
+        state.tail = following
+        if state.lag_check_at <= seq:
+            state.drop_beyond_lag()
+        if state.arrival is not None:
+            state.wake_waiters()
+    if state.pull_done is not None:
+        state.pull_done.set()
 
 
 @final
@@ -591,8 +581,30 @@ class _Bell:
 
 
 async def _pump(args: tuple[weakref.ref[_FanoutState[Any]], _Bell]) -> None:
-    """trio: the fan-out's pump (see :func:`_run_pull`)."""
-    await _run_pull(*args)
+    """trio: run a fan-out's pulls one after the other, in this one task.
+
+    Spawning a trio task (and its cancel scope) per pull costs more than the
+    pull; this task instead waits at the bell between pulls for the next
+    demand. It holds the state only weakly, as :func:`_run_pull` does, and
+    ends when the fan-out ends, is closed or dropped, or has no consumer
+    left (the next demand then starts a new pump).
+    """
+    ref, bell = args
+    try:
+        while True:
+            await _run_pull(ref)
+            state = ref()
+            if state is None or state.end is not None or state.consumers == 0:
+                return
+            bell.waiting = True
+            state.pump_bell = bell
+            del state
+            await bell.parking.wait()
+            if not bell.wanted:
+                return
+    finally:
+        if bell.finalizer is not None:
+            bell.finalizer.detach()
 
 
 class _ClosedSource:
