@@ -481,6 +481,7 @@ class _FanoutState(Generic[T]):
             for consumer in self.live():
                 consumer._node = _ENDED
                 consumer._state = _ended_state()
+                consumer._task = None
             self.registry = set()
             self.wake_waiters()
             self.wake_space()
@@ -831,7 +832,8 @@ class FanoutConsumer(Generic[T]):
         self._node: _Node = node
         # Whether a task is waiting in __anext__.
         self._busy = False
-        # trio: the last task found to run in the fan-out's loop here.
+        # The last task found (in __anext__) to run in the fan-out's loop:
+        # a task runs in one loop only, so the loop is checked once per task.
         self._task: object = None
 
     def __aiter__(self) -> FanoutConsumer[T]:
