@@ -304,9 +304,20 @@ def _running_asyncio_loop() -> asyncio.AbstractEventLoop | None:
 # -- another event loop ----------------------------------------------------------
 
 
-def test_a_fanout_consumer_iterated_under_another_loop_raises_at_once() -> None:
+FIRST_LOOPS = pytest.mark.parametrize(
+    "first_loop",
+    [("asyncio", asyncio_options()), ("trio", {})],
+    ids=["first-asyncio", "first-trio"],
+)
+
+
+@FIRST_LOOPS
+def test_a_fanout_consumer_iterated_under_another_loop_raises_at_once(
+    first_loop: tuple[str, dict[str, Any]],
+) -> None:
     """A consumer that waited under one event loop raises RuntimeError at once
-    when it waits under another (a second asyncio.run, or trio)."""
+    when it waits under another (a second run of the same library, or the
+    other one)."""
     source = Silent()
     fanout = Fanout(source)
     consumer = fanout.consumer()
@@ -319,12 +330,15 @@ def test_a_fanout_consumer_iterated_under_another_loop_raises_at_once() -> None:
         with anyio.fail_after(TIMEOUT), pytest.raises(RuntimeError, match="event loop"):
             await anext(consumer)
 
-    anyio.run(first, backend="asyncio", backend_options=asyncio_options())
+    anyio.run(first, backend=first_loop[0], backend_options=first_loop[1])
     anyio.run(again, backend="asyncio", backend_options=asyncio_options())
     anyio.run(again, backend="trio")
 
 
-def test_a_subscription_consumer_iterated_under_another_loop_raises_at_once() -> None:
+@FIRST_LOOPS
+def test_a_subscription_consumer_iterated_under_another_loop_raises_at_once(
+    first_loop: tuple[str, dict[str, Any]],
+) -> None:
     """A subscription consumer joined under one event loop raises RuntimeError
     at once when iterated under another, and stays attached to its own pool."""
     stub = make_stub()
@@ -343,7 +357,7 @@ def test_a_subscription_consumer_iterated_under_another_loop_raises_at_once() ->
         with anyio.fail_after(TIMEOUT), pytest.raises(RuntimeError, match="event loop"):
             await anext(holder[0])
 
-    anyio.run(first, backend="asyncio", backend_options=asyncio_options())
+    anyio.run(first, backend=first_loop[0], backend_options=first_loop[1])
     anyio.run(again, backend="asyncio", backend_options=asyncio_options())
     anyio.run(again, backend="trio")
     assert holder[1].statistics().consumers == 1

@@ -66,6 +66,7 @@ async def test_a_parking_wakes_the_task_parked_there_each_time_and_no_other() ->
                 await anyio.wait_all_tasks_blocked()
                 assert rounds == list(range(index))
                 parking.wake()
+                parking.wake()  # the task is no longer parked: nothing
         with anyio.CancelScope() as scope:
             scope.cancel()
             await parking.wait()
