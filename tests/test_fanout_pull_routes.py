@@ -347,3 +347,48 @@ async def test_a_fan_out_dropped_mid_pull_is_freed_and_its_pulls_error_is_not_lo
         await anyio.wait_all_tasks_blocked()
         gc.collect()
     assert [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")] == []
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", BACKENDS)
+@pytest.mark.parametrize("kind", KINDS)
+async def test_the_log_is_never_behind_what_the_source_has_produced(kind: Kind) -> None:
+    """Seen from any other task, every item the source has returned is in
+    the log: it is logged in the step that receives it (the pool's replay to
+    a joining consumer relies on it)."""
+    steps: list[Step] = ["ready", "pause"] * 8
+    script = Script(steps, fails=False)
+    produced = [0]
+    step = script.step
+
+    async def counting_step(index: int) -> int:
+        item = await step(index)
+        produced[0] += 1  # returned to the fan-out right after this
+        return item
+
+    script.step = counting_step  # type: ignore[method-assign]
+    fanout = Fanout(make_source(kind, script))
+    consumers = [fanout.consumer() for _ in range(2)]
+    behind: list[tuple[int, int]] = []
+    done = anyio.Event()
+
+    async def read(consumer: Any) -> None:
+        async for _ in consumer:
+            pass
+
+    async def watch() -> None:
+        while not done.is_set():
+            if fanout.statistics().pulled != produced[0]:
+                behind.append((fanout.statistics().pulled, produced[0]))
+            await anyio.lowlevel.checkpoint()
+
+    with anyio.fail_after(TIMEOUT):
+        async with anyio.create_task_group() as group:
+            group.start_soon(watch)
+            async with anyio.create_task_group() as readers:
+                for consumer in consumers:
+                    readers.start_soon(read, consumer)
+            done.set()
+    assert behind == []
+    assert produced[0] == fanout.statistics().pulled == len(steps)
+    await fanout.aclose()

@@ -655,9 +655,12 @@ class Fanout(Generic[T]):
     one pull at a time; all pulls run in one :class:`contextvars.Context` (a
     copy of the first waiting consumer's); the current task during a pull is
     not a consumer's (``asyncio.timeout``, anyio and trio cancel scopes work
-    inside a pull); cancelling a consumer never reaches it. Successive pulls
-    may run in different tasks, so a source must not keep a cancel scope or
-    task group open across its own ``yield``.
+    inside a pull); cancelling a consumer never reaches it; an item is logged
+    in the very step in which the source returns it, so whatever the source
+    records while producing it (a table of known workers, say) is never
+    ahead of the log a consumer registering then starts from. Successive
+    pulls may run in different tasks, so a source must not keep a cancel
+    scope or task group open across its own ``yield``.
 
     **Cancellation safety.** Cancelling a consumer, even the one whose
     request started the pull in flight, only abandons that consumer's wait,
