@@ -343,10 +343,12 @@ async def test_no_task_is_left_after_aclose(probe: Probe) -> None:
     assert running_tasks() == baseline
 
 
-async def test_no_task_is_left_after_the_source_ends_or_consumers_leave(
+async def test_the_pump_ends_with_the_source_and_outlives_its_consumers(
     probe: Probe,
 ) -> None:
-    """The helper task ends once the source is exhausted or no consumer is left."""
+    """The task iterating the source ends once the source is exhausted; the
+    last consumer leaving keeps it (and the source) for the next consumer,
+    until ``aclose()``."""
     await settle()
     baseline = running_tasks()
     with anyio.fail_after(5):
@@ -361,10 +363,15 @@ async def test_no_task_is_left_after_the_source_ends_or_consumers_leave(
         assert await anext(consumer) == 0
         await consumer.aclose()
         await settle()
-        assert running_tasks() == baseline
+        assert running_tasks() == baseline + 1
         assert probe.finally_runs == 0  # leaving never closes the source
+        later = abandoned.consumer()
+        probe.feed(1)
+        assert await anext(later) == 1
     await abandoned.aclose()
     assert probe.finally_runs == 1
+    await settle()
+    assert running_tasks() == baseline
 
 
 async def test_no_task_is_left_after_a_fan_out_is_collected_in_a_cycle() -> None:

@@ -846,11 +846,14 @@ async def test_closing_the_only_consumer_lets_its_pull_finish_and_starts_no_more
         statistics.pulling,
         statistics.pulled,
     ) == (0, 0, False, 2)
-    assert running_tasks() == baseline  # the pull ended: nobody is left
+    # the pull ended; the pump waits, parked, for the next consumer
+    assert running_tasks() == baseline + 1
     assert not finalized.is_set()
     with anyio.fail_after(TIMEOUT):
         await fanout.aclose()
+        await anyio.wait_all_tasks_blocked()
     assert finalized.is_set()
+    assert running_tasks() == baseline
 
 
 async def test_a_consumer_closed_in_the_first_step_of_its_own_pull_ends_at_once() -> (

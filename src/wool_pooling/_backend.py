@@ -2,28 +2,13 @@
 
 Structured concurrency has no place for a task that belongs to no task group,
 nor for a call into the loop from a garbage-collection callback. This library
-needs both, in a few narrow places: the fan-out's pulls (which must outlive
-the cancellation of whichever consumer asked for them), ttl and settle
-timers, and the release of a consumer abandoned without ``aclose()``.
-:class:`EventLoop` provides them for asyncio (uvloop included) and trio, with
+needs both, in a few narrow places: the task that iterates a fan-out's source
+for the source's whole life (it must outlive whichever consumer asked first),
+ttl and settle timers, and the release of a consumer abandoned without
+``aclose()``. :class:`EventLoop` is that seam, one subclass per backend
+(:class:`AsyncioLoop`, uvloop included, and :class:`TrioLoop`), written with
 their public APIs only; every task it starts is owned and bounded by the
 object that started it.
-
-**Where a pull runs.** On asyncio, :meth:`EventLoop.start_pull` starts each
-pull as a task of its own. With CPython 3.12+ the task is created with
-``eager_start=True`` (what :func:`asyncio.eager_task_factory` does): its
-first step runs at once, inside the consumer's call, but *as the new task*
-(``asyncio.current_task()`` is the pull's task, and the consumer's
-cancellation cannot reach it), so an item the source has ready costs no trip
-through the event loop. (``FanoutConsumer.__anext__`` starts that task
-itself, with :data:`eager_task`, to spare the calls.) On CPython 3.11 the
-task starts at the loop's next pass; setting the environment variable
-``WOOL_POOLING_PULLS=task`` before import selects that route on every
-interpreter (the test suite runs under both). On trio, where spawning a task
-and its cancel scope costs more than a pull, a fan-out runs all its pulls in
-one system task, its pump (:attr:`EventLoop.pulls_in_pump`), started by the
-first pull and waiting between pulls for the next demand, at a
-:meth:`EventLoop.parking`.
 """
 
 from __future__ import annotations
@@ -32,62 +17,29 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-import os
 import sys
 import threading
+import types
 import weakref
 from collections.abc import Awaitable
 from collections.abc import Callable
-from collections.abc import Coroutine
 from typing import Any
+from typing import ClassVar
 from typing import Protocol
 from typing import final
 
 import anyio
 
-__all__ = [
-    "EAGER_PULLS",
-    "EventLoop",
-    "PullTask",
-    "Waiters",
-    "current_loop",
-    "eager_task",
-    "running_task",
-    "trio_lowlevel",
-]
+__all__ = ["EventLoop", "Interruptible", "Waiters", "current_loop"]
 
 logger = logging.getLogger("wool_pooling")
-
-#: Whether asyncio pulls start eagerly (CPython 3.12+, unless
-#: ``WOOL_POOLING_PULLS=task``).
-EAGER_PULLS = (
-    sys.version_info >= (3, 12)
-    and os.environ.get("WOOL_POOLING_PULLS", "eager") != "task"
-)
-
-#: The eager route's parts, named here for the fan-out's per-item fast path
-#: (``FanoutConsumer.__anext__``), where a call through
-#: :meth:`EventLoop.start_pull` would cost as much as the rest of a pull.
-#: (``asyncio.Task``: called with ``eager_start=True``, 3.12+ only.)
-eager_task: Callable[..., Any] = asyncio.Task
-running_task = asyncio.current_task
 
 _asyncio_handles: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, EventLoop] = (
     weakref.WeakKeyDictionary()
 )
 _trio_handles: weakref.WeakKeyDictionary[Any, EventLoop] = weakref.WeakKeyDictionary()
-#: ``trio.lowlevel``, once a trio run has been seen (trio is imported only
-#: by programs that run it): for the fan-out's per-item wait on trio
-#: (``FanoutConsumer.__anext__``), and the waiters here.
-trio_lowlevel: Any = None
 #: Background asyncio tasks, held until done (the loop holds tasks weakly).
 _running: set[asyncio.Task[Any]] = set()
-
-
-class PullTask(Protocol):
-    """What the fan-out keeps of a pull in flight: a way to cancel it."""
-
-    def cancel(self) -> object: ...
 
 
 class Waiters(Protocol):
@@ -103,6 +55,203 @@ class Waiters(Protocol):
     def wake(self) -> None:
         """Wake every task waiting, now and later."""
         ...
+
+
+class Parking(Protocol):
+    """Where one task waits, again and again, to be woken. :meth:`wake`
+    reaches only a task parked at that moment: the parked task looks at
+    what it waits for before it parks, and after it is woken."""
+
+    async def wait(self) -> None: ...
+
+    def wake(self) -> None: ...
+
+
+class Interruptible(Protocol):
+    """A region of one task's code that another task can interrupt, once.
+
+    ``with region:`` in the task; :meth:`interrupt` from anywhere in the
+    loop's thread cancels what the region awaits at that moment, as a
+    cancellation of that task would (asyncio: one :exc:`asyncio.CancelledError`
+    at the current await; trio: the region's cancel scope), and the
+    region then exits without raising that cancellation. A cancellation
+    that does not come from :meth:`interrupt` goes through.
+    """
+
+    def __enter__(self) -> object: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: types.TracebackType | None,
+    ) -> bool: ...
+
+    def interrupt(self) -> None: ...
+
+
+class EventLoop:
+    """A handle on one running asyncio loop or trio run.
+
+    Holds the loop weakly: a handle outliving its loop reports that the loop
+    is gone instead of keeping it alive.
+    """
+
+    __slots__ = ("__weakref__", "_loop_ref", "thread")
+
+    #: ``"asyncio"`` or ``"trio"``.
+    backend: ClassVar[str]
+    #: The thread the loop runs in.
+    thread: int
+
+    def __init__(self, loop: object) -> None:
+        self.thread = threading.get_ident()
+        self._loop_ref = weakref.ref(loop)
+
+    def running(self) -> object | None:
+        """The loop (asyncio) or run token (trio) running in this thread, if any."""
+        raise NotImplementedError
+
+    def current_task(self) -> object:
+        """The calling task, if the caller runs in a task of this backend.
+
+        :raises RuntimeError: if it does not.
+        """
+        raise NotImplementedError
+
+    def is_current(self) -> bool:
+        """Whether this is the loop running in the calling thread."""
+        loop = self._loop_ref()
+        return loop is not None and self.running() is loop
+
+    def check_current(self, what: str) -> None:
+        """Raise unless this is the loop running in the calling thread.
+
+        :raises RuntimeError: naming ``what``, bound to this loop.
+        """
+        if not self.is_current():
+            raise RuntimeError(
+                f"{what} is bound to the event loop that first used it ({self!r}) "
+                "and cannot be used from another one"
+            )
+
+    def in_own_thread(self) -> bool:
+        """Whether the caller runs in the loop's thread."""
+        return threading.get_ident() == self.thread
+
+    def waiters(self) -> Waiters:
+        """A new, empty set of waiters for this loop."""
+        raise NotImplementedError
+
+    def parking(self) -> Parking:
+        """A new place for one task to wait, again and again."""
+        raise NotImplementedError
+
+    def interruptible(self) -> Interruptible:
+        """A new region that :meth:`Interruptible.interrupt` can cut short."""
+        raise NotImplementedError
+
+    def spawn(
+        self,
+        fn: Callable[..., Awaitable[Any]],
+        *args: Any,
+        context: contextvars.Context | None = None,
+        log_errors: bool = True,
+    ) -> None:
+        """Start ``fn(*args)`` as a background task; call from the loop's thread.
+
+        The task runs in ``context``, by default a copy of the caller's.
+        With ``log_errors`` an exception other than cancellation escaping
+        ``fn`` is logged, never propagated (on trio the task is a system
+        task, which must not raise); without it, ``fn`` must catch
+        everything but cancellation itself.
+        """
+        raise NotImplementedError
+
+    def run_soon(self, fn: Callable[..., object], *args: Any) -> bool:
+        """Schedule ``fn(*args)`` on the loop; safe from any thread and from
+        garbage-collection callbacks.
+
+        :returns: ``False`` if the loop has finished and nothing was scheduled.
+        """
+        raise NotImplementedError
+
+    def _state(self) -> str:
+        return "GONE" if self._loop_ref() is None else "RUNNING"
+
+    def __repr__(self) -> str:
+        return f"<EventLoop [{self.backend}, {self._state()}]>"
+
+
+# -- asyncio (uvloop included) ------------------------------------------------
+
+
+@final
+class AsyncioLoop(EventLoop):
+    """:class:`EventLoop` for an asyncio loop."""
+
+    __slots__ = ()
+    backend = "asyncio"
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop_ref()
+        if loop is None:
+            raise RuntimeError("the event loop is gone")
+        assert isinstance(loop, asyncio.AbstractEventLoop)
+        return loop
+
+    def running(self) -> object | None:
+        try:
+            return asyncio.get_running_loop()
+        except RuntimeError:
+            return None
+
+    def current_task(self) -> object:
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("not in an asyncio task")
+        return task
+
+    def waiters(self) -> Waiters:
+        return _FutureWaiters(self._loop())
+
+    def parking(self) -> Parking:
+        return _FutureParking(self._loop())
+
+    def interruptible(self) -> Interruptible:
+        return _TaskInterruptible()
+
+    def spawn(
+        self,
+        fn: Callable[..., Awaitable[Any]],
+        *args: Any,
+        context: contextvars.Context | None = None,
+        log_errors: bool = True,
+    ) -> None:
+        if context is None:
+            context = contextvars.copy_context()
+        coroutine = _guarded(fn, *args) if log_errors else _awaited(fn, *args)
+        task = self._loop().create_task(coroutine, context=context)
+        if not task.done():
+            _running.add(task)
+            task.add_done_callback(_running.discard)
+
+    def run_soon(self, fn: Callable[..., object], *args: Any) -> bool:
+        loop = self._loop_ref()
+        if loop is None:
+            return False
+        assert isinstance(loop, asyncio.AbstractEventLoop)
+        try:
+            loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed
+            return False
+        return True
+
+    def _state(self) -> str:
+        loop = self._loop_ref()
+        if isinstance(loop, asyncio.AbstractEventLoop) and loop.is_closed():
+            return "CLOSED"
+        return super()._state()
 
 
 @final
@@ -121,8 +270,6 @@ class _FutureWaiters:
             return
         future = self._loop.create_future()
         self._futures.append(future)
-        if self._woken:  # woken while the future was being registered
-            return
         try:
             await future
         except BaseException:
@@ -140,246 +287,70 @@ class _FutureWaiters:
 
 
 @final
-class EventLoop:
-    """A handle on one running asyncio loop or trio run.
+class _FutureParking:
+    """asyncio: a future per parking, awaited directly."""
 
-    Holds the loop weakly: a handle outliving its loop reports that the loop
-    is gone instead of keeping it alive.
-    """
+    __slots__ = ("_future", "_loop")
 
-    __slots__ = ("__weakref__", "_loop_ref", "backend", "pulls_in_pump", "thread")
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._future: asyncio.Future[None] | None = None
 
-    #: ``"asyncio"`` or ``"trio"``.
-    backend: str
-    #: Whether a fan-out runs all its pulls in one task, its pump (trio:
-    #: spawning a task per pull costs more than the pull), rather than each
-    #: in a task of its own (asyncio).
-    pulls_in_pump: bool
-    #: The thread the loop runs in.
-    thread: int
-
-    def __init__(self, backend: str, loop: object) -> None:
-        self.backend = backend
-        self.pulls_in_pump = backend == "trio"
-        self.thread = threading.get_ident()
-        self._loop_ref = weakref.ref(loop)
-
-    def _asyncio_loop(self) -> asyncio.AbstractEventLoop:
-        loop = self._loop_ref()
-        if loop is None:
-            raise RuntimeError("the event loop is gone")
-        assert isinstance(loop, asyncio.AbstractEventLoop)
-        return loop
-
-    def check_current(self, what: str) -> None:
-        """Raise unless this is the loop running in the calling thread.
-
-        :raises RuntimeError: naming ``what``, bound to this loop.
-        """
-        loop = self._loop_ref()
+    async def wait(self) -> None:
+        future = self._future = self._loop.create_future()
         try:
-            if self.backend == "asyncio":
-                current: object = asyncio.get_running_loop()
-            else:
-                current = sys.modules["trio"].lowlevel.current_trio_token()
-        except (RuntimeError, KeyError):
-            current = None
-        if current is None or current is not loop:
-            raise RuntimeError(
-                f"{what} is bound to the event loop that first used it ({self!r}) "
-                "and cannot be used from another one"
-            )
+            await future
+        finally:
+            self._future = None
 
-    def in_own_thread(self) -> bool:
-        """Whether the caller runs in the loop's thread."""
-        return threading.get_ident() == self.thread
-
-    def eager_loop(self) -> asyncio.AbstractEventLoop | None:
-        """The asyncio loop, if pulls start eagerly on it (:data:`EAGER_PULLS`);
-        ``None`` on trio and on the non-eager route. A caller may then start
-        a pull itself, as :meth:`start_pull` does, without the call."""
-        if self.backend == "asyncio" and EAGER_PULLS:
-            return self._asyncio_loop()
-        return None
-
-    def waiters(self) -> Waiters:
-        """A new, empty set of waiters for this loop."""
-        if self.backend == "asyncio":
-            return _FutureWaiters(self._asyncio_loop())
-        return _TrioWaiters()
-
-    def parking(self) -> Waiters:
-        """trio: a place where one task waits to be woken, again and again
-        (unlike :meth:`waiters`, a wake reaches only a task waiting then)."""
-        assert self.backend == "trio"
-        return _TrioParking()
-
-    def start_pull(
-        self,
-        run: Callable[[Any], Coroutine[Any, Any, None]],
-        arg: object,
-        context: contextvars.Context,
-    ) -> tuple[PullTask, bool]:
-        """Start ``run(arg)`` as a task of its own, in ``context``.
-
-        On asyncio with :data:`EAGER_PULLS` its first step runs before this
-        returns (an :class:`asyncio.Task` created with ``eager_start=True``,
-        what :func:`asyncio.eager_task_factory` does). ``run`` must not raise
-        anything but cancellation.
-
-        :returns: the task, and whether its first step, run inline, asked to
-            cancel the calling task (say, by cancelling a cancel scope of the
-            caller's): the caller must then let that cancellation through at
-            an await of its own, before it returns.
-        """
-        if self.backend == "asyncio":
-            loop = self._asyncio_loop()
-            if EAGER_PULLS:
-                caller = asyncio.current_task()
-                before = caller.cancelling() if caller is not None else 0
-                task: asyncio.Task[None] = asyncio.Task(  # pyright: ignore[reportUnknownVariableType]
-                    run(arg),
-                    loop=loop,
-                    context=context,
-                    eager_start=True,  # pyright: ignore[reportCallIssue] (3.12+)
-                )
-                after = caller.cancelling() if caller is not None else 0
-                return task, after > before
-            return loop.create_task(run(arg), context=context), False
-        import trio
-
-        scope = trio.CancelScope()
-        trio.lowlevel.spawn_system_task(_scoped, scope, run, arg, context=context)
-        return scope, False
-
-    def spawn(
-        self,
-        fn: Callable[..., Awaitable[Any]],
-        *args: Any,
-        context: contextvars.Context | None = None,
-    ) -> None:
-        """Start ``fn(*args)`` as a background task; call from the loop's thread.
-
-        The task runs in ``context``, by default a copy of the caller's. An
-        exception other than cancellation escaping ``fn`` is logged, never
-        propagated: on trio the task is a system task, which must not raise.
-        """
-        if context is None:
-            context = contextvars.copy_context()
-        if self.backend == "asyncio":
-            loop = self._asyncio_loop()
-            task = loop.create_task(_guarded(fn, *args), context=context)
-            if not task.done():
-                _running.add(task)
-                task.add_done_callback(_running.discard)
-        else:
-            import trio
-
-            trio.lowlevel.spawn_system_task(_guarded, fn, *args, context=context)
-
-    def run_soon(self, fn: Callable[..., object], *args: Any) -> bool:
-        """Schedule ``fn(*args)`` on the loop; safe from any thread and from
-        garbage-collection callbacks.
-
-        :returns: ``False`` if the loop has finished and nothing was scheduled.
-        """
-        loop = self._loop_ref()
-        if loop is None:
-            return False
-        try:
-            if self.backend == "asyncio":
-                assert isinstance(loop, asyncio.AbstractEventLoop)
-                loop.call_soon_threadsafe(fn, *args)
-            else:
-                loop.run_sync_soon(fn, *args)  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]
-        except RuntimeError:  # asyncio: loop closed; trio: RunFinishedError
-            return False
-        return True
-
-    def __repr__(self) -> str:
-        loop = self._loop_ref()
-        if loop is None:
-            state = "GONE"
-        elif isinstance(loop, asyncio.AbstractEventLoop) and loop.is_closed():
-            state = "CLOSED"
-        else:
-            state = "RUNNING"
-        return f"<EventLoop [{self.backend}, {state}]>"
+    def wake(self) -> None:
+        future = self._future
+        if future is not None and not future.done():
+            future.set_result(None)
 
 
 @final
-class _TrioWaiters:
-    """trio: the waiting tasks, parked and rescheduled with trio's public
-    low-level API (what :class:`trio.lowlevel.ParkingLot` does, without its
-    ordering and re-parking machinery, which a one-shot wake never needs)."""
+class _TaskInterruptible:
+    """asyncio: interrupting cancels the task once; leaving the region
+    takes that one cancellation back (:meth:`asyncio.Task.uncancel`)."""
 
-    __slots__ = ("_tasks", "_woken")
-
-    def __init__(self) -> None:
-        self._tasks: dict[Any, None] = {}
-        self._woken = False
-
-    async def wait(self) -> None:
-        if self._woken:
-            return
-        task = trio_lowlevel.current_task()
-        await trio_lowlevel.wait_task_rescheduled(self.enter(task))
-
-    def enter(self, task: Any) -> Any:
-        """Register ``task`` (the caller's) to be woken, and return the abort
-        function it then parks with (``await
-        trio.lowlevel.wait_task_rescheduled(abort)``): :meth:`wait` without
-        a coroutine of its own. Only before :meth:`wake`."""
-        tasks = self._tasks
-        tasks[task] = None
-
-        def abort(_: object) -> Any:
-            tasks.pop(task, None)
-            return trio_lowlevel.Abort.SUCCEEDED
-
-        return abort
-
-    def wake(self) -> None:
-        self._woken = True
-        tasks = self._tasks
-        if tasks:
-            self._tasks = {}
-            reschedule = trio_lowlevel.reschedule
-            for task in tasks:
-                reschedule(task)
-
-
-@final
-class _TrioParking:
-    """trio: where one task waits, again and again, to be woken (a fan-out's
-    pump between pulls). :meth:`wake` wakes the task parked there, if any."""
-
-    __slots__ = ("_task",)
+    __slots__ = ("_inside", "_interrupted", "_task")
 
     def __init__(self) -> None:
-        self._task: Any = None
+        self._task: asyncio.Task[Any] | None = None
+        self._inside = False
+        self._interrupted = False
 
-    async def wait(self) -> None:
-        lowlevel = trio_lowlevel
-        self._task = lowlevel.current_task()
-        await lowlevel.wait_task_rescheduled(self._abort)
+    def __enter__(self) -> object:
+        self._task = asyncio.current_task()
+        self._inside = True
+        return self
 
-    def _abort(self, _: object) -> Any:
-        self._task = None
-        return trio_lowlevel.Abort.SUCCEEDED
-
-    def wake(self) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: types.TracebackType | None,
+    ) -> bool:
+        self._inside = False
         task = self._task
-        if task is not None:
-            self._task = None
-            trio_lowlevel.reschedule(task)
+        self._task = None
+        if not self._interrupted or task is None:
+            return False
+        # One cancel() was ours: take it back. A cancellation still counted
+        # after that came from elsewhere and goes through.
+        if task.uncancel() > 0:
+            return False
+        return exc_type is not None and issubclass(exc_type, asyncio.CancelledError)
 
-
-async def _scoped(
-    scope: Any, run: Callable[[Any], Coroutine[Any, Any, None]], arg: object
-) -> None:
-    with scope:
-        await run(arg)
+    def interrupt(self) -> None:
+        if self._interrupted or not self._inside:
+            return
+        task = self._task
+        if task is None or task is asyncio.current_task():
+            return  # from inside the region: it sees what it waits for itself
+        self._interrupted = True
+        task.cancel()
 
 
 async def _guarded(fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
@@ -389,6 +360,152 @@ async def _guarded(fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         raise
     except BaseException:
         logger.exception("unexpected error in a wool_pooling background task")
+
+
+async def _awaited(fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+    await fn(*args)
+
+
+# -- trio -----------------------------------------------------------------------
+
+
+@final
+class TrioLoop(EventLoop):
+    """:class:`EventLoop` for a trio run."""
+
+    __slots__ = ("_trio",)
+    backend = "trio"
+
+    def __init__(self, token: object) -> None:
+        super().__init__(token)
+        self._trio: Any = sys.modules["trio"]
+
+    def running(self) -> object | None:
+        try:
+            return self._trio.lowlevel.current_trio_token()
+        except RuntimeError:
+            return None
+
+    def current_task(self) -> object:
+        return self._trio.lowlevel.current_task()
+
+    def waiters(self) -> Waiters:
+        return _TrioWaiters(self._trio.lowlevel)
+
+    def parking(self) -> Parking:
+        return _TrioParking(self._trio.lowlevel)
+
+    def interruptible(self) -> Interruptible:
+        return _ScopeInterruptible(self._trio.CancelScope())
+
+    def spawn(
+        self,
+        fn: Callable[..., Awaitable[Any]],
+        *args: Any,
+        context: contextvars.Context | None = None,
+        log_errors: bool = True,
+    ) -> None:
+        if context is None:
+            context = contextvars.copy_context()
+        runner = _guarded if log_errors else _awaited
+        self._trio.lowlevel.spawn_system_task(runner, fn, *args, context=context)
+
+    def run_soon(self, fn: Callable[..., object], *args: Any) -> bool:
+        token: Any = self._loop_ref()
+        if token is None:
+            return False
+        try:
+            token.run_sync_soon(fn, *args)
+        except RuntimeError:  # trio.RunFinishedError
+            return False
+        return True
+
+
+@final
+class _TrioWaiters:
+    """trio: the waiting tasks, parked and rescheduled with trio's public
+    low-level API (what :class:`trio.lowlevel.ParkingLot` does, without its
+    ordering and re-parking machinery, which a one-shot wake never needs)."""
+
+    __slots__ = ("_lowlevel", "_tasks", "_woken")
+
+    def __init__(self, lowlevel: Any) -> None:
+        self._lowlevel = lowlevel
+        self._tasks: dict[Any, None] = {}
+        self._woken = False
+
+    async def wait(self) -> None:
+        if self._woken:
+            return
+        lowlevel = self._lowlevel
+        task = lowlevel.current_task()
+        tasks = self._tasks
+        tasks[task] = None
+
+        def abort(_: object) -> Any:
+            tasks.pop(task, None)
+            return lowlevel.Abort.SUCCEEDED
+
+        await lowlevel.wait_task_rescheduled(abort)
+
+    def wake(self) -> None:
+        self._woken = True
+        tasks = self._tasks
+        if tasks:
+            self._tasks = {}
+            reschedule = self._lowlevel.reschedule
+            for task in tasks:
+                reschedule(task)
+
+
+@final
+class _TrioParking:
+    """trio: one task parked with ``wait_task_rescheduled``."""
+
+    __slots__ = ("_lowlevel", "_task")
+
+    def __init__(self, lowlevel: Any) -> None:
+        self._lowlevel = lowlevel
+        self._task: Any = None
+
+    async def wait(self) -> None:
+        lowlevel = self._lowlevel
+        self._task = lowlevel.current_task()
+        await lowlevel.wait_task_rescheduled(self._abort)
+
+    def _abort(self, _: object) -> Any:
+        self._task = None
+        return self._lowlevel.Abort.SUCCEEDED
+
+    def wake(self) -> None:
+        task = self._task
+        if task is not None:
+            self._task = None
+            self._lowlevel.reschedule(task)
+
+
+@final
+class _ScopeInterruptible:
+    """trio: the region is a cancel scope; interrupting cancels it."""
+
+    __slots__ = ("_scope",)
+
+    def __init__(self, scope: Any) -> None:
+        self._scope = scope
+
+    def __enter__(self) -> object:
+        return self._scope.__enter__()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: types.TracebackType | None,
+    ) -> bool:
+        return bool(self._scope.__exit__(exc_type, exc, traceback))
+
+    def interrupt(self) -> None:
+        self._scope.cancel()
 
 
 def current_loop() -> EventLoop:
@@ -403,7 +520,7 @@ def current_loop() -> EventLoop:
     else:
         handle = _asyncio_handles.get(loop)
         if handle is None:
-            handle = _asyncio_handles[loop] = EventLoop("asyncio", loop)
+            handle = _asyncio_handles[loop] = AsyncioLoop(loop)
         return handle
     trio = sys.modules.get("trio")
     if trio is not None:
@@ -412,10 +529,8 @@ def current_loop() -> EventLoop:
         except RuntimeError:
             pass
         else:
-            global trio_lowlevel
-            trio_lowlevel = trio.lowlevel
             handle = _trio_handles.get(token)
             if handle is None:
-                handle = _trio_handles[token] = EventLoop("trio", token)
+                handle = _trio_handles[token] = TrioLoop(token)
             return handle
     raise RuntimeError("no asyncio event loop or trio run is active in this thread")

@@ -1,29 +1,27 @@
 """Demand-driven multicast of one async iterator: a shared log, one cursor per consumer.
 
-The data path, top to bottom: a consumer with nothing buffered asks for the
-next item (:meth:`_FanoutState.wait_readable`); if no pull is in flight, one
-starts (:func:`_run_pull`, the only code that awaits the source: a task of its
-own on asyncio, the fan-out's pump on trio); the item it returns is appended
-to a singly linked log (:meth:`_FanoutState.append`) and every waiter is
-woken; each consumer holds a reference to the next node it will read and
-reads it with :meth:`FanoutConsumer.receive_nowait`.
-
-``FanoutConsumer.__anext__`` writes the common cases of that path out, since
-they run once per item (for each consumer): the buffered read; on asyncio
-with eager pulls, starting the pull's task itself; on trio, the wait for the
-pump's next item.
+The data path, top to bottom: a consumer with nothing buffered waits
+(:meth:`_FanoutState.wait_readable`) and, if no pull is in flight, asks the
+fan-out's pump for one (:meth:`_FanoutState.demand`). The pump
+(:func:`_pump`) is one task per fan-out, started by the first demand: it
+calls ``aiter()`` on the source, every ``__anext__()`` and, at the end, the
+iterator's ``aclose()``, so the source is iterated exactly as one ``async
+for`` in one task would iterate it. The item a pull returns is appended to a
+singly linked log (:meth:`_FanoutState.append`) in the same step, and every
+waiter is woken; each consumer holds a reference to the next node it will
+read and reads it in ``FanoutConsumer.__anext__`` with two index operations.
 
 **Where an item is held and when it is freed.** A node is ``[item, next,
 seq]`` (a list: the cheapest object to build and index); the fan-out holds
 only the empty node at the log's end, which the next item fills. So an item is
 held by nothing but the consumers that have yet to read it, and is freed by
 reference counting the moment the last of them moves past it or leaves: no
-counts to keep, nothing to trim. A read is two index operations.
+counts to keep, nothing to trim.
 
 A consumer that must take the slow path at its next read (it lagged, or a
-pull waits for it to make room) has its reference replaced by a *trap*:
-``[None, None, seq, node, kind, arg]``, which has no ``next`` and so is never
-read as an item.
+pull waits for it to make room) has its reference replaced by a
+:class:`_Trap`, a node with no ``next`` (so it is never read as an item)
+that names the node it covers.
 """
 
 from __future__ import annotations
@@ -45,13 +43,12 @@ import anyio
 import anyio.lowlevel
 import attrs
 
-from . import _backend
 from ._backend import EventLoop
-from ._backend import PullTask
+from ._backend import Interruptible
+from ._backend import Parking
 from ._backend import Waiters
 from ._backend import current_loop
-from ._backend import eager_task
-from ._backend import running_task
+from ._closing import aclose_iterator
 
 __all__ = ["Fanout", "FanoutConsumer", "FanoutStatistics", "LagPolicy", "Lagged"]
 
@@ -89,8 +86,26 @@ def validate_max_lag(max_lag: int | None) -> int | None:
 #: A log node: ``[item, next node or None, seq]``; see the module docstring.
 _Node = list[Any]
 
-#: Trap kinds (``trap[4]``): the consumer skipped ``trap[5]`` items; or a
-#: pull waits for this consumer to read (``on_lag="wait"``).
+
+@final
+class _Trap(list[Any]):
+    """A node standing in front of ``covered`` in a consumer's reference:
+    ``[None, None, seq]`` (so never read as an item), and why.
+
+    ``kind`` is :data:`_LAGGED` (the consumer skipped ``skipped`` items and
+    gets :exc:`Lagged` first) or :data:`_WATCHED` (a pull waits for this
+    consumer to read: ``on_lag="wait"``).
+    """
+
+    __slots__ = ("covered", "kind", "skipped")
+
+    def __init__(self, covered: _Node, seq: int, kind: str, skipped: int = 0) -> None:
+        super().__init__((None, None, seq))
+        self.covered = covered
+        self.kind = kind
+        self.skipped = skipped
+
+
 _LAGGED = "lagged"
 _WATCHED = "watched"
 
@@ -125,6 +140,66 @@ class _End:
     error: BaseException | None = None
     traceback: types.TracebackType | None = None
     closed: bool = False
+    #: The task iterating the source was cancelled from outside (its event
+    #: loop shut down, say): a wait from another loop raises as ever.
+    cancelled: bool = False
+
+
+_CLOSED_END = _End(closed=True)
+
+
+@final
+class _Pump:
+    """The task that iterates a fan-out's source, as the fan-out sees it.
+
+    Holds nothing of the fan-out: the task itself holds the fan-out's state
+    only weakly, so that dropping the fan-out frees it (:attr:`finalizer`
+    then stops the task, which closes the source).
+    """
+
+    __slots__ = (
+        "close_error",
+        "done",
+        "finalizer",
+        "finished",
+        "interruptible",
+        "loop",
+        "parked",
+        "parking",
+        "pulling",
+        "stopping",
+        "task",
+    )
+
+    def __init__(self, loop: EventLoop) -> None:
+        self.loop = loop
+        # Where the task waits between pulls, for the next demand.
+        self.parking: Parking = loop.parking()
+        # The region its pulls run in: stop() interrupts a pull in flight.
+        self.interruptible: Interruptible = loop.interruptible()
+        # Woken when the task has closed the source and ended.
+        self.done: Waiters = loop.waiters()
+        # Whether the task awaits the source, or waits at its parking.
+        self.pulling = False
+        self.parked = False
+        # Whether the task is to close the source and end, and has.
+        self.stopping = False
+        self.finished = False
+        # What the source's aclose() raised, for Fanout.aclose() to raise.
+        self.close_error: BaseException | None = None
+        self.finalizer: weakref.finalize[Any, Any] | None = None
+        # The task, from its first step on.
+        self.task: object = None
+
+    def stop(self) -> None:
+        """Have the task close the source and end: at once if it waits for
+        a demand, by interrupting the pull in flight otherwise. Call from
+        the loop's thread."""
+        self.stopping = True
+        if self.parked:
+            self.parking.wake()
+        elif self.pulling:
+            self.interruptible.interrupt()
 
 
 @final
@@ -138,20 +213,14 @@ class _FanoutState(Generic[T]):
         "consumers",
         "context",
         "drop_lagging",
-        "eager",
         "end",
         "handle",
         "holds_back",
-        "iterator",
         "lag_check_at",
         "loop",
         "max_lag",
-        "pull",
-        "pull_done",
         "pulling",
         "pump",
-        "pump_bell",
-        "pumped",
         "ref",
         "registry",
         "slowest",
@@ -164,15 +233,15 @@ class _FanoutState(Generic[T]):
     def __init__(
         self, source: AsyncIterable[T], max_lag: int | None, drop_lagging: bool
     ) -> None:
-        self.source = source
-        self.iterator: AsyncIterator[T] | None = None
+        # What the pump iterates (released when the fan-out is closed).
+        self.source: AsyncIterable[T] = source
         # The log's end: the empty node the next item fills. Its seq is the
         # number of items logged so far.
         self.tail: _Node = [None, None, 0]
+        # Consumers registered and not ended, and weak references to them,
+        # for what needs their positions: the lag bound, statistics, closing
+        # (see live()). Weak: a dropped consumer is collected.
         self.consumers = 0
-        # Weak references to the registered consumers, for what needs their
-        # positions: the lag bound, statistics, closing (see live()). Weak: a
-        # dropped consumer is collected.
         self.registry: set[weakref.ref[FanoutConsumer[T]]] = set()
         self.max_lag = max_lag
         self.drop_lagging = drop_lagging
@@ -185,35 +254,29 @@ class _FanoutState(Generic[T]):
             max_lag + 1 if max_lag is not None and drop_lagging else _NEVER
         )
         self.end: _End | None = None
-        # Bound at the first wait: the loop, and the context every pull runs in.
+        # Bound at the first wait: the loop, and the context the pump runs in
+        # (a copy of the first waiting consumer's).
         self.loop: EventLoop | None = None
         self.context: contextvars.Context | None = None
-        # The asyncio loop while a consumer may start an eager pull itself
-        # (FanoutConsumer.__anext__'s fast path): bound to a loop that starts
-        # pulls eagerly, and not ended. None otherwise.
-        self.eager: Any = None
-        # The loop (trio) while its pulls run in a pump and it is not ended:
-        # a consumer may wait without wait_readable() (see __anext__).
-        self.pumped: EventLoop | None = None
-        # What a pull holds of this state while it awaits the source.
-        self.ref = weakref.ref(self)
         # Consumers waiting for the item after the log's end (woken when it
-        # lands, or when the fan-out ends); a pull waiting for room.
+        # lands, or when the fan-out ends), and how many; a wait for room.
         self.arrival: Waiters | None = None
         self.waiting = 0
         self.space: Waiters | None = None
-        # The pull in flight: whether there is one, its task, and (only while
-        # aclose() waits for it) an event set when it is over.
+        # Whether a pull is in flight (asked of the pump, not yet logged),
+        # and the pump, once the first demand started it.
         self.pulling = False
-        self.pull: PullTask | None = None
-        self.pull_done: anyio.Event | None = None
-        # trio: the pump that runs every pull (see _pump), and its bell
-        # while it waits between pulls (None while it pulls or has ended).
-        self.pump: PullTask | None = None
-        self.pump_bell: _Bell | None = None
+        self.pump: _Pump | None = None
+        # What the pump holds of this state.
+        self.ref = weakref.ref(self)
         # The Fanout object over this state, held weakly (consumers hold the
         # state, not the fan-out object).
         self.handle: weakref.ref[Fanout[T]] | None = None
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`Fanout.aclose` was called."""
+        return self.end is _CLOSED_END
 
     def fanout(self) -> Fanout[T]:
         """The :class:`Fanout` over this state (a new one if it was dropped)."""
@@ -228,6 +291,7 @@ class _FanoutState(Generic[T]):
     # -- the log -----------------------------------------------------------
 
     def append(self, item: T) -> None:
+        """Log ``item`` for every consumer, and wake those waiting for it."""
         tail = self.tail
         seq: int = tail[2] + 1
         following: _Node = [None, None, seq]
@@ -236,12 +300,11 @@ class _FanoutState(Generic[T]):
         self.tail = following
         if self.lag_check_at <= seq:
             self.drop_beyond_lag()
-        self.wake_waiters()
-
-    def inject(self, item: T) -> None:
-        """Log an item that did not come from a pull (a resync's drop), if open."""
-        if self.end is None:
-            self.append(item)
+        arrival = self.arrival
+        if arrival is not None:
+            self.arrival = None
+            self.waiting = 0
+            arrival.wake()
 
     def live(self) -> list[FanoutConsumer[T]]:
         """A snapshot of the registered consumers, for a scan.
@@ -267,7 +330,7 @@ class _FanoutState(Generic[T]):
         ]
 
     def buffered(self) -> int:
-        if self.end is not None and self.end.closed:
+        if self.closed:
             return 0
         end = self.tail[2]
         return end - min(self.positions(), default=end)
@@ -293,14 +356,15 @@ class _FanoutState(Generic[T]):
                 continue
             seq = node[2]
             if seq < oldest:
-                trapped = len(node) > 3
-                kept = node[3] if trapped else node
+                kept = node.covered if type(node) is _Trap else node
                 while kept[2] < oldest:
                     kept = kept[1]
-                if trapped and node[4] is _LAGGED:
-                    node[2], node[3], node[5] = oldest, kept, node[5] + oldest - seq
+                if type(node) is _Trap and node.kind is _LAGGED:
+                    node[2] = oldest
+                    node.covered = kept
+                    node.skipped += oldest - seq
                 else:
-                    trap = [None, None, oldest, kept, _LAGGED, oldest - seq]
+                    trap = _Trap(kept, oldest, _LAGGED, oldest - seq)
                     if consumer._node is node:
                         consumer._node = trap
                 seq = oldest
@@ -324,8 +388,8 @@ class _FanoutState(Generic[T]):
         slowest = self.slowest
         for consumer in self.live():
             node = consumer._node
-            if node is not _ENDED and node[2] == slowest and len(node) == 3:
-                trap = [None, None, slowest, node, _WATCHED, None]
+            if node is not _ENDED and node[2] == slowest and type(node) is not _Trap:
+                trap = _Trap(node, slowest, _WATCHED)
                 if consumer._node is node:  # not ended meanwhile (see above)
                     consumer._node = trap
 
@@ -336,21 +400,21 @@ class _FanoutState(Generic[T]):
             self.space = None
             space.wake()
 
-    def wake_waiters(self) -> None:
+    def wake_all(self) -> None:
+        """Wake every wait: for an item, and for room."""
         arrival = self.arrival
         if arrival is not None:
             self.arrival = None
             self.waiting = 0
             arrival.wake()
+        self.wake_space()
 
     def leave(self) -> None:
         """One consumer left; what only it held is freed with its node."""
-        if self.end is not None and self.end.closed:
+        if self.closed:
             return
         self.consumers -= 1
         self.wake_space()
-        if self.consumers == 0:
-            self.stop_pump()
 
     # -- waiting and pulling -------------------------------------------------
 
@@ -363,117 +427,101 @@ class _FanoutState(Generic[T]):
         if loop is None:
             loop = self.loop = current_loop()
             self.context = contextvars.copy_context()
-            if self.end is None:
-                self.eager = loop.eager_loop()
-                self.pumped = loop if loop.pulls_in_pump else None
         else:
             loop.check_current("this fan-out")
         return loop
 
     async def wait_readable(self, consumer: FanoutConsumer[T]) -> None:
         """Wait until ``consumer`` has something to read: an item, a trap,
-        or the end; start a pull if none is in flight and nothing holds it
+        or the end; ask for a pull if none is in flight and nothing holds it
         back. Cancelling this wait withdraws only this consumer's demand,
-        never the pull in flight."""
-        loop = self.bind()
-        while (
-            consumer._node[1] is None
-            and len(consumer._node) == 3
-            and consumer._node is not _ENDED
-            and self.end is None
-        ):
-            if self.holds_back and self.log_is_full():
-                space = self.space
-                if space is None:
-                    space = self.space = loop.waiters()
-                self.watch_slowest()
-                await space.wait()
-                continue
-            if not self.pulling:
-                # The pull's first step may have run inline (an eager task):
-                # a cancel request it made meanwhile (say, of the consumer's
-                # own cancel scope) is delivered here, at an await inside
-                # this call, never after it returns; and whatever it did to
-                # this consumer (an item logged, the consumer closed) is
-                # looked at again before waiting.
-                if self.start_pull(loop):
-                    await anyio.lowlevel.checkpoint()
-                continue
-            arrival = self.arrival
-            if arrival is None:
-                arrival = self.arrival = loop.waiters()
-            self.waiting += 1
-            try:
-                await arrival.wait()
-            finally:
-                if self.arrival is arrival:  # not woken: withdraw the demand
-                    self.waiting -= 1
+        never the pull in flight.
 
-    def start_pull(self, loop: EventLoop) -> bool:
-        """Start a pull; return whether its inline first step asked to
-        cancel the calling task (see :meth:`EventLoop.start_pull`)."""
+        :raises ~anyio.BusyResourceError: if another task waits on
+            ``consumer`` already.
+        :raises RuntimeError: if the fan-out is bound to another event loop.
+        """
+        if consumer._busy:
+            raise anyio.BusyResourceError("receiving from")
+        loop = self.loop
+        if loop is None:
+            loop = self.bind()
+        # A task runs in one loop only: the loop is checked once per task.
+        try:
+            task = loop.current_task()
+        except RuntimeError:
+            task = None
+        if task is None or task is not consumer._task:
+            loop.check_current("this fan-out")
+            consumer._task = task
+        consumer._busy = True
+        try:
+            while consumer._node is self.tail and self.end is None:
+                if self.holds_back and self.log_is_full():
+                    space = self.space
+                    if space is None:
+                        space = self.space = loop.waiters()
+                    self.watch_slowest()
+                    await space.wait()
+                    continue
+                if not self.pulling:
+                    self.demand(loop)
+                arrival = self.arrival
+                if arrival is None:
+                    arrival = self.arrival = loop.waiters()
+                self.waiting += 1
+                try:
+                    await arrival.wait()
+                finally:
+                    if self.arrival is arrival:  # not woken: withdraw the demand
+                        self.waiting -= 1
+        finally:
+            consumer._busy = False
+
+    def demand(self, loop: EventLoop) -> None:
+        """Ask the pump for the next item, starting the pump at the first demand."""
         self.pulling = True
-        context = self.context
-        assert context is not None
-        if loop.pulls_in_pump:
-            bell = self.pump_bell
-            if bell is not None:  # the pump waits between pulls: wake it
-                self.pump_bell = None
-                bell.ring(True)
-            else:
-                bell = _Bell(loop.parking())
-                self.pump, _ = loop.start_pull(_pump, (self.ref, bell), context)
-                # Dropped while the pump waits between pulls: let it end.
-                bell.finalizer = weakref.finalize(self, loop.run_soon, bell.ring, False)
-                bell.finalizer.atexit = False
-            return False
-        task, cancel_requested = loop.start_pull(_run_pull, self.ref, context)
-        if self.pulling:  # not completed inline
-            self.pull = task
-        return cancel_requested
+        pump = self.pump
+        if pump is not None:
+            pump.parking.wake()
+            return
+        pump = self.pump = _Pump(loop)
+        # Dropped while the pump lives: the pump closes the source and ends.
+        pump.finalizer = weakref.finalize(self, loop.run_soon, pump.stop)
+        pump.finalizer.atexit = False
+        loop.spawn(_pump, self.ref, pump, context=self.context, log_errors=False)
+
+    def log(self, item: T) -> None:
+        """The pump's pull returned ``item``: log it, in the same step."""
+        self.pulling = False
+        if self.end is None:
+            self.append(item)
 
     def failed(self, error: BaseException) -> None:
+        """The pump's pull raised ``error``: end the fan-out with it."""
         self.pulling = False
-        self.pull = None
         if self.end is None:
+            cancelled = isinstance(error, anyio.get_cancelled_exc_class())
             if isinstance(error, StopAsyncIteration):
-                self.finish(None)
-            elif isinstance(error, anyio.get_cancelled_exc_class()):
-                # Cancelled from outside (the loop is shutting down) in the
-                # middle of a pull: the source is unusable from now on.
-                self.finish(
+                self.end = _End()
+            elif cancelled:
+                # Cancelled from outside (the loop is shutting down): the
+                # source is closed, and unusable from now on.
+                self.end = _End(
                     anyio.BrokenResourceError(
-                        "the fan-out's pull was cancelled from outside"
-                    )
+                        "the task iterating the fan-out's source was cancelled "
+                        "from outside"
+                    ),
+                    cancelled=True,
                 )
             else:
-                self.finish(error)
-        if self.pull_done is not None:
-            self.pull_done.set()
-
-    def finish(self, error: BaseException | None) -> None:
-        traceback = error.__traceback__ if error is not None else None
-        self.end = _End(error, traceback)
-        self.eager = None
-        self.pumped = None
-        self.wake_waiters()
-        self.wake_space()
-        self.stop_pump()
-
-    def stop_pump(self) -> None:
-        """Let a pump waiting between pulls end (the fan-out has ended, or
-        has no consumer left)."""
-        bell = self.pump_bell
-        if bell is not None:
-            self.pump_bell = None
-            bell.ring(False)
+                self.end = _End(error, error.__traceback__)
+            self.wake_all()
 
     async def close(self) -> None:
-        first = not (self.end is not None and self.end.closed)
+        first = not self.closed
         if first:
-            self.end = _End(closed=True)
-            self.eager = None
-            self.pumped = None
+            self.end = _CLOSED_END
             self.consumers = 0
             # Every consumer ends: what it had yet to read is dropped, and it
             # lets go of this state (a consumer kept alive by, say, the
@@ -483,133 +531,123 @@ class _FanoutState(Generic[T]):
                 consumer._state = _ended_state()
                 consumer._task = None
             self.registry = set()
-            self.wake_waiters()
-            self.wake_space()
-            self.stop_pump()
-        loop = self.loop
-        if loop is not None and self.pulling:
-            loop.check_current("this fan-out")
-        with anyio.CancelScope(shield=True):
-            if self.pulling:
-                done = self.pull_done
-                if done is None:
-                    done = self.pull_done = anyio.Event()
-                pull = self.pull if self.pull is not None else self.pump
-                if pull is not None:
-                    pull.cancel()
-                await done.wait()
-            if first:
-                iterator, self.iterator = self.iterator, None
-                source, self.source = self.source, _CLOSED_SOURCE
-                if iterator is None and hasattr(source, "__anext__"):
-                    iterator = source  # type: ignore[assignment]
-                del source
-                closer = getattr(iterator, "aclose", None)
-                del iterator
-                if closer is not None:
-                    await closer()
+            self.wake_all()
+        source, self.source = self.source, _NO_SOURCE
+        pump = self.pump
+        if pump is None:
+            if first and hasattr(source, "__anext__"):
+                # Never pulled, so aiter() was never called; a source that
+                # is its own iterator is closed all the same.
+                with anyio.CancelScope(shield=True):
+                    await aclose_iterator(source)
+            return
+        del source
+        if not pump.finished:
+            loop = pump.loop
+            if not loop.is_current():
+                # The pump closes the source in its own loop; this caller
+                # cannot wait for it there.
+                loop.run_soon(pump.stop)
+                loop.check_current("this fan-out")
+            pump.stop()
+            if pump.task is loop.current_task():
+                return  # the source closes its own fan-out: the pump ends after
+            with anyio.CancelScope(shield=True):
+                await pump.done.wait()
+        error, pump.close_error = pump.close_error, None
+        if error is not None:
+            raise error
 
 
-async def _run_pull(ref: weakref.ref[_FanoutState[Any]]) -> None:
-    """Pull one item from the source and log it for every consumer.
+async def _pump(ref: weakref.ref[_FanoutState[Any]], pump: _Pump) -> None:
+    """Iterate a fan-out's source, in this one task, for the source's whole life.
 
-    The only code that awaits the source. It runs as a task of its own on
-    asyncio (see :meth:`~wool_pooling._backend.EventLoop.start_pull`), in the
-    fan-out's pump on trio (:func:`_pump`), and holds the state only weakly
-    while it awaits, so that neither a pull in flight nor an error's
-    traceback keeps a dropped fan-out alive. The item is logged in the step
-    that receives it, so the source is never ahead of the log (a consumer
-    joining in between would be told of the source's state, then get the
-    item too). Whatever the source raises, synchronously or not, ends the
-    fan-out with it.
+    Calls ``aiter()`` at the first demand, then ``__anext__()`` once per
+    demand (waiting at the pump's parking in between), and finally the
+    iterator's ``aclose()``: when the source ends or fails, when the fan-out
+    is closed (a pull in flight is interrupted first) or dropped. The item
+    a pull returns is logged in the step that receives it, so whatever the
+    source records while producing it is never ahead of the log. The state
+    is held only weakly while the source is awaited, so that neither the
+    pump nor an error's traceback keeps a dropped fan-out alive.
     """
-    state = ref()
-    if state is None:
-        return
+    iterator: AsyncIterator[Any] | None = None
     try:
-        iterator = state.iterator
-        if iterator is None:
-            iterator = state.iterator = aiter(state.source)
-        del state
-        item = await iterator.__anext__()
+        with pump.interruptible:
+            pump.task = pump.loop.current_task()
+            state = ref()
+            if state is None:
+                return
+            source = state.source
+            del state
+            if pump.stopping:  # closed before this task's first step
+                if hasattr(source, "__anext__"):
+                    iterator = cast("AsyncIterator[Any]", source)
+                return
+            pump.pulling = True
+            iterator = aiter(source)
+            del source
+            while True:
+                item = await iterator.__anext__()
+                pump.pulling = False
+                state = ref()
+                if state is None:
+                    return
+                state.log(item)
+                del item
+                while not state.pulling or state.end is not None:
+                    if state.end is not None or pump.stopping:
+                        return
+                    del state
+                    pump.parked = True
+                    try:
+                        await pump.parking.wait()
+                    finally:
+                        pump.parked = False
+                    state = ref()
+                    if state is None or pump.stopping:
+                        return
+                del state
+                pump.pulling = True
     except BaseException as error:
+        pump.pulling = False
         state = ref()
         if state is not None:
             state.failed(error)
-        return
-    state = ref()
-    if state is None:
-        return
-    # The pull is over; append(item), written out (on asyncio this runs once
-    # per item, in a task of its own).
-    state.pulling = False
-    state.pull = None
-    if state.end is None:
-        tail = state.tail
-        seq: int = tail[2] + 1
-        following: _Node = [None, None, seq]
-        tail[0] = item
-        tail[1] = following
-        state.tail = following
-        if state.lag_check_at <= seq:
-            state.drop_beyond_lag()
-        if state.arrival is not None:
-            state.wake_waiters()
-    if state.pull_done is not None:
-        state.pull_done.set()
-
-
-@final
-class _Bell:
-    """How a fan-out reaches its pump while the pump waits between pulls."""
-
-    __slots__ = ("finalizer", "parking", "waiting", "wanted")
-
-    def __init__(self, parking: Waiters) -> None:
-        # Where the pump waits between pulls, and whether it waits there.
-        self.parking = parking
-        self.waiting = False
-        # Why the pump was woken: a pull is wanted, or it is to end.
-        self.wanted = False
-        # Rings the bell if the fan-out is dropped while the pump waits.
-        self.finalizer: weakref.finalize[Any, Any] | None = None
-
-    def ring(self, wanted: bool) -> None:
-        if self.waiting:
-            self.waiting = False
-            self.wanted = wanted
-            self.parking.wake()
-
-
-async def _pump(args: tuple[weakref.ref[_FanoutState[Any]], _Bell]) -> None:
-    """trio: run a fan-out's pulls one after the other, in this one task.
-
-    Spawning a trio task (and its cancel scope) per pull costs more than the
-    pull; this task instead waits at the bell between pulls for the next
-    demand. It holds the state only weakly, as :func:`_run_pull` does, and
-    ends when the fan-out ends, is closed or dropped, or has no consumer
-    left (the next demand then starts a new pump).
-    """
-    ref, bell = args
-    try:
-        while True:
-            await _run_pull(ref)
-            state = ref()
-            if state is None or state.end is not None or state.consumers == 0:
-                return
-            bell.waiting = True
-            state.pump_bell = bell
             del state
-            await bell.parking.wait()
-            if not bell.wanted:
-                return
+        if not isinstance(error, anyio.get_cancelled_exc_class()):
+            return
+        raise  # from outside: the source is closed below all the same
     finally:
-        if bell.finalizer is not None:
-            bell.finalizer.detach()
+        pump.pulling = False
+        pump.stopping = True
+        if pump.finalizer is not None:
+            pump.finalizer.detach()
+        state = ref()
+        if state is not None:
+            state.pulling = False
+        del state
+        if iterator is not None:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await aclose_iterator(iterator)
+                except BaseException as error:  # for Fanout.aclose() to raise
+                    pump.close_error = error
+        pump.finished = True
+        pump.done.wake()
 
 
-class _ClosedSource:
-    """What a closed fan-out's state iterates instead of its source."""
+def _ended_state() -> _FanoutState[Any]:
+    """The state every ended consumer points to: closed, holding nothing."""
+    if not _ENDED_STATES:
+        state: _FanoutState[Any] = _FanoutState(_NO_SOURCE, None, False)
+        state.end = _CLOSED_END
+        _ENDED_STATES.append(state)
+    return _ENDED_STATES[0]
+
+
+class _NoSource:
+    """What a closed stand-in fan-out iterates: nothing."""
 
     def __aiter__(self) -> AsyncIterator[Any]:
         raise anyio.ClosedResourceError("this fan-out is closed")
@@ -618,17 +656,8 @@ class _ClosedSource:
         return "<closed source>"
 
 
-_CLOSED_SOURCE: Any = _ClosedSource()
+_NO_SOURCE: Any = _NoSource()
 _ENDED_STATES: list[_FanoutState[Any]] = []
-
-
-def _ended_state() -> _FanoutState[Any]:
-    """The state every ended consumer points to: closed, holding nothing."""
-    if not _ENDED_STATES:
-        state: _FanoutState[Any] = _FanoutState(_CLOSED_SOURCE, None, False)
-        state.end = _End(closed=True)
-        _ENDED_STATES.append(state)
-    return _ENDED_STATES[0]
 
 
 @final
@@ -643,24 +672,22 @@ class Fanout(Generic[T]):
     nothing is pulled ahead of that demand. A consumer that has items buffered
     receives them without suspending and without touching the source.
 
-    **Where a pull runs.** Never in a consumer's task. On asyncio every pull
-    runs in a task of its own, started by the fan-out: with CPython 3.12+
-    its first step runs eagerly, inside the call of the consumer that asked
-    for it, but as the new task, so an item the source has ready costs no
-    trip through the event loop; on 3.11 it starts at the loop's next pass.
-    On trio, where spawning a task costs more than a pull, the fan-out runs
-    its pulls one after the other in one system task, its pump, which waits
-    for the next demand between pulls and ends when the fan-out ends, is
-    closed or dropped, or has no consumer left. The source may rely on this:
-    one pull at a time; all pulls run in one :class:`contextvars.Context` (a
-    copy of the first waiting consumer's); the current task during a pull is
-    not a consumer's (``asyncio.timeout``, anyio and trio cancel scopes work
-    inside a pull); cancelling a consumer never reaches it; an item is logged
-    in the very step in which the source returns it, so whatever the source
-    records while producing it (a table of known workers, say) is never
-    ahead of the log a consumer registering then starts from. Successive
-    pulls may run in different tasks, so a source must not keep a cancel
-    scope or task group open across its own ``yield``.
+    **One task iterates the source.** The first demand starts the fan-out's
+    pump, one background task that calls ``aiter()`` on the source, every
+    ``__anext__()`` and, at the end, the iterator's ``aclose()``, on every
+    backend and interpreter: the source is iterated exactly as one ``async
+    for`` in one task would iterate it. So a source may hold a task group,
+    a cancel scope or an :func:`asyncio.timeout` open across its own
+    ``yield``; a background task it runs in such a group that fails fails
+    the source, and so every consumer. The pump runs in a copy of the
+    :class:`contextvars.Context` of the first waiting consumer, never in a
+    consumer's task, so cancelling a consumer never reaches the source. It
+    waits between pulls for the next demand and ends when the source ends
+    or fails, when the fan-out is closed, or when it is dropped (it then
+    closes the source). An item is logged in the very step in which the
+    source returns it, so whatever the source records while producing it
+    (a table of known workers, say) is never ahead of the log a consumer
+    registering then starts from.
 
     **Cancellation safety.** Cancelling a consumer, even the one whose
     request started the pull in flight, only abandons that consumer's wait,
@@ -696,12 +723,16 @@ class Fanout(Generic[T]):
     read of the slowest consumer (``"wait"``) looks at every consumer.
 
     **Event loop.** A fan-out is bound to the event loop of its first wait;
-    waiting on it (or closing it while a pull is in flight) from another
-    loop raises :exc:`RuntimeError`.
+    waiting on it (or closing it, once its pump has started and while it
+    runs) from another loop raises :exc:`RuntimeError`.
 
-    **Closing.** :meth:`aclose` cancels a pull in flight, closes the source
-    (``aclose()`` of its iterator) and ends every consumer at once: items not
-    yet received are discarded.
+    **Closing.** :meth:`aclose` ends every consumer at once (items not yet
+    received are discarded) and has the pump close the source: a pull in
+    flight is cancelled first, as a cancellation of the task of a single
+    ``async for`` would cancel it (asyncio: one :exc:`asyncio.CancelledError`
+    at the source's current await; trio: the pull's cancel scope, so the
+    source's own cleanup shields what it awaits, as trio code does), then
+    the iterator's ``aclose()`` runs in the pump.
 
     :param source: The async iterable to multicast; ``aiter(source)`` is
         called once, at the first pull.
@@ -738,8 +769,7 @@ class Fanout(Generic[T]):
         :raises ~anyio.ClosedResourceError: if the fan-out was closed.
         """
         state = self._state
-        end = state.end
-        if end is not None and end.closed:
+        if state.closed:
             raise anyio.ClosedResourceError("this fan-out is closed")
         consumer = FanoutConsumer(state, state.tail)
         state.consumers += 1
@@ -750,7 +780,9 @@ class Fanout(Generic[T]):
     def inject(self, item: T) -> None:
         """Log ``item`` for every consumer as if it had been pulled, outside
         any pull; nothing happens once the fan-out has finished."""
-        self._state.inject(item)
+        state = self._state
+        if state.end is None:
+            state.append(item)
 
     @property
     def finished(self) -> bool:
@@ -760,8 +792,7 @@ class Fanout(Generic[T]):
     @property
     def closed(self) -> bool:
         """Whether :meth:`aclose` was called."""
-        end = self._state.end
-        return end is not None and end.closed
+        return self._state.closed
 
     def statistics(self) -> FanoutStatistics:
         """Return a snapshot of consumers, buffered items and pull state."""
@@ -775,14 +806,17 @@ class Fanout(Generic[T]):
         )
 
     async def aclose(self) -> None:
-        """Cancel a pull in flight, close the source and end every consumer.
+        """End every consumer, cancel a pull in flight and close the source.
 
-        Idempotent. Runs shielded from cancellation, so the source is closed
-        even when the caller is being cancelled. An exception raised by the
-        source's ``aclose()`` propagates.
+        The source is closed by the task that iterates it, and this waits
+        for it. Idempotent. Runs shielded from cancellation, so the source is
+        closed even when the caller is being cancelled. An exception raised
+        by the source's ``aclose()`` propagates (once, to the first call
+        after it).
 
-        :raises RuntimeError: if a pull is in flight on another event loop
-            (the consumers are ended all the same).
+        :raises RuntimeError: if the source is iterated on another event
+            loop (the consumers are ended all the same, and the source is
+            closed in its own loop).
         """
         await self._state.close()
 
@@ -835,8 +869,8 @@ class FanoutConsumer(Generic[T]):
         self._node: _Node = node
         # Whether a task is waiting in __anext__.
         self._busy = False
-        # The last task found (in __anext__) to run in the fan-out's loop:
-        # a task runs in one loop only, so the loop is checked once per task.
+        # The last task found to run in the fan-out's loop (see
+        # _FanoutState.wait_readable): the loop is checked once per task.
         self._task: object = None
 
     def __aiter__(self) -> FanoutConsumer[T]:
@@ -863,10 +897,10 @@ class FanoutConsumer(Generic[T]):
         if following is not None:  # the fast path: an item is buffered
             self._node = following
             return node[0]
-        while len(node) > 3:  # a trap: step onto the node it covers
-            self._node = node[3]
-            if node[4] is _LAGGED:
-                skipped: int = node[5]
+        while type(node) is _Trap:  # step onto the node it covers
+            self._node = node.covered
+            if node.kind is _LAGGED:
+                skipped = node.skipped
                 del node  # the traceback must not pin the log
                 raise Lagged(skipped)
             self._state.wake_space()
@@ -877,9 +911,13 @@ class FanoutConsumer(Generic[T]):
                 return node[0]
         if node is _ENDED:
             raise anyio.EndOfStream
-        end = self._state.end
+        state = self._state
+        end = state.end
         if end is None:
             raise anyio.WouldBlock
+        if end.cancelled and state.loop is not None:
+            state.loop.check_current("this fan-out")
+        del state
         self.close()
         if end.error is not None:
             raise end.error.with_traceback(end.traceback)
@@ -889,116 +927,18 @@ class FanoutConsumer(Generic[T]):
         while True:
             node = self._node
             following = node[1]
-            if following is not None:  # the fast path: an item is buffered
+            if following is not None:  # an item is buffered
                 self._node = following
                 return node[0]
-            del following
             state = self._state
-            eager = state.eager
-            if (
-                node is state.tail  # at the log's end: not ended, no trap
-                and eager is not None  # asyncio, eager pulls, not ended
-                and not state.pulling
-                and not self._busy
-                and (
-                    not state.holds_back
-                    or state.tail[2] - state.slowest < state.max_lag
-                )
-            ):
-                # The eager route (asyncio, CPython 3.12+): start the pull
-                # here, as EventLoop.start_pull would, without the calls (it
-                # is written out because it runs once per item). An item the
-                # source has ready is logged before the task is returned.
-                try:
-                    caller = running_task()
-                except RuntimeError:  # no asyncio loop: the slow path says so
-                    caller = None
-                if caller is not None and caller is not self._task:
-                    # A task runs in one loop only: check the loop once per task.
-                    if caller.get_loop() is eager:
-                        self._task = caller
-                    else:
-                        caller = None
-                if caller is not None:
-                    state.pulling = True
-                    self._busy = True
-                    try:
-                        task = eager_task(
-                            _run_pull(state.ref),
-                            loop=eager,
-                            context=state.context,
-                            eager_start=True,
-                        )
-                    finally:
-                        self._busy = False
-                    if state.pulling:  # the source suspended
-                        state.pull = task
-                    del task
-                    # If the caller is to be cancelled (its cancel scope,
-                    # say, cancelled by the pull's first step), that is let
-                    # through here, at an await inside this call, as
-                    # wait_readable() does. A task being cancelled already
-                    # takes this checkpoint too; it raises nothing that its
-                    # next await would not.
-                    if caller.cancelling():
-                        await anyio.lowlevel.checkpoint()
-                    continue
-            pumped = state.pumped
-            if (
-                pumped is not None  # trio, not ended
-                and node is state.tail  # at the log's end: not ended, no trap
-                and not self._busy
-                and (
-                    not state.holds_back
-                    or state.tail[2] - state.slowest < state.max_lag
-                )
-            ):
-                # wait_readable(), written out for trio: with many consumers
-                # this runs once per item for each of them.
-                trio = _backend.trio_lowlevel
-                try:
-                    task = trio.current_task()
-                except RuntimeError:  # not in a trio run: the slow path says so
-                    task = None
-                if task is not None:
-                    if task is not self._task:
-                        pumped.check_current("this fan-out")
-                        self._task = task
-                    if not state.pulling:
-                        state.start_pull(pumped)
-                    # trio's waiters take a task in (enter(): state.arrival
-                    # is never one already woken) without a coroutine of
-                    # their own; this task then parks itself.
-                    arrival: Any = state.arrival
-                    if arrival is None:
-                        arrival = state.arrival = pumped.waiters()
-                    abort = arrival.enter(task)
-                    state.waiting += 1
-                    self._busy = True
-                    try:
-                        await trio.wait_task_rescheduled(abort)
-                    finally:
-                        self._busy = False
-                        if state.arrival is arrival:  # not woken: withdrawn
-                            state.waiting -= 1
-                    continue
-            if (
-                node[1] is None  # nothing buffered,
-                and len(node) == 3  # no trap,
-                and node is not _ENDED  # not ended,
-                and state.end is None  # the source goes on:
-            ):  # receive_nowait() would raise WouldBlock; wait instead
-                if self._busy:
-                    raise anyio.BusyResourceError("receiving from")
-                self._busy = True
-                try:
-                    await state.wait_readable(self)
-                finally:
-                    self._busy = False
+            if node is state.tail and state.end is None:  # nothing yet: wait
+                await state.wait_readable(self)
                 continue
-            del node, state  # a traceback (of Lagged, say) must not pin the log
+            del node, following, state  # a traceback must not pin the log
             try:
-                return self.receive_nowait()
+                return self.receive_nowait()  # a trap, or the end
+            except anyio.WouldBlock:
+                continue  # a trap over the log's end: wait
             except anyio.EndOfStream:
                 raise StopAsyncIteration from None
 
@@ -1014,14 +954,11 @@ class FanoutConsumer(Generic[T]):
         """
         if self._busy:
             raise anyio.BusyResourceError("receiving from")
-        if self._node is _ENDED:
-            await anyio.lowlevel.checkpoint()
-            return
-        self._busy = True
-        try:
+        node = self._node
+        if node[1] is None and type(node) is not _Trap and node is not _ENDED:
             await self._state.wait_readable(self)
-        finally:
-            self._busy = False
+        else:
+            await anyio.lowlevel.checkpoint()
 
     def skip_buffered(self) -> int:
         """Drop everything this consumer has yet to read and resume at the
@@ -1031,7 +968,7 @@ class FanoutConsumer(Generic[T]):
         """
         state = self._state
         node = self._node
-        if node is _ENDED or (state.end is not None and state.end.closed):
+        if node is _ENDED or state.closed:
             return 0
         tail = state.tail
         skipped = tail[2] - node[2]
@@ -1048,8 +985,7 @@ class FanoutConsumer(Generic[T]):
             self._state = _ended_state()
             state.leave()
             if self._busy:
-                state.wake_waiters()  # let its wait see the end
-                state.wake_space()
+                state.wake_all()  # let its wait see the end
 
     async def aclose(self) -> None:
         """Like :meth:`close`, with a checkpoint."""
@@ -1077,10 +1013,9 @@ class FanoutConsumer(Generic[T]):
     @property
     def buffered(self) -> int:
         """Items already pulled that this consumer has yet to receive."""
-        state = self._state
-        if self._node is _ENDED or (state.end is not None and state.end.closed):
+        if self._node is _ENDED or self._state.closed:
             return 0
-        return state.tail[2] - self._node[2]
+        return self._state.tail[2] - self._node[2]
 
     def __del__(self) -> None:
         if getattr(self, "_node", _ENDED) is _ENDED:
@@ -1093,7 +1028,7 @@ class FanoutConsumer(Generic[T]):
         elif loop.in_own_thread():
             # Count it gone at once; wake a pull waiting for room only from
             # the loop (a finaliser may run in the middle of anything).
-            if state.end is None or not state.end.closed:
+            if not state.closed:
                 state.consumers -= 1
                 if state.space is not None:
                     loop.run_soon(state.wake_space)
