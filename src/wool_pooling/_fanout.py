@@ -48,7 +48,8 @@ from ._backend import Interruptible
 from ._backend import Parking
 from ._backend import Waiters
 from ._backend import current_loop
-from ._closing import aclose_iterator
+from ._iterators import aclose_iterator
+from ._iterators import throw_into
 
 __all__ = ["Fanout", "FanoutConsumer", "FanoutStatistics", "LagPolicy", "Lagged"]
 
@@ -466,6 +467,10 @@ class _FanoutState(Generic[T]):
                     continue
                 if not self.pulling:
                     self.demand(loop)
+                    # An eager task factory runs the pump's first step in
+                    # this call: it may have logged an item already.
+                    if consumer._node is not self.tail or self.end is not None:
+                        break
                 arrival = self.arrival
                 if arrival is None:
                     arrival = self.arrival = loop.waiters()
@@ -571,53 +576,75 @@ async def _pump(ref: weakref.ref[_FanoutState[Any]], pump: _Pump) -> None:
     is held only weakly while the source is awaited, so that neither the
     pump nor an error's traceback keeps a dropped fan-out alive.
     """
-    iterator: AsyncIterator[Any] | None = None
     try:
         with pump.interruptible:
-            pump.task = pump.loop.current_task()
+            await _iterate(ref, pump)
+    finally:
+        pump.finished = True
+        pump.done.wake()
+
+
+async def _iterate(ref: weakref.ref[_FanoutState[Any]], pump: _Pump) -> None:
+    """The pump's work, inside the region :meth:`_Pump.stop` interrupts (the
+    source's own cancel scopes nest inside it, and are closed inside it)."""
+    iterator: Any = None
+    try:
+        pump.task = pump.loop.current_task()
+        state = ref()
+        if state is None:
+            return
+        source = state.source
+        del state
+        if pump.stopping:  # closed before this task's first step
+            if hasattr(source, "__anext__"):
+                iterator = source
+            return
+        pump.pulling = True
+        iterator = aiter(source)
+        del source
+        thrown: BaseException | None = None
+        while True:
+            if thrown is None:
+                item = await iterator.__anext__()
+            else:
+                # The source's own cancel scope (a task group's, a timeout's)
+                # was cancelled while this task waited between pulls, outside
+                # the source: the source gets it at its yield.
+                item = await throw_into(iterator, thrown)
+                thrown = None
+            pump.pulling = False
             state = ref()
             if state is None:
                 return
-            source = state.source
-            del state
-            if pump.stopping:  # closed before this task's first step
-                if hasattr(source, "__anext__"):
-                    iterator = cast("AsyncIterator[Any]", source)
-                return
-            pump.pulling = True
-            iterator = aiter(source)
-            del source
-            while True:
-                item = await iterator.__anext__()
-                pump.pulling = False
-                state = ref()
-                if state is None:
+            state.log(item)
+            del item
+            while not state.pulling or state.end is not None:
+                if state.end is not None or pump.stopping:
                     return
-                state.log(item)
-                del item
-                while not state.pulling or state.end is not None:
-                    if state.end is not None or pump.stopping:
-                        return
-                    del state
-                    pump.parked = True
-                    try:
-                        await pump.parking.wait()
-                    finally:
-                        pump.parked = False
-                    state = ref()
-                    if state is None or pump.stopping:
-                        return
                 del state
-                pump.pulling = True
+                pump.parked = True
+                try:
+                    await pump.parking.wait()
+                except anyio.get_cancelled_exc_class() as cancelled:
+                    if not hasattr(iterator, "athrow"):
+                        raise
+                    thrown = cancelled
+                finally:
+                    pump.parked = False
+                state = ref()
+                if state is None or pump.stopping:
+                    return
+                if thrown is not None:
+                    break
+            del state
+            pump.pulling = True
     except BaseException as error:
-        pump.pulling = False
         state = ref()
         if state is not None:
             state.failed(error)
-            del state
-        if not isinstance(error, anyio.get_cancelled_exc_class()):
-            return
-        raise  # from outside: the source is closed below all the same
+        del state
+        if isinstance(error, anyio.get_cancelled_exc_class()):
+            raise  # interrupted (the region takes it back) or from outside
     finally:
         pump.pulling = False
         pump.stopping = True
@@ -633,8 +660,6 @@ async def _pump(ref: weakref.ref[_FanoutState[Any]], pump: _Pump) -> None:
                     await aclose_iterator(iterator)
                 except BaseException as error:  # for Fanout.aclose() to raise
                     pump.close_error = error
-        pump.finished = True
-        pump.done.wake()
 
 
 def _ended_state() -> _FanoutState[Any]:

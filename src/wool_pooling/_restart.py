@@ -18,6 +18,8 @@ import attrs
 from wool import DiscoveryEvent
 
 from ._backend import current_loop
+from ._iterators import aclose_iterator
+from ._iterators import throw_into
 from ._tracking import BrokenSubscriber
 from ._tracking import Workers
 from ._tracking import apply_event
@@ -190,13 +192,27 @@ class RestartingSource:
         return self
 
     async def __anext__(self) -> Any:
+        return await self._next(None)
+
+    async def athrow(self, error: BaseException) -> Any:
+        """Raise ``error`` in the raw iteration, where it is suspended; what
+        it raises then is handled as a failure of ``__anext__`` is."""
+        return await self._next(error)
+
+    async def _next(self, thrown: BaseException | None) -> Any:
         policy = self._policy
         while True:
             iterator = self._iterator
             try:
-                if iterator is None:
-                    iterator = self._iterator = open_iterator(self._raw)
-                event = await iterator.__anext__()
+                if thrown is not None:
+                    error, thrown = thrown, None
+                    if iterator is None:
+                        raise error
+                    event = await throw_into(iterator, error)
+                else:
+                    if iterator is None:
+                        iterator = self._iterator = open_iterator(self._raw)
+                    event = await iterator.__anext__()
             except BrokenSubscriber:
                 raise  # a programming error: another attempt cannot fix it
             except StopAsyncIteration as end:
@@ -235,13 +251,11 @@ class RestartingSource:
             error,
         )
         iterator, self._iterator = self._iterator, None
-        closer = getattr(iterator, "aclose", None)
-        if closer is not None:
-            with anyio.CancelScope(shield=True):
-                try:
-                    await closer()
-                except Exception:
-                    restart_logger.debug("closing the failed iteration", exc_info=True)
+        with anyio.CancelScope(shield=True):
+            try:
+                await aclose_iterator(iterator)
+            except Exception:
+                restart_logger.debug("closing the failed iteration", exc_info=True)
         await anyio.sleep(delay)
         self._reported = set()
         if self._settling is not None:
@@ -293,6 +307,4 @@ class RestartingSource:
             self._settling.cancel()
             self._settling = None
         iterator, self._iterator = self._iterator, None
-        closer = getattr(iterator, "aclose", None)
-        if closer is not None:
-            await closer()
+        await aclose_iterator(iterator)

@@ -15,6 +15,9 @@ from typing import final
 from wool import DiscoveryEvent
 from wool import WorkerMetadata
 
+from ._iterators import aclose_iterator
+from ._iterators import throw_into
+
 __all__ = [
     "BrokenSubscriber",
     "TrackedSource",
@@ -166,13 +169,17 @@ class TrackedSource:
         iterator = self._iterator
         if iterator is None:
             iterator = self._iterator = open_iterator(self._raw)
-        event = await iterator.__anext__()
-        if isinstance(event, DiscoveryEvent):  # apply_event, inline: every pull
-            metadata = event.metadata
-            if event.type == "worker-dropped":
-                self.workers.pop(metadata.uid, None)
-            else:
-                self.workers[metadata.uid] = metadata
+        return self._track(await iterator.__anext__())
+
+    async def athrow(self, error: BaseException) -> Any:
+        """Raise ``error`` in the raw iteration, where it is suspended."""
+        if self._iterator is None:
+            raise error
+        return self._track(await throw_into(self._iterator, error))
+
+    def _track(self, event: Any) -> Any:
+        if isinstance(event, DiscoveryEvent):
+            apply_event(self.workers, event)
         else:
             self.untracked = True
         return event
@@ -180,6 +187,4 @@ class TrackedSource:
     async def aclose(self) -> None:
         """Close the raw subscriber's iterator, if it was started and can be closed."""
         iterator, self._iterator = self._iterator, None
-        closer = getattr(iterator, "aclose", None)
-        if closer is not None:
-            await closer()
+        await aclose_iterator(iterator)
