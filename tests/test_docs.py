@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import attrs
+import pytest
 
 import wool_pooling
 
@@ -251,3 +252,25 @@ def test_redis_reference_documents_every_public_name() -> None:
         re.findall(r"^\.\. auto(?!module)\w+:: (\w+)$", page, flags=re.MULTILINE)
     )
     assert documented == set(redis_module.__all__)
+
+
+def test_shared_discovery_is_not_entered_again_after_its_last_exit_as_documented() -> (
+    None
+):
+    """``docs/wool.rst`` says a ``SharedDiscovery`` cannot be entered again
+    once its last user exited, and that is what a real ``LocalDiscovery``
+    inner does: the second enter raises ``RuntimeError``."""
+    import uuid
+
+    import wool
+
+    page = " ".join((ROOT / "docs" / "wool.rst").read_text().split())
+    assert "it cannot be entered again" in page
+    assert "'LocalDiscovery.__enter__' cannot be invoked more than once" in page
+    discovery = wool_pooling.SharedDiscovery(
+        wool.LocalDiscovery(f"docs-{uuid.uuid4().hex[:8]}")
+    )
+    with discovery, discovery:  # a second pool while the first is in: counted
+        pass
+    with pytest.raises(RuntimeError, match="cannot be invoked more than once"):
+        discovery.__enter__()

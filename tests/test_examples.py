@@ -53,14 +53,15 @@ def test_custom_discovery_example_prints_what_the_readme_shows() -> None:
 
 def test_demo_under_trio_without_trio_says_how_to_get_it() -> None:
     """``python -m wool_pooling --backend trio`` without trio installed exits
-    with a line naming the ``trio`` extra, not a traceback."""
+    with a usage line naming the command as typed and a line naming the
+    ``trio`` extra, not a traceback."""
     completed = subprocess.run(
         [
             sys.executable,
             "-c",
-            "import sys; sys.modules['trio'] = None; "
-            "sys.argv = ['wool_pooling', '--backend', 'trio']; "
-            "from wool_pooling.__main__ import _cli; _cli()",
+            "import runpy, sys; sys.modules['trio'] = None; "
+            "sys.argv = ['-m', '--backend', 'trio']; "
+            "runpy.run_module('wool_pooling', run_name='__main__', alter_sys=True)",
         ],
         capture_output=True,
         text=True,
@@ -68,6 +69,8 @@ def test_demo_under_trio_without_trio_says_how_to_get_it() -> None:
         check=False,
     )
     assert completed.returncode == 2
+    assert completed.stderr.startswith("usage: python -m wool_pooling ")
+    assert "__main__" not in completed.stderr
     assert 'pip install "wool-pooling[trio]"' in completed.stderr
     assert "Traceback" not in completed.stderr
 
