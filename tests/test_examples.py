@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import redis
+from _redis import RedisServer
 from _redis import require_redis_server
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -102,3 +104,26 @@ def test_redis_discovery_example_pools_find_each_other() -> None:
     assert counts is not None, lines[4]
     assert counts[1] == counts[2]
     assert int(counts[1]) >= 2
+
+
+def test_redis_discovery_example_leaves_no_keys_on_the_given_server(
+    redis_server: RedisServer,
+) -> None:
+    """``examples/redis_discovery.py --url URL`` deletes the keys of the
+    namespace it made once both pools exit, and touches no other key."""
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        client.set("someone-elses-key", "kept")
+        completed = subprocess.run(
+            [sys.executable, str(EXAMPLES / "redis_discovery.py"), "--url",
+             redis_server.url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )  # fmt: skip
+        assert completed.returncode == 0, completed.stderr
+        assert completed.stdout.splitlines()[0].endswith("): one namespace")
+        assert client.keys("*") == [b"someone-elses-key"]
+    finally:
+        client.close()
