@@ -80,7 +80,7 @@ def test_demo_under_trio_without_trio_says_how_to_get_it() -> None:
 def test_redis_discovery_example_pools_find_each_other() -> None:
     """``python examples/redis_discovery.py`` starts its own redis-server and
     shows two pools in two processes using each other's workers, with one
-    subscription connection per process."""
+    subscription connection per process: the README's block, numbers aside."""
     require_redis_server()
     completed = subprocess.run(
         [sys.executable, str(EXAMPLES / "redis_discovery.py")],
@@ -104,6 +104,10 @@ def test_redis_discovery_example_pools_find_each_other() -> None:
     assert counts is not None, lines[4]
     assert counts[1] == counts[2]
     assert int(counts[1]) >= 2
+    shown = _readme_block_after(".venv/bin/python examples/redis_discovery.py\n```\n")
+    assert [re.sub(r"\d+", "<n>", line) for line in lines] == [
+        re.sub(r"\d+", "<n>", line) for line in shown
+    ]
 
 
 def test_redis_discovery_example_leaves_no_keys_on_the_given_server(
