@@ -2,9 +2,9 @@
 
 Every figure the README and the docs quote comes from here::
 
-    python benchmarks/report.py benchmarks/results   # re-render the committed ones
+    python benchmarks/report.py benchmarks/results --readme README.md
     python benchmarks/report.py DIR                  # a quick run's folder
-    python benchmarks/report.py --check benchmarks/results
+    python benchmarks/report.py --check benchmarks/results --readme README.md
 
 Reads, from DIR, whichever of these it finds (other files are left alone):
 ``pooling-*.json`` (``pooling.py``), ``pooling_redis-*.json``
@@ -17,11 +17,14 @@ Reads, from DIR, whichever of these it finds (other files are left alone):
   includes (its images point into ``benchmarks/results/``);
 - ``DIR/throughput-<interpreter>.png``: per interpreter, each
   implementation's delivered items/s as a multiple of wool's ``Fanout``
-  in the same run (with matplotlib; skipped without it).
+  in the same run (with matplotlib; skipped without it);
+- with ``--readme README.md``: the README's summary table and throughput
+  plots with their tables, between its two marks.
 
 The output depends on the result files only (no clock, no machine), so
 re-rendering the committed files reproduces the committed report: ``--check``
-renders in memory and exits 1, naming the file, if a committed one differs.
+renders in memory and exits 1, naming the file, if a committed one (the
+README's part included, with ``--readme``) differs.
 """
 
 from __future__ import annotations
@@ -830,6 +833,69 @@ def render(folder: Path, images: bool = True) -> list[Block]:
     return blocks
 
 
+# -- the README's part ---------------------------------------------------------
+
+README_BEGIN = (
+    "<!-- rendered by benchmarks/report.py --readme README.md: do not edit -->"
+)
+README_END = "<!-- end of what benchmarks/report.py renders -->"
+
+
+def repository() -> str:
+    """The project's repository URL, as ``pyproject.toml`` gives it."""
+    import tomllib
+
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    return str(tomllib.loads(pyproject.read_text())["project"]["urls"]["Source"])
+
+
+def readme_part(blocks: list[Block]) -> str:
+    """What the README shows of the report: the summary table, then each
+    interpreter's throughput plot (an absolute URL, for a package index page)
+    next to its table."""
+    raw = repository().replace("github.com", "raw.githubusercontent.com") + "/main"
+    parts: list[Block] = []
+    section = ""
+    for index, block in enumerate(blocks):
+        if isinstance(block, Heading):
+            section = block.text if block.level == 2 else section
+        if section == "Summary: what pooling buys" and isinstance(block, Table):
+            parts.append(block)
+        fanout = section == "Fan-out throughput against wool's Fanout"
+        if fanout and isinstance(block, Heading) and block.level == 3:
+            if not any(isinstance(part, Para) for part in parts):
+                parts.append(
+                    Para(
+                        "The fan-out underneath: delivered items/s as a multiple "
+                        "of wool's own\n`Fanout` in the same run; each table "
+                        "gives `Fanout`'s, then (in brackets) its\nmultiple of "
+                        "the wake-up limit (N tasks woken once per item, nothing "
+                        "else)."
+                    )
+                )
+            interp = block.text
+            following = blocks[index + 1 : index + 4]
+            image = next((b for b in following if isinstance(b, Image)), None)
+            table = next((b for b in following if isinstance(b, Table)), None)
+            if image is not None:
+                parts.append(
+                    Image(
+                        f"{raw}/benchmarks/results/{image.file}",
+                        f"{interp}: delivered items/s as a multiple of wool's Fanout",
+                    )
+                )
+            if table is not None:
+                parts.append(table)
+    return "\n".join([README_BEGIN, "", markdown(parts).rstrip("\n"), "", README_END])
+
+
+def with_readme_part(text: str, part: str) -> str:
+    """``text`` with what lies between the README's marks replaced by ``part``."""
+    start = text.index(README_BEGIN)
+    end = text.index(README_END) + len(README_END)
+    return text[:start] + part + text[end:]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python benchmarks/report.py",
@@ -857,26 +923,41 @@ def main(argv: list[str] | None = None) -> int:
         help="render in memory, write nothing; exit 1 if DIR/report.md or "
         "DIR/report.rst differs from what the result files give",
     )
+    parser.add_argument(
+        "--readme",
+        type=Path,
+        metavar="README",
+        help="also render the summary table and the throughput plots with their "
+        "tables into README, between its two marks",
+    )
     args = parser.parse_args(argv)
     folder: Path = args.folder
     if not folder.is_dir():
         parser.error(f"{folder} is not a folder")
     blocks = render(folder, images=not args.check)
-    outputs = {"report.md": markdown(blocks), "report.rst": rst(blocks)}
+    outputs = {
+        folder / "report.md": markdown(blocks),
+        folder / "report.rst": rst(blocks),
+    }
+    if args.readme is not None:
+        readme = args.readme.read_text(encoding="utf-8")
+        if README_BEGIN not in readme or README_END not in readme:
+            parser.error(f"{args.readme} has no marks: {README_BEGIN} ... {README_END}")
+        outputs[args.readme] = with_readme_part(readme, readme_part(blocks))
     if args.check:
         stale = [
-            name
-            for name, text in outputs.items()
-            if not (folder / name).is_file()
-            or (folder / name).read_text(encoding="utf-8") != text
+            path
+            for path, text in outputs.items()
+            if not path.is_file() or path.read_text(encoding="utf-8") != text
         ]
-        for name in stale:
-            print(f"{folder / name} is stale: run python benchmarks/report.py {folder}",
+        for path in stale:
+            print(f"{path} is stale: run python benchmarks/report.py {folder}"
+                  + (f" --readme {args.readme}" if args.readme else ""),
                   file=sys.stderr)  # fmt: skip
         return 1 if stale else 0
-    for name, text in outputs.items():
-        (folder / name).write_text(text, encoding="utf-8")
-    print(outputs["report.md"])
+    for path, text in outputs.items():
+        path.write_text(text, encoding="utf-8")
+    print(outputs[folder / "report.md"])
     return 0
 
 
