@@ -694,13 +694,27 @@ def run_time_blocks(folder: Path) -> list[Block]:
 
 
 def plot(interp: str, rates: dict[str, float], path: Path) -> bool:
-    """One figure per interpreter: a row per source, a panel per backend, each
-    implementation's items/s as a multiple of wool's ``Fanout`` against N."""
+    """Draw :func:`ratio_figure` into ``path``; ``False`` without matplotlib
+    or without a case to draw."""
     try:
         import matplotlib
     except ImportError:
         return False
     matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure = ratio_figure(interp, rates)
+    if figure is None:
+        return False
+    figure.savefig(path, dpi=90, metadata={"Software": None})
+    plt.close(figure)
+    return True
+
+
+def ratio_figure(interp: str, rates: dict[str, float]) -> Any:
+    """One figure per interpreter: a row per source, a panel per backend, each
+    implementation's items/s as a multiple of wool's ``Fanout`` against N,
+    the wake-up limit as its own line, the legend below the panels."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
     from matplotlib.ticker import LogLocator
@@ -710,7 +724,7 @@ def plot(interp: str, rates: dict[str, float], path: Path) -> bool:
     backends = [b for b in BACKENDS if any(key[0] == b for key in groups)]
     sources = [s for s in SOURCES if any(key[1] == s for key in groups)]
     if not backends or not sources:
-        return False
+        return None
     figure, axes = plt.subplots(
         len(sources),
         len(backends),
@@ -768,9 +782,7 @@ def plot(interp: str, rates: dict[str, float], path: Path) -> bool:
         frameon=False,
     )
     figure.tight_layout(rect=(0, 0.09, 1, 0.97))
-    figure.savefig(path, dpi=90, metadata={"Software": None})
-    plt.close(figure)
-    return True
+    return figure
 
 
 # -- the whole report -----------------------------------------------------------

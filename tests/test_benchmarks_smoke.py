@@ -300,3 +300,56 @@ def test_report_check_fails_on_a_stale_report(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert "README.md is stale" in done.stderr
     assert "report.md is stale" not in done.stderr
+
+
+def test_throughput_plot_shows_ratios_to_wool_per_backend_with_the_limit() -> None:
+    """The plot of one interpreter: a panel per backend (a row per source),
+    one line per implementation at its items/s over wool's ``Fanout`` in the
+    same run, the wake-up limit as its own line, and the legend outside the
+    axes."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import report
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    _, rates = report.load_throughput(RESULTS / "throughput-cpython3.11.json")
+    figure = report.ratio_figure("cpython3.11", rates)
+    try:
+        axes = figure.get_axes()
+        assert [ax.get_title() for ax in axes[:3]] == [
+            "asyncio",
+            "uvloop",
+            "trio (vs wool on asyncio)",
+        ]
+        assert len(axes) == 3 * 3
+        assert all(ax.get_legend() is None for ax in axes)
+        (legend,) = figure.legends
+        labels = [text.get_text() for text in legend.get_texts()]
+        assert "wake-up limit" in labels
+        assert "Fanout" in labels
+        assert "wool Fanout" not in labels
+        asyncio_waiting = axes[2 * 3]  # row: waits for another task; column: asyncio
+        lines = {line.get_label(): line for line in asyncio_waiting.get_lines()}
+        ns = [1, 10, 100, 1000]
+        expected = [
+            rates[f"asyncio/waiting/Fanout/N={n}"]
+            / rates[f"asyncio/waiting/wool Fanout/N={n}"]
+            for n in ns
+        ]
+        assert list(lines["Fanout"].get_xdata()) == ns
+        assert list(lines["Fanout"].get_ydata()) == pytest.approx(expected)
+        limit = [
+            rates[f"asyncio/waiting/wake-up only/N={n}"]
+            / rates[f"asyncio/waiting/wool Fanout/N={n}"]
+            for n in ns
+        ]
+        assert list(lines["wake-up limit"].get_ydata()) == pytest.approx(limit)
+    finally:
+        plt.close(figure)
+    assert not (RESULTS / "throughput.png").exists()  # one figure per interpreter
