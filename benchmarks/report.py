@@ -862,12 +862,13 @@ def repository() -> str:
 
 
 def readme_part(blocks: list[Block]) -> str:
-    """What the README shows of the report: the summary table, then each
-    interpreter's throughput plot (an absolute URL, for a package index page)
-    next to its table."""
+    """What the README shows of the report: the summary table, then the
+    throughput plot of the newest interpreter recorded (an absolute URL, for
+    a package index page) next to its table; the others are in the docs."""
     raw = repository().replace("github.com", "raw.githubusercontent.com") + "/main"
     parts: list[Block] = []
     section = ""
+    newest: tuple[str, Image | None, Table | None] | None = None
     for index, block in enumerate(blocks):
         if isinstance(block, Heading):
             section = block.text if block.level == 2 else section
@@ -875,29 +876,29 @@ def readme_part(blocks: list[Block]) -> str:
             parts.append(block)
         fanout = section == "Fan-out throughput against wool's Fanout"
         if fanout and isinstance(block, Heading) and block.level == 3:
-            if not any(isinstance(part, Para) for part in parts):
-                parts.append(
-                    Para(
-                        "The fan-out underneath: delivered items/s as a multiple "
-                        "of wool's own\n`Fanout` in the same run; each table "
-                        "gives `Fanout`'s, then (in brackets) its\nmultiple of "
-                        "the wake-up limit (N tasks woken once per item, nothing "
-                        "else)."
-                    )
-                )
-            interp = block.text
             following = blocks[index + 1 : index + 4]
             image = next((b for b in following if isinstance(b, Image)), None)
             table = next((b for b in following if isinstance(b, Table)), None)
-            if image is not None:
-                parts.append(
-                    Image(
-                        f"{raw}/benchmarks/results/{image.file}",
-                        f"{interp}: delivered items/s as a multiple of wool's Fanout",
-                    )
+            newest = (block.text, image, table)
+    if newest is not None:
+        interp, image, table = newest
+        parts.append(
+            Para(
+                f"The fan-out underneath, on {interp}: delivered items/s as a "
+                "multiple of wool's\nown `Fanout` in the same run; the table gives "
+                "`Fanout`'s, then (in brackets) its\nmultiple of the wake-up limit "
+                "(N tasks woken once per item, nothing else)."
+            )
+        )
+        if image is not None:
+            parts.append(
+                Image(
+                    f"{raw}/benchmarks/results/{image.file}",
+                    f"{interp}: delivered items/s as a multiple of wool's Fanout",
                 )
-            if table is not None:
-                parts.append(table)
+            )
+        if table is not None:
+            parts.append(table)
     return "\n".join([README_BEGIN, "", markdown(parts).rstrip("\n"), "", README_END])
 
 
