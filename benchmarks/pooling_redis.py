@@ -17,15 +17,18 @@ without this library). Reported per row:
   ``--idle`` seconds with nothing published, in % of one core.
 
 Standalone: it starts its own ``redis-server`` on a free loopback port
-(persistence off) unless ``--url`` is given. ``--out FILE`` also writes the
-table (markdown) and a JSON of the raw figures. The machine may be shared:
-read the ratios, not the absolute figures.
+(persistence off) unless ``--url`` is given. It prints the table and writes
+the figures, with the run's setup, to ``pooling_redis-<interpreter>.json``
+in ``--out DIR`` (default: ``benchmarks/results``; with ``--quick``, a
+temporary folder), which ``benchmarks/report.py`` renders. The machine may
+be shared: read the ratios, not the absolute figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import shutil
 import socket
@@ -40,6 +43,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import _results
 import redis
 from wool import WorkerMetadata
 
@@ -203,31 +207,68 @@ async def run(
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def server_version(url: str) -> str:
+    client = redis.Redis.from_url(url)
+    try:
+        return str(client.info("server")["redis_version"])
+    finally:
+        client.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python benchmarks/pooling_redis.py",
+        description=__doc__.splitlines()[0],
+    )
     parser.add_argument("--url", help="a Redis server (default: start one)")
-    parser.add_argument("--consumers", type=int, nargs="+", default=[1, 10, 50, 200])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--idle", type=float, default=3.0)
-    parser.add_argument("--out", type=Path)
-    arguments = parser.parse_args()
-    if arguments.url:
-        rows = asyncio.run(
-            run(arguments.url, arguments.consumers, arguments.rounds, arguments.idle)
-        )
-    else:
-        with redis_server() as url:
-            rows = asyncio.run(
-                run(url, arguments.consumers, arguments.rounds, arguments.idle)
-            )
-    text = table(rows)
-    print(text)
-    if arguments.out:
-        arguments.out.write_text(
-            f"# benchmarks/pooling_redis.py\n\n{text}\n\n```json\n"
-            f"{json.dumps(rows, indent=2)}\n```\n"
-        )
+    parser.add_argument(
+        "--consumers",
+        type=int,
+        nargs="+",
+        help="the K values (default: 1 10 50 200; --quick: 1 3)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, help="publishes per row (default 5; --quick: 1)"
+    )
+    parser.add_argument(
+        "--idle", type=float, help="idle seconds measured (default 3; --quick: 0.1)"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: tiny K, one round"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="results folder for pooling_redis-<interpreter>.json (default: "
+        "benchmarks/results, or a temporary folder with --quick)",
+    )
+    arguments = parser.parse_args(argv)
+    consumers = arguments.consumers or ([1, 3] if arguments.quick else [1, 10, 50, 200])
+    rounds = arguments.rounds or (1 if arguments.quick else 5)
+    idle = (
+        arguments.idle
+        if arguments.idle is not None
+        else (0.1 if arguments.quick else 3.0)
+    )
+    out = _results.folder(arguments.out, arguments.quick)
+    began = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        url = arguments.url or stack.enter_context(redis_server())
+        rows = asyncio.run(run(url, consumers, rounds, idle))
+        version = server_version(url)
+    meta = _results.meta(arguments.quick, time.perf_counter() - began)
+    meta |= {
+        "redis_server": version,
+        "redis_py": redis.__version__,
+        "rounds": rounds,
+        "idle": idle,
+        "consumers": consumers,
+    }
+    path = out / f"pooling_redis-{_results.interpreter()}.json"
+    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    print(table(rows))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

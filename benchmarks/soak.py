@@ -49,14 +49,17 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import math
 import random
 import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
+import _results
 import anyio
 import anyio.abc
 import anyio.lowlevel
@@ -500,7 +503,9 @@ def peak_rss() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python benchmarks/soak.py", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--consumers", type=int, default=None, help="default 1000")
     parser.add_argument("--events", type=int, default=None, help="default 1000000")
     parser.add_argument("--seed", type=int, default=1)
@@ -513,6 +518,11 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=20.0,
         help="fail if the end RSS exceeds the warm-up RSS by more (MB, default 20)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="also write the summary to DIR/soak-<backend>-<interpreter>.json",
     )
     options = parser.parse_args(argv)
     consumers = options.consumers
@@ -558,6 +568,31 @@ def main(argv: list[str] | None = None) -> int:
     )
     for violation in violations[:20]:
         print(f"  violation: {violation}", file=sys.stderr)
+    if options.out is not None:
+        out = _results.folder(options.out, options.quick)
+        meta = _results.meta(options.quick, result["seconds"])
+        summary = {
+            "backend": options.backend,
+            "seed": options.seed,
+            "consumers": consumers,
+            "events": events,
+            "max_lag": result["max_lag"],
+            "delivered": totals.delivered,
+            "lost": totals.lost,
+            "duplicated": totals.duplicated,
+            "bad_replay": totals.bad_replay,
+            "unexpected": totals.unexpected,
+            "ends": dict(sorted(totals.ends.items())),
+            "iterations": result["iterations"],
+            "rss_mb": mb,
+            "rss_growth_mb": growth,
+            "violations": violations[:20],
+            "ok": not violations,
+        }
+        name = f"soak-{options.backend}-{_results.interpreter()}.json"
+        (out / name).write_text(
+            json.dumps({"meta": meta, "result": summary}, indent=2) + "\n"
+        )
     return 1 if violations else 0
 
 

@@ -3,7 +3,7 @@
 Run from the repository root::
 
     python benchmarks/throughput.py                # record: benchmarks/results/
-    python benchmarks/throughput.py --quick        # smoke: a temporary folder
+    python benchmarks/throughput.py --quick        # smoke: a temporary folder, quiet
     python benchmarks/throughput.py --out DIR      # record into DIR
 
 pyperf does the calibration, warm-ups, worker processes and statistics; this
@@ -22,7 +22,7 @@ the peak resident set size.
 Files, named after the interpreter (for example ``cpython3.11``): pyperf's
 ``throughput-cpython3.11.json`` (compare two with ``python -m pyperf
 compare_to``) and ``memory-cpython3.11.json``. ``benchmarks/report.py``
-turns them into the README's tables and the plot.
+turns them into the tables and the plots.
 """
 
 from __future__ import annotations
@@ -579,11 +579,30 @@ def main() -> None:
         add_cmdline_args=add_cmdline_args,
         metadata=dict(wool_pooling_interpreter=interpreter()),
     )
-    runner.argparser.add_argument("--quick", action="store_true", help="smoke run")
-    runner.argparser.add_argument("--out", type=Path, help="results folder")
+    runner.argparser.prog = "python benchmarks/throughput.py"
+    runner.argparser.description = (
+        f"{(__doc__ or '').splitlines()[0]} The options below --quick and --out "
+        "are pyperf's."
+    )
+    runner.argparser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: tiny sizes, one value per case, in this process, quiet "
+        "(add --verbose for pyperf's per-case lines and stability warnings); "
+        "writes to a temporary folder unless --out is given",
+    )
+    runner.argparser.add_argument(
+        "--out",
+        type=Path,
+        help="results folder (default: benchmarks/results, or a temporary folder "
+        "with --quick)",
+    )
     argv = sys.argv[1:]
     if "--quick" in argv and "--worker" not in argv:
         argv += ["--debug-single-value", "--in-process"]
+        # One value per case always looks unstable to pyperf: say nothing of it.
+        if not {"-v", "--verbose", "-q", "--quiet"} & set(argv):
+            argv.append("--quiet")
     args = runner.parse_args(argv)
     began = time.perf_counter()
     if not args.worker:

@@ -32,14 +32,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import sys
 import time
 from collections.abc import AsyncIterator
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import _results
 import anyio
 
 from wool_pooling import Fanout
@@ -153,18 +156,44 @@ async def measure(m: int, reps: int) -> dict[str, list[float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python benchmarks/wrapper_ceiling.py",
+        description=__doc__.splitlines()[0],
+    )
     parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
-    parser.add_argument("--items", type=int, default=300_000)
-    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument(
+        "--items", type=int, help="items per repetition (default 300000; --quick: 2000)"
+    )
+    parser.add_argument("--reps", type=int, help="repetitions (default 7; --quick: 1)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: tiny sizes")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="also write the ratios to "
+        "DIR/wrapper_ceiling-<backend>-<interpreter>.json",
+    )
     args = parser.parse_args(argv)
-    ratios = anyio.run(measure, args.items, args.reps, backend=args.backend)
+    items = args.items or (2_000 if args.quick else 300_000)
+    reps = args.reps or (1 if args.quick else 7)
+    began = time.perf_counter()
+    ratios = anyio.run(measure, items, reps, backend=args.backend)
+    rows: list[dict[str, object]] = []
     for name, values in ratios.items():
         print(
             f"{args.backend}: {name} / floor = "
-            f"{statistics.median(values):.3g}x (median of {args.reps}; "
+            f"{statistics.median(values):.3g}x (median of {reps}; "
             f"{min(values):.3g}-{max(values):.3g})"
         )
+        rows.append(
+            {"wrapper": name, "median": statistics.median(values), "values": values}
+        )
+    if args.out is not None:
+        out = _results.folder(args.out, args.quick)
+        meta = _results.meta(args.quick, time.perf_counter() - began)
+        meta |= {"items": items, "reps": reps}
+        report = {"meta": meta, "backend": args.backend, "rows": rows}
+        name = f"wrapper_ceiling-{args.backend}-{_results.interpreter()}.json"
+        (out / name).write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
 

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import importlib.metadata
+import re
 from pathlib import Path
+from typing import Any
+
+import attrs
 
 project = "wool-pooling"
 author = "wool-pooling contributors"
@@ -23,6 +27,37 @@ html_static_path: list[str] = []
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_preserve_defaults = True
+
+#: How ``autodoc_preserve_defaults`` shows a default of an attrs class: the
+#: source of the ``__init__`` attrs generates, which names its own table.
+_ATTRS_DEFAULT = re.compile(r"attr_dict\['(\w+)'\]\.default")
+
+
+def _attrs_defaults(
+    app: Any,
+    what: str,
+    name: str,
+    obj: Any,
+    options: Any,
+    signature: str | None,
+    return_annotation: str | None,
+) -> tuple[str | None, str | None] | None:
+    """Show an attrs class's defaults as values (``attempts: int | None = 5``)."""
+    if signature is None or not (isinstance(obj, type) and attrs.has(obj)):
+        return None
+    fields = attrs.fields_dict(obj)
+
+    def value(match: re.Match[str]) -> str:
+        default = fields[match.group(1)].default
+        if isinstance(default, attrs.Factory):
+            return f"<factory {getattr(default.factory, '__qualname__', '?')}>"
+        return repr(default)
+
+    return _ATTRS_DEFAULT.sub(value, signature), return_annotation
+
+
+def setup(app: Any) -> None:
+    app.connect("autodoc-process-signature", _attrs_defaults)
 
 # Every cross-reference must resolve: with -W, a broken one fails the build.
 nitpicky = True

@@ -3,7 +3,9 @@
 Run it with ``python examples/redis_discovery.py`` (needs
 ``pip install "wool-pooling[redis]"``). Without ``--url`` it starts a
 ``redis-server`` (from ``PATH``) on a free loopback port, with persistence
-off, and stops it at the end; ``--url redis://host:6379/0`` uses yours.
+off, and stops it at the end; ``--url redis://host:6379/0`` uses yours, and
+the script deletes the keys of the namespace it made there (its own
+``example-<hex>`` one) once both pools have exited.
 
 Pool A runs in this process and pool B in a child process; each spawns one
 worker and publishes it through ``RedisDiscovery``. Each pool's proxy then
@@ -29,6 +31,7 @@ import urllib.parse
 import uuid
 from collections.abc import Generator
 from contextlib import contextmanager
+from typing import BinaryIO
 
 import wool
 
@@ -46,28 +49,67 @@ async def where_am_i() -> tuple[int, int]:
     return os.getpid(), os.getppid()
 
 
-def redis_command(url: str, *words: str) -> bytes:
-    """Send one command to the server at ``url`` and return its reply's
-    payload (enough Redis protocol for ``PING`` and ``CLIENT LIST``)."""
+RedisReply = bytes | int | list["RedisReply"] | None
+
+
+def _read_reply(replies: BinaryIO) -> RedisReply:
+    """One reply of the Redis protocol (RESP2): a string, integer or array."""
+    header = replies.readline()
+    kind, rest = header[:1], header[1:].strip()
+    if kind == b"-":
+        raise RuntimeError(f"redis: {rest.decode()}")
+    if kind == b":":
+        return int(rest)
+    if kind == b"$":
+        if int(rest) < 0:
+            return None
+        payload = replies.read(int(rest) + 2)[:-2]
+        return payload
+    if kind == b"*":
+        return [_read_reply(replies) for _ in range(max(int(rest), 0))]
+    return rest  # a simple string: +OK, +PONG
+
+
+def redis_command(url: str, *words: str) -> RedisReply:
+    """Send one command to the server at ``url`` and return its reply (enough
+    of the Redis protocol for ``PING``, ``CLIENT LIST``, ``SCAN`` and ``DEL``)."""
     parts = urllib.parse.urlsplit(url)
     address = (parts.hostname or "127.0.0.1", parts.port or 6379)
-    commands = [words]
+    database = parts.path.strip("/") or "0"
+    commands = [("SELECT", database), words]
     if parts.password:
         commands.insert(0, ("AUTH", *filter(None, [parts.username, parts.password])))
     with socket.create_connection(address, timeout=5) as connection:
         replies = connection.makefile("rb")
-        header = b""
+        reply: RedisReply = None
         for command in commands:
             request = f"*{len(command)}\r\n" + "".join(
                 f"${len(word.encode())}\r\n{word}\r\n" for word in command
             )
             connection.sendall(request.encode())
-            header = replies.readline()
-            if header.startswith(b"-"):
-                raise RuntimeError(f"redis: {header[1:].decode().strip()}")
-        if header.startswith(b"$"):
-            return replies.read(int(header[1:]))
-        return header[1:].strip()
+            reply = _read_reply(replies)
+        return reply
+
+
+def delete_namespace(url: str, namespace: str) -> int:
+    """Delete the keys ``RedisDiscovery`` keeps for ``namespace`` (all named
+    ``wool:{<namespace>}:...``); return how many there were."""
+    pattern = "wool:{" + namespace + "}:*"
+    keys: list[str] = []
+    cursor = "0"
+    while True:
+        reply = redis_command(url, "SCAN", cursor, "MATCH", pattern, "COUNT", "1000")
+        assert isinstance(reply, list)
+        assert isinstance(reply[0], bytes)
+        batch = reply[1]
+        assert isinstance(batch, list)
+        keys += [key.decode() for key in batch if isinstance(key, bytes)]
+        cursor = reply[0].decode()
+        if cursor == "0":
+            break
+    if keys:
+        redis_command(url, "DEL", *keys)
+    return len(keys)
 
 
 @contextmanager
@@ -111,9 +153,11 @@ def local_redis_server() -> Generator[str]:
 def subscription_connections(url: str, namespace: str) -> tuple[int, int]:
     """(subscription connections, distinct processes holding them), by name."""
     prefix = f"wool-pooling:subscriber:{namespace}:"
+    clients = redis_command(url, "CLIENT", "LIST")
+    assert isinstance(clients, bytes)
     names = [
         field.removeprefix("name=")
-        for line in redis_command(url, "CLIENT", "LIST").decode().splitlines()
+        for line in clients.decode().splitlines()
         for field in line.split()
         if field.startswith(f"name={prefix}")
     ]
@@ -175,7 +219,11 @@ async def main(url: str) -> None:
                 "proxy was shipped to)"
             )
     finally:
-        pool_b.communicate(timeout=60)  # closes its stdin: pool B exits
+        try:
+            pool_b.communicate(timeout=60)  # closes its stdin: pool B exits
+        finally:
+            # Both pools are gone: leave nothing of the namespace on the server.
+            delete_namespace(url, namespace)
 
 
 def _cli() -> None:

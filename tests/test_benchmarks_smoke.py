@@ -2,18 +2,24 @@
 
 Nothing here looks at timings: the figures depend on the machine. The tests
 check that every case was measured (so a script cannot rot silently), that
-``--quick`` leaves the committed results alone, and that the report renders.
+``--quick`` leaves the committed results alone, that a quick run of every
+script shares one folder that the report renders, and that the committed
+report is what the committed result files render.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pyperf
+import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 RESULTS = BENCHMARKS / "results"
@@ -74,15 +80,54 @@ def expected_throughput_names() -> set[str]:
     return names
 
 
-def test_throughput_quick_run_measures_every_case_in_a_temporary_folder() -> None:
-    """Without ``--out``, a quick run writes a pyperf file per interpreter elsewhere."""
-    before = snapshot()
-    done = run("throughput.py", "--quick", "--quiet")
-    assert snapshot() == before  # the committed results are untouched
-    out = folder_of(done.stderr)
-    assert RESULTS not in out.parents
-    assert out != RESULTS
+@pytest.fixture(scope="module")
+def quick(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """A quick run of every benchmark into one folder, then its report.
 
+    ``throughput.py --quick`` without ``--out`` picks a temporary folder (the
+    committed results are left alone); every other script is then given that
+    folder with ``--out``, and ``report.py`` renders it. ``pooling_redis.py``
+    runs against the tests' redis-server when there is one.
+    """
+    before = snapshot()
+    throughput = run("throughput.py", "--quick")
+    out = folder_of(throughput.stderr)
+    outputs = {"throughput.py": throughput}
+    outputs["pooling.py"] = run("pooling.py", "--quick", "--out", str(out))
+    for backend in ("asyncio", "trio"):
+        outputs[f"soak.py {backend}"] = run(
+            "soak.py", "--quick", "--backend", backend, "--out", str(out)
+        )
+    outputs["wrapper_ceiling.py"] = run(
+        "wrapper_ceiling.py", "--quick", "--out", str(out)
+    )
+    redis_url = None
+    with contextlib.suppress(pytest.skip.Exception):
+        redis_url = request.getfixturevalue("redis_server").url
+    if redis_url is not None:
+        outputs["pooling_redis.py"] = run(
+            "pooling_redis.py", "--quick", "--url", redis_url, "--out", str(out)
+        )
+    outputs["report.py"] = run("report.py", str(out))
+    after = snapshot()
+    return {"out": out, "outputs": outputs, "before": before, "after": after}
+
+
+def test_quick_runs_leave_the_committed_results_alone(quick: dict[str, Any]) -> None:
+    """Quick runs write into their own folder, never ``benchmarks/results``."""
+    assert quick["after"] == quick["before"]
+    assert RESULTS not in quick["out"].parents
+    assert quick["out"] != RESULTS
+
+
+def test_throughput_quick_run_measures_every_case_quietly(
+    quick: dict[str, Any],
+) -> None:
+    """A quick run writes a pyperf file per interpreter with every case, and
+    prints none of pyperf's "may be unstable" warnings."""
+    out = quick["out"]
+    done = quick["outputs"]["throughput.py"]
+    assert "unstable" not in done.stdout + done.stderr
     suite = pyperf.BenchmarkSuite.load(str(out / f"throughput-{INTERPRETER}.json"))
     assert suite.get_metadata()["python_version"].startswith(sys.version.split()[0])
     names = {bench.get_name() for bench in suite.get_benchmarks()}
@@ -102,18 +147,12 @@ def test_throughput_quick_run_measures_every_case_in_a_temporary_folder() -> Non
         row["view_equal"] is True for case, row in rows.items() if case != "raw source"
     )
 
-    report = run("report.py", str(out)).stdout
-    assert "### asyncio, source waits for another task per item" in report
-    assert "| 1000 | Fanout |" in report
-    assert "view equal after resume" in report
-    if importable("matplotlib"):
-        assert (out / "throughput.png").is_file()
 
-
-def test_pooling_quick_run_counts_one_upstream_when_pooled(tmp_path: Path) -> None:
+def test_pooling_quick_run_counts_one_upstream_when_pooled(
+    quick: dict[str, Any],
+) -> None:
     """``pooling.py --quick --out DIR``: raw opens K upstreams, pooled one."""
-    run("pooling.py", "--quick", "--out", str(tmp_path))
-    report = json.loads((tmp_path / f"pooling-{INTERPRETER}.json").read_text())
+    report = json.loads((quick["out"] / f"pooling-{INTERPRETER}.json").read_text())
     assert report["meta"]["python"] == sys.version
     rows = {(row["kind"], row["pooled"], row["k"]): row for row in report["rows"]}
     assert set(rows) == {
@@ -124,42 +163,193 @@ def test_pooling_quick_run_counts_one_upstream_when_pooled(tmp_path: Path) -> No
         assert row["dispatch"]["dispatches"] > 0
         assert row["dispatch"]["p50"] <= row["dispatch"]["p99"]
         assert set(row["converge"]) == {"10"}
-    report_text = run("report.py", str(tmp_path)).stdout
-    assert "| local | 10 | 1 / 10 |" in report_text
 
 
-CEILING = BENCHMARKS / "wrapper_ceiling.py"
-
-
-def test_wrapper_ceiling_script_prints_a_ratio_per_backend() -> None:
-    """`benchmarks/wrapper_ceiling.py` runs on both backends and prints each ratio."""
+def test_soak_and_wrapper_ceiling_write_their_results_with_out(
+    quick: dict[str, Any],
+) -> None:
+    """``soak.py --out`` and ``wrapper_ceiling.py --out`` write JSON next to the
+    others: the soak's summary (nothing lost) and every wrapper's ratio."""
+    out = quick["out"]
     for backend in ("asyncio", "trio"):
-        done = subprocess.run(
-            [
-                sys.executable,
-                str(CEILING),
-                "--backend",
-                backend,
-                "--items",
-                "2000",
-                "--reps",
-                "1",
-            ],
+        soak = json.loads((out / f"soak-{backend}-{INTERPRETER}.json").read_text())
+        assert soak["result"]["ok"] is True
+        assert soak["result"]["backend"] == backend
+        assert soak["result"]["lost"] == soak["result"]["duplicated"] == 0
+        assert soak["result"]["consumers"] == 50
+    ceiling = json.loads(
+        (out / f"wrapper_ceiling-asyncio-{INTERPRETER}.json").read_text()
+    )
+    assert [row["wrapper"] for row in ceiling["rows"]] == [
+        "coroutine",
+        "async generator",
+        "task per item",
+        "wool_pooling.Fanout",
+    ]
+    assert all(row["median"] > 0 for row in ceiling["rows"])
+
+
+def test_report_renders_every_result_of_the_shared_folder(
+    quick: dict[str, Any],
+) -> None:
+    """``report.py DIR`` renders every script's results into ``report.md``
+    (also printed) and ``report.rst``, and draws the plot per interpreter."""
+    out = quick["out"]
+    printed = quick["outputs"]["report.py"].stdout
+    report = (out / "report.md").read_text()
+    assert printed.rstrip("\n") == report.rstrip("\n")
+    for shown in (
+        "## Summary: what pooling buys",
+        "| local | 10 | 1 / 10 |",
+        f"### {INTERPRETER}",
+        "#### asyncio, source waits for another task per item",
+        "| 1,000 | Fanout |",
+        "view equal after resume",
+        "### Soak: consumers joining and leaving at random",
+        f"| soak-trio-{INTERPRETER}.json | trio | 50 |",
+        "| wool_pooling.Fanout |",
+        "## Run times",
+    ):
+        assert shown in report, shown
+    if "pooling_redis.py" in quick["outputs"]:
+        assert "| redis | 3 | 2 / 6 connections |" in report
+        assert f"(pooling_redis-{INTERPRETER}.json)" in report
+    rst = (out / "report.rst").read_text()
+    assert ".. list-table::" in rst
+    assert "| " not in rst
+    if importable("matplotlib"):
+        assert (out / f"throughput-{INTERPRETER}.png").is_file()
+        assert f".. image:: /../benchmarks/results/throughput-{INTERPRETER}.png" in rst
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        "pooling.py",
+        "pooling_redis.py",
+        "report.py",
+        "soak.py",
+        "throughput.py",
+        "wrapper_ceiling.py",
+    ],
+)
+def test_every_benchmark_script_has_a_command_line_help(script: str) -> None:
+    """``--help`` prints a usage line naming the script, and exits 0."""
+    done = run(script, "--help")
+    assert done.stdout.startswith("usage: ")
+    assert script in done.stdout.splitlines()[0]
+    assert "--help" in done.stdout
+
+
+def test_committed_report_is_what_the_committed_results_render() -> None:
+    """``report.py --check benchmarks/results --readme README.md`` passes:
+    ``report.md``, ``report.rst`` and the README's figures are what the
+    committed result files give, and each throughput file has its plot."""
+    readme = BENCHMARKS.parent / "README.md"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / "report.py"),
+            "--check",
+            str(RESULTS),
+            "--readme",
+            str(readme),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    for path in RESULTS.glob("throughput-*.json"):
+        assert path.with_suffix(".png").is_file(), path
+
+
+def test_report_check_fails_on_a_stale_report(tmp_path: Path) -> None:
+    """``--check`` exits 1, naming the file, when a rendered figure differs
+    (in ``report.md``, or in the README's part), and names no other file."""
+    results = tmp_path / "results"
+    results.mkdir()
+    for path in RESULTS.iterdir():
+        shutil.copy(path, results / path.name)
+    readme = tmp_path / "README.md"
+    readme.write_text((BENCHMARKS.parent / "README.md").read_text())
+
+    def check() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(BENCHMARKS / "report.py"), "--check", str(results),
+             "--readme", str(readme)],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=120,
             check=False,
-        )
-        assert done.returncode == 0, done.stderr[-4000:]
-        lines = done.stdout.splitlines()
-        names = [
-            "coroutine",
-            "async generator",
-            "task per item",
-            "wool_pooling.Fanout",
+        )  # fmt: skip
+
+    assert check().returncode == 0
+    report = (results / "report.md").read_text()
+    (results / "report.md").write_text(report.replace("| 0.", "| 9.", 1))
+    done = check()
+    assert done.returncode == 1
+    assert "report.md is stale" in done.stderr
+    assert "report.rst is stale" not in done.stderr
+    assert "README.md is stale" not in done.stderr
+    (results / "report.md").write_text(report)
+    text = readme.read_text()
+    readme.write_text(text.replace("| local | 10 | 1 / 10 |", "| local | 10 | 1 / 9 |"))
+    done = check()
+    assert done.returncode == 1
+    assert "README.md is stale" in done.stderr
+    assert "report.md is stale" not in done.stderr
+
+
+def test_throughput_plot_shows_ratios_to_wool_per_backend_with_the_limit() -> None:
+    """The plot of one interpreter: a panel per backend (a row per source),
+    one line per implementation at its items/s over wool's ``Fanout`` in the
+    same run, the wake-up limit as its own line, and the legend outside the
+    axes."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import report
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    _, rates = report.load_throughput(RESULTS / "throughput-cpython3.11.json")
+    figure = report.ratio_figure("cpython3.11", rates)
+    try:
+        axes = figure.get_axes()
+        assert [ax.get_title() for ax in axes[:3]] == [
+            "asyncio",
+            "uvloop",
+            "trio (vs wool on asyncio)",
         ]
-        assert len(lines) == len(names)
-        for line, name in zip(lines, names, strict=True):
-            assert line.startswith(f"{backend}: {name} / floor = ")
-            ratio = float(line.split("= ")[1].split("x")[0])
-            assert 0 < ratio < 10
+        assert len(axes) == 3 * 3
+        assert all(ax.get_legend() is None for ax in axes)
+        (legend,) = figure.legends
+        labels = [text.get_text() for text in legend.get_texts()]
+        assert "wake-up limit" in labels
+        assert "Fanout" in labels
+        assert "wool Fanout" not in labels
+        asyncio_waiting = axes[2 * 3]  # row: waits for another task; column: asyncio
+        lines = {line.get_label(): line for line in asyncio_waiting.get_lines()}
+        ns = [1, 10, 100, 1000]
+        expected = [
+            rates[f"asyncio/waiting/Fanout/N={n}"]
+            / rates[f"asyncio/waiting/wool Fanout/N={n}"]
+            for n in ns
+        ]
+        assert list(lines["Fanout"].get_xdata()) == ns
+        assert list(lines["Fanout"].get_ydata()) == pytest.approx(expected)
+        limit = [
+            rates[f"asyncio/waiting/wake-up only/N={n}"]
+            / rates[f"asyncio/waiting/wool Fanout/N={n}"]
+            for n in ns
+        ]
+        assert list(lines["wake-up limit"].get_ydata()) == pytest.approx(limit)
+    finally:
+        plt.close(figure)
+    assert not (RESULTS / "throughput.png").exists()  # one figure per interpreter

@@ -422,19 +422,21 @@ def test_unhashable_default_key_raises_type_error_naming_the_class() -> None:
         Named(["a"])
 
 
-def test_key_callable_exception_names_the_class_and_chains_the_error() -> None:
-    """An exception from the key callable becomes a TypeError naming the class
-    whose key failed, with the original exception as its cause."""
+def test_key_callable_exception_propagates_unchanged_with_a_note() -> None:
+    """An exception from the key callable is raised as that same object, its
+    type kept, with a note naming the class whose key failed; nothing is
+    built."""
     error = Boom("bad key")
 
     def key(cls: type, *args: Any, **kwargs: Any) -> Any:
         raise error
 
     Named = make_named(key=key)
-    with pytest.raises(TypeError, match="Named") as caught:
+    with pytest.raises(Boom) as caught:
         Named("a")
-    assert caught.value.__cause__ is error
-    assert "bad key" in str(caught.value)
+    assert caught.value is error
+    assert str(caught.value) == "bad key"
+    assert any("Named" in note for note in caught.value.__notes__)
     assert Named.inits == 0
 
 

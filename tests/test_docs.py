@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import attrs
+import pytest
 
 import wool_pooling
 
@@ -30,14 +31,24 @@ def _section(markdown: str, heading: str) -> str:
     return markdown[start : start + ends[0]] if ends else markdown[start:]
 
 
-def _pieces_table() -> dict[str, str]:
-    """The README's "pieces" table: each row's first cell -> its whole row."""
-    rows: dict[str, str] = {}
-    for line in _section(README, "## The pieces").splitlines():
-        if line.startswith("| `"):
-            rows[line.split(" | ", 1)[0].removeprefix("| ")] = line
-    assert rows, "no table under '## The pieces'"
-    return rows
+API = (ROOT / "docs" / "api.rst").read_text()
+
+
+def _glance_table() -> dict[str, str]:
+    """The API reference's "At a glance" table: each row's first cell -> the
+    row's cells joined by `` | ``."""
+    section = API[API.index("\nAt a glance\n") : API.index("\nThe package\n")]
+    rows: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in section.splitlines():
+        if line.startswith("   * - "):
+            current = rows.setdefault(line.removeprefix("   * - "), [])
+        elif line.startswith("     - ") and current is not None:
+            current.append(line.removeprefix("     - "))
+    table = {first: " | ".join([first, *rest]) for first, rest in rows.items()}
+    table.pop("name", None)  # the header row
+    assert table, "no table under 'At a glance' in docs/api.rst"
+    return table
 
 
 def _block_after(markdown: str, marker: str) -> list[str]:
@@ -79,8 +90,8 @@ def test_package_docstring_example_runs() -> None:
     assert results.failed == 0
 
 
-def test_pieces_table_lists_every_decorator_argument_with_its_default() -> None:
-    """The table's ``@shared_subscription(...)`` row shows the real keyword
+def test_api_at_a_glance_lists_every_decorator_argument_with_its_default() -> None:
+    """The API reference's ``@shared_subscription(...)`` row shows the real keyword
     arguments and defaults, and says what each one does."""
     parameters = [
         parameter
@@ -96,38 +107,39 @@ def test_pieces_table_lists_every_decorator_argument_with_its_default() -> None:
         "restart",
     }
     shown = ", ".join(f"{p.name}={p.default!r}" for p in parameters)
-    cell = f"`@shared_subscription({shown})`"
-    rows = _pieces_table()
+    cell = f"``@shared_subscription({shown})``"
+    rows = _glance_table()
     assert cell in rows, f"no row {cell} in {list(rows)}"
     explanation = rows[cell].split(" | ", 1)[1]
     for parameter in parameters:
-        assert f"`{parameter.name}" in explanation, parameter.name
+        assert f"``{parameter.name}" in explanation, parameter.name
 
 
-def test_pieces_table_lists_every_restart_policy_field_with_its_default() -> None:
+def test_api_at_a_glance_lists_every_restart_policy_field_with_its_default() -> None:
     """The ``RestartPolicy(...)`` row shows every field and its default."""
     fields = attrs.fields(wool_pooling.RestartPolicy)
     shown = ", ".join(f"{field.name}={field.default!r}" for field in fields)
-    assert f"`RestartPolicy({shown})`" in _pieces_table()
+    assert f"``RestartPolicy({shown})``" in _glance_table()
 
 
-def test_pieces_table_lists_every_statistics_field() -> None:
+def test_api_at_a_glance_lists_every_statistics_field() -> None:
     """Each frozen statistics record has a row naming each of its fields."""
     records = _statistics_records()
     assert {record.__name__ for record in records} >= {
         "PoolStatistics",
         "FanoutStatistics",
     }
-    rows = _pieces_table()
+    rows = _glance_table()
     for record in records:
-        row = rows[f"`{record.__name__}`"]
+        row = rows[f"``{record.__name__}``"]
         for field in attrs.fields(record):
-            assert f"`{field.name}` (" in row, f"{record.__name__}.{field.name}"
+            assert f"``{field.name}`` (" in row, f"{record.__name__}.{field.name}"
 
 
-def test_pieces_table_names_every_public_name() -> None:
-    """Every name in ``wool_pooling.__all__`` appears in a row's first cell."""
-    cells = " ".join(_pieces_table())
+def test_api_at_a_glance_names_every_public_name() -> None:
+    """Every name in ``wool_pooling.__all__`` appears in a first cell of the
+    API reference's "At a glance" table."""
+    cells = " ".join(_glance_table())
     for name in wool_pooling.__all__:
         assert re.search(rf"`@?{name}\b", cells), name
 
@@ -251,3 +263,115 @@ def test_redis_reference_documents_every_public_name() -> None:
         re.findall(r"^\.\. auto(?!module)\w+:: (\w+)$", page, flags=re.MULTILINE)
     )
     assert documented == set(redis_module.__all__)
+
+
+def test_shared_discovery_is_not_entered_again_after_its_last_exit_as_documented() -> (
+    None
+):
+    """``docs/wool.rst`` says a ``SharedDiscovery`` cannot be entered again
+    once its last user exited, and that is what a real ``LocalDiscovery``
+    inner does: the second enter raises ``RuntimeError``."""
+    import uuid
+
+    import wool
+
+    page = " ".join((ROOT / "docs" / "wool.rst").read_text().split())
+    assert "it cannot be entered again" in page
+    assert "'LocalDiscovery.__enter__' cannot be invoked more than once" in page
+    discovery = wool_pooling.SharedDiscovery(
+        wool.LocalDiscovery(f"docs-{uuid.uuid4().hex[:8]}")
+    )
+    with discovery, discovery:  # a second pool while the first is in: counted
+        pass
+    with pytest.raises(RuntimeError, match="cannot be invoked more than once"):
+        discovery.__enter__()
+
+
+RESULTS = ROOT / "benchmarks" / "results"
+REPORT = RESULTS / "report.md"
+#: Words of the implementation a reader of the README need not learn, and
+#: phrases of the history of what was tried.
+INTERNAL = re.compile(
+    r"\bpull(s|ed|ing)?\b|\bpump\b|\bthe log\b|\bresync|\bsettle\b|\beager\b"
+    r"|\bsoak\b|not shipped|was tried|WOOL_POOLING_PULLS|best of \d+ runs",
+    re.IGNORECASE,
+)
+
+
+def _tables(markdown: str) -> list[list[str]]:
+    """Each Markdown table (consecutive ``|`` lines) of a text."""
+    tables: list[list[str]] = []
+    current: list[str] = []
+    for line in [*markdown.splitlines(), ""]:
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            tables.append(current)
+            current = []
+    return tables
+
+
+def test_readme_fits_on_a_few_screens() -> None:
+    """The README is under 300 lines: what it is, install, the demo, the wool
+    line, a custom subscriber, Redis, what pooling buys, links for the rest."""
+    assert len(README.splitlines()) < 300
+    headings = re.findall(r"^## (.+)$", README, flags=re.MULTILINE)
+    assert headings == [
+        "Install and try it",
+        "For wool users: one line",
+        "Custom subscribers",
+        "Beyond one machine: Redis",
+        "What pooling buys",
+        "Documentation",
+        "License",
+    ]
+
+
+def test_readme_speaks_of_what_a_user_does_not_of_the_internals() -> None:
+    """No internal term of the fan-out and no development history in the
+    README; its first example's class is not named like ``wool_pooling.redis``."""
+    assert INTERNAL.findall(README) == []
+    assert "RedisSubscriber" not in README
+
+
+def test_readme_tables_are_the_rendered_report_tables() -> None:
+    """Every table of the README appears, row for row, in the report that
+    ``benchmarks/report.py`` renders from the committed result files."""
+    report = REPORT.read_text()
+    tables = _tables(README)
+    assert len(tables) >= 2
+    for table in tables:
+        assert "\n".join(table) in report, table[0]
+
+
+def test_readme_shows_the_newest_throughput_plot_next_to_its_table() -> None:
+    """The README shows the throughput plot of the newest interpreter
+    recorded, then the table of the same figures from the report."""
+    report = REPORT.read_text()
+    interpreters = sorted(
+        (
+            path.stem.removeprefix("throughput-")
+            for path in RESULTS.glob("throughput-*.json")
+        ),
+        key=lambda name: [int(part) for part in re.findall(r"\d+", name)],
+    )
+    assert interpreters
+    newest = interpreters[-1]
+    image = f"/benchmarks/results/throughput-{newest}.png)"
+    assert image in README
+    assert (ROOT / image[1:-1]).is_file()
+    assert README.count("![") == 1
+    table = _tables(README[README.index(image) :])[0]
+    section = report[report.index(f"\n### {newest}\n") :]
+    assert table == _tables(section)[0]
+
+
+def test_install_from_a_clone_is_said_in_readme_and_quickstart() -> None:
+    """Until a release is on a package index, the README and the quick start
+    say to install from a clone, extras included."""
+    quickstart = (ROOT / "docs" / "quickstart.rst").read_text()
+    for text in (README, quickstart):
+        assert "git clone https://github.com/" in text
+        assert "pip install ." in text
+        assert 'pip install ".[trio]"' in text
+        assert "Until the first release" in text

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import redis
+from _redis import RedisServer
 from _redis import require_redis_server
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -53,14 +55,15 @@ def test_custom_discovery_example_prints_what_the_readme_shows() -> None:
 
 def test_demo_under_trio_without_trio_says_how_to_get_it() -> None:
     """``python -m wool_pooling --backend trio`` without trio installed exits
-    with a line naming the ``trio`` extra, not a traceback."""
+    with a usage line naming the command as typed and a line naming the
+    ``trio`` extra, not a traceback."""
     completed = subprocess.run(
         [
             sys.executable,
             "-c",
-            "import sys; sys.modules['trio'] = None; "
-            "sys.argv = ['wool_pooling', '--backend', 'trio']; "
-            "from wool_pooling.__main__ import _cli; _cli()",
+            "import runpy, sys; sys.modules['trio'] = None; "
+            "sys.argv = ['-m', '--backend', 'trio']; "
+            "runpy.run_module('wool_pooling', run_name='__main__', alter_sys=True)",
         ],
         capture_output=True,
         text=True,
@@ -68,6 +71,8 @@ def test_demo_under_trio_without_trio_says_how_to_get_it() -> None:
         check=False,
     )
     assert completed.returncode == 2
+    assert completed.stderr.startswith("usage: python -m wool_pooling ")
+    assert "__main__" not in completed.stderr
     assert 'pip install "wool-pooling[trio]"' in completed.stderr
     assert "Traceback" not in completed.stderr
 
@@ -75,7 +80,7 @@ def test_demo_under_trio_without_trio_says_how_to_get_it() -> None:
 def test_redis_discovery_example_pools_find_each_other() -> None:
     """``python examples/redis_discovery.py`` starts its own redis-server and
     shows two pools in two processes using each other's workers, with one
-    subscription connection per process."""
+    subscription connection per process: the README's block, numbers aside."""
     require_redis_server()
     completed = subprocess.run(
         [sys.executable, str(EXAMPLES / "redis_discovery.py")],
@@ -99,3 +104,30 @@ def test_redis_discovery_example_pools_find_each_other() -> None:
     assert counts is not None, lines[4]
     assert counts[1] == counts[2]
     assert int(counts[1]) >= 2
+    shown = _readme_block_after(".venv/bin/python examples/redis_discovery.py\n```\n")
+    assert [re.sub(r"\d+", "<n>", line) for line in lines] == [
+        re.sub(r"\d+", "<n>", line) for line in shown
+    ]
+
+
+def test_redis_discovery_example_leaves_no_keys_on_the_given_server(
+    redis_server: RedisServer,
+) -> None:
+    """``examples/redis_discovery.py --url URL`` deletes the keys of the
+    namespace it made once both pools exit, and touches no other key."""
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        client.set("someone-elses-key", "kept")
+        completed = subprocess.run(
+            [sys.executable, str(EXAMPLES / "redis_discovery.py"), "--url",
+             redis_server.url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )  # fmt: skip
+        assert completed.returncode == 0, completed.stderr
+        assert completed.stdout.splitlines()[0].endswith("): one namespace")
+        assert client.keys("*") == [b"someone-elses-key"]
+    finally:
+        client.close()

@@ -20,7 +20,8 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "pooling_redis.py"
 def test_pooling_redis_counts_connections(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    out = tmp_path / "pooling_redis.md"
+    """Pooled, a namespace's subscription holds 2 connections whatever K;
+    unpooled, 2 per consumer: in the printed table and the JSON result."""
     done = subprocess.run(
         [
             sys.executable,
@@ -35,7 +36,7 @@ def test_pooling_redis_counts_connections(
             "--idle",
             "0.1",
             "--out",
-            str(out),
+            str(tmp_path),
         ],
         capture_output=True,
         text=True,
@@ -43,7 +44,14 @@ def test_pooling_redis_counts_connections(
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    rows = json.loads(out.read_text().split("```json\n", 1)[1].split("\n```", 1)[0])
-    counts = {(row["consumers"], row["pooled"]): row["connections"] for row in rows}
+    interpreter = f"cpython{sys.version_info[0]}.{sys.version_info[1]}"
+    if sys.implementation.name != "cpython":
+        interpreter = interpreter.replace("cpython", sys.implementation.name)
+    report = json.loads((tmp_path / f"pooling_redis-{interpreter}.json").read_text())
+    counts = {
+        (row["consumers"], row["pooled"]): row["connections"] for row in report["rows"]
+    }
     assert counts == {(1, True): 2, (1, False): 2, (3, True): 2, (3, False): 6}
+    assert report["meta"]["consumers"] == [1, 3]
+    assert report["meta"]["redis_server"].count(".") == 2
     assert "| 3 | 2 / 6 |" in done.stdout

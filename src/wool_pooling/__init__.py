@@ -42,7 +42,10 @@ underneath, usable on any async iterable; :class:`SubscriptionPool` and
 :func:`current_pool`, which scope the shared entries; :class:`afilter`,
 a per-consumer discovery filter; :class:`RestartPolicy`, opt-in restarts
 of a failing raw stream. ``python -m wool_pooling`` runs a demo.
+``wool_pooling.__version__`` is the installed distribution's version.
 """
+
+import importlib.metadata as _metadata
 
 from ._afilter import afilter
 from ._decorator import shared_subscription
@@ -59,6 +62,9 @@ from ._pool import current_pool
 from ._restart import RestartPolicy
 from ._subscription import SharedSubscription
 from ._subscription import SubscriptionConsumer
+
+#: The version of the installed ``wool-pooling`` distribution (its metadata).
+__version__: str = _metadata.version("wool-pooling")
 
 __all__ = [
     "Fanout",

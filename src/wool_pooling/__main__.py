@@ -114,7 +114,11 @@ async def main() -> None:
 
 
 def _cli() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m wool_pooling",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
     options = parser.parse_args()
     if options.backend == "trio" and importlib.util.find_spec("trio") is None:

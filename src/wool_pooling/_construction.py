@@ -51,26 +51,28 @@ class SubscriptionConfig:
 def derive_key(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable:
     """Compute the subscription key of ``cls(*args, **kwargs)``.
 
-    With a key function, its result (an exception it raises, a wrong arity
-    included, becomes a :exc:`TypeError` naming the class and the function,
-    the original chained as its ``__cause__``).
-    Without one, the arguments bound to the signature of ``cls.__init__``
-    with defaults applied, so positional and keyword spellings of the same
-    call share a key.
+    With a key function, its result. An exception it raises (a wrong arity
+    included) propagates as it is, same object and type, so code that
+    catches its own exception still catches it; a note
+    (:meth:`BaseException.add_note`) names the class, the key function and
+    the call. Without one, the arguments bound to the signature of
+    ``cls.__init__`` with defaults applied, so positional and keyword
+    spellings of the same call share a key.
 
-    :raises TypeError: if the key function fails, the key is not hashable,
-        or the arguments do not fit ``__init__``; the message names the class.
+    :raises Exception: whatever the key function raises, with the note.
+    :raises TypeError: if the key is not hashable, or the arguments do not
+        fit ``__init__``; the message names the class.
     """
     config: SubscriptionConfig = getattr(cls, CONFIG_ATTRIBUTE)
     if config.key is not None:
         try:
             key = config.key(cls, *args, **kwargs)
         except Exception as error:
-            raise TypeError(
+            error.add_note(
                 f"{cls.__qualname__}: its subscription key function "
-                f"{_describe(config.key)} failed for "
-                f"{_call(cls, args, kwargs)}: {type(error).__name__}: {error}"
-            ) from error
+                f"{_describe(config.key)} failed for {_call(cls, args, kwargs)}"
+            )
+            raise
     else:
         key = _bound_arguments(cls, args, kwargs)
     try:

@@ -96,7 +96,9 @@ def shared_subscription(
     :param key: ``key(cls, *args, **kwargs) -> Hashable``, evaluated at
         construction. ``None`` keys by the arguments bound to ``__init__``'s
         signature with defaults applied, so ``Cls("a")`` and
-        ``Cls(name="a")`` share an entry. Keys are namespaced by class.
+        ``Cls(name="a")`` share an entry. Keys are namespaced by class. An
+        exception the key function raises reaches the caller as it is (same
+        object, same type), with a note naming the class and the function.
     :param ttl: Seconds an entry is kept once its last consumer is released,
         so a consumer arriving in time reuses the running subscription.
     :param max_lag: How many events the shared log holds for a consumer that

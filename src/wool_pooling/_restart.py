@@ -86,12 +86,26 @@ class RestartPolicy:
         in ``[0, 1]``; ``restart_on_end`` a bool.
     """
 
+    #: Consecutive restarts allowed (an int >= 1); ``None`` for no limit.
+    #: The count starts again after the first event of a new stream.
     attempts: int | None = 5
+    #: Delay before the first restart, in seconds (a finite number >= 0;
+    #: 0 restarts at once, every time).
     backoff: float = 0.1
+    #: Growth of the delay from one attempt to the next (a finite number
+    #: >= 1; 1 keeps it constant).
     multiplier: float = 2.0
+    #: Cap on the delay before jitter, in seconds (a finite number >= 0).
     max_backoff: float = 10.0
+    #: Relative randomisation of each delay, in ``[0, 1]``: the delay is
+    #: multiplied by a random factor in ``[1 - jitter, 1 + jitter]``.
     jitter: float = 0.1
+    #: Seconds the new stream has to report the workers it knows (a finite
+    #: number >= 0); workers known before the failure and not reported by
+    #: then are dropped.
     settle: float = 1.0
+    #: Also restart when the raw stream ends normally; ``False`` lets its
+    #: end end the consumers.
     restart_on_end: bool = False
 
     def __attrs_post_init__(self) -> None:

@@ -1,0 +1,44 @@
+"""Where a benchmark writes its result file, and what names it: one idea, shared.
+
+A full run records into ``benchmarks/results/`` (replacing that interpreter's
+file); ``--quick`` writes into a fresh temporary folder; ``--out DIR`` into
+DIR either way, so a quick run of every script can share one folder for
+``benchmarks/report.py DIR``. Each script announces its folder on stderr as
+``results: DIR``.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+import tempfile
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def interpreter() -> str:
+    """``cpython3.11``: the implementation and version a result file is for."""
+    version = sys.version_info
+    return f"{sys.implementation.name}{version[0]}.{version[1]}"
+
+
+def folder(out: Path | None, quick: bool) -> Path:
+    """The folder to write into, created, and announced on stderr."""
+    chosen = out or (
+        Path(tempfile.mkdtemp(prefix="wool-pooling-bench-")) if quick else RESULTS
+    )
+    chosen.mkdir(parents=True, exist_ok=True)
+    print(f"results: {chosen}", file=sys.stderr)
+    return chosen
+
+
+def meta(quick: bool, seconds: float) -> dict[str, object]:
+    """What every result file records about the run that made it."""
+    return {
+        "python": sys.version,
+        "interpreter": interpreter(),
+        "platform": platform.platform(),
+        "quick": quick,
+        "seconds": seconds,
+    }

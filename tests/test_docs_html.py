@@ -1,0 +1,88 @@
+"""The built API reference: real defaults, an entry for every field.
+
+Sphinx is a test dependency, so this builds the HTML docs in every test run
+(``.ci/run`` also builds them with ``-W`` and runs their doctests).
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import attrs
+import pytest
+
+import wool_pooling
+import wool_pooling.redis
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("html")
+    done = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-q", "-b", "html", "docs", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return out
+
+
+def _text(page: str) -> str:
+    """A page's text: tags dropped, entities decoded, spaces collapsed."""
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", "", page)).split())
+
+
+def _records() -> list[tuple[str, type]]:
+    """Every public attrs class, with the module it is documented under."""
+    return [
+        (module.__name__, value)
+        for module in (wool_pooling, wool_pooling.redis)
+        for value in (getattr(module, name) for name in module.__all__)
+        if isinstance(value, type) and attrs.has(value)
+    ]
+
+
+def test_built_html_shows_no_attrs_internals(built: Path) -> None:
+    """No page shows ``attr_dict[...]``: the source attrs generates for an
+    ``__init__`` default, unreadable to a user."""
+    for page in built.glob("*.html"):
+        assert "attr_dict" not in page.read_text(), page.name
+
+
+def test_attrs_signatures_show_real_defaults(built: Path) -> None:
+    """``RestartPolicy(attempts: int | None = 5, ...)`` and every other
+    public attrs class's signature show each field's default value."""
+    pages = {page.stem: _text(page.read_text()) for page in built.glob("*.html")}
+    reference = pages["api"] + " " + pages["redis"]
+    assert (
+        "RestartPolicy(attempts: int | None = 5, backoff: float = 0.1, "
+        "multiplier: float = 2.0, max_backoff: float = 10.0, jitter: float = "
+        "0.1, settle: float = 1.0, restart_on_end: bool = False)"
+    ) in reference
+    for _, record in _records():
+        for field in attrs.fields(record):
+            if field.default is not attrs.NOTHING:
+                shown = f"{field.name}: {field.type} = {field.default!r}"
+                assert shown in reference, f"{record.__name__}: {shown}"
+
+
+def test_every_field_of_every_attrs_class_has_an_entry(built: Path) -> None:
+    """Each field of ``RestartPolicy``, the statistics records and
+    ``RedisStatistics`` has its own documented entry in the reference."""
+    pages = " ".join(page.read_text() for page in built.glob("*.html"))
+    for module, record in _records():
+        for field in attrs.fields(record):
+            anchor = f'id="{module}.{record.__name__}.{field.name}"'
+            assert anchor in pages, anchor
+            entry = pages[pages.index(anchor) :]
+            entry = entry[entry.index("<dd>") : entry.index("</dd>")]
+            assert _text(entry), f"{record.__name__}.{field.name} has no text"
