@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import os
+import re
 import socket
 import urllib.parse
 from collections.abc import Mapping
@@ -41,6 +42,9 @@ __all__ = [
     "reason",
     "redact",
 ]
+
+#: What Redis appends to an error raised in a script.
+_SCRIPT_SUFFIX = re.compile(r"\s*script: [0-9a-f]+, on @user_script:\d+\.?$")
 
 _SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
 
@@ -245,20 +249,39 @@ def redact(url: str) -> str:
     return redact_unchecked(url)
 
 
+#: The server's error codes that redis-py turns into classes (and drops
+#: from the message): put back, so a message says what the server said.
+_CODES: tuple[tuple[type[BaseException], str], ...] = (
+    (redis_errors.AuthenticationWrongNumberOfArgsError, "ERR"),
+    (redis_errors.AuthenticationError, "WRONGPASS"),
+    (redis_errors.NoPermissionError, "NOPERM"),
+    (redis_errors.ReadOnlyError, "READONLY"),
+    (redis_errors.BusyLoadingError, "LOADING"),
+    (redis_errors.NoScriptError, "NOSCRIPT"),
+)
+
+
 def reason(error: BaseException) -> str:
     """What went wrong, as the server or the OS said it (redis-py 8's
-    ``repr`` drops it): the error's message, then its causes'."""
-    parts: list[str] = []
+    ``repr`` drops it): the error's type and message, or, for an error
+    without one, its cause's (``Connection refused``, ``WRONGPASS ...``,
+    ``NOPERM ...``, ``WRONGTYPE ...``)."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        text = str(current).strip()
-        if text and not any(text in part for part in parts):
-            parts.append(text)
+        text = _SCRIPT_SUFFIX.sub("", str(current)).strip()
+        if text:
+            if text.startswith("invalid username-password pair"):
+                text = f"WRONGPASS {text}"  # redis-py's text for it
+            for cls, code in _CODES:
+                if isinstance(current, cls):
+                    if not text.startswith(code):
+                        text = f"{code} {text}"
+                    break
+            return f"{type(current).__name__}: {text}"
         current = current.__cause__ or current.__context__
-    name = type(error).__name__
-    return f"{name}: {'; '.join(parts)}" if parts else name
+    return type(error).__name__
 
 
 def check_client_options(options: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -484,6 +484,8 @@ class _Session:
         self.command: Connection | None = None
         self.listening: Connection | None = None
         self.pubsub: Any = None
+        #: What :meth:`open` is doing, for error messages.
+        self.stage = "connecting"
         timeout = options.connect_timeout
         # No retries on either: a lost connection must end the session (a
         # silent reconnect would miss announcements).
@@ -513,11 +515,13 @@ class _Session:
     async def open(self) -> tuple[int, bytes, list[bytes]]:
         """Subscribe, wait for the confirmation, then snapshot:
         (version, epoch, flat hash)."""
+        self.stage = "subscribing"
         await _watched(self.pubsub.subscribe(self.keys.channel))
         while True:
             message = await _watched(self.pubsub.get_message(timeout=None))
             if message is not None and message["type"] == "subscribe":
                 break
+        self.stage = "taking a snapshot"
         version, epoch, flat = await _watched(
             self.snapshot_script(keys=self.keys.keys, args=self._args())
         )
@@ -621,7 +625,7 @@ class _RedisStream:
             if isinstance(error, redis_errors.AuthenticationError):
                 action = "authenticating"
             elif isinstance(error, redis_errors.ResponseError):
-                action = "subscribing"
+                action = session.stage
             else:
                 action = "connecting"
             raise _failure(self.url, action, error) from error
