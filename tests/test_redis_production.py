@@ -68,6 +68,7 @@ async def test_two_databases_of_one_server_do_not_see_each_other(
         discovery(on_db(redis_server, 1), name),
         discovery(on_db(redis_server, 2), name),
     )
+    warm_one, warm_two = fake_worker(10), fake_worker(20)
     first, second = fake_worker(1), fake_worker(2)
     view_one, view_two = View(), View()
     async with (
@@ -75,18 +76,27 @@ async def test_two_databases_of_one_server_do_not_see_each_other(
         two.publisher as publisher_two,
         anyio.create_task_group() as tg,
     ):
+        await publisher_one.publish("worker-added", warm_one)
+        await publisher_two.publish("worker-added", warm_two)
         tg.start_soon(view_one.consume, one.subscribe())
         tg.start_soon(view_two.consume, two.subscribe())
-        await view_one.has()
-        await view_two.has()
+        # Each has its snapshot: both are subscribed.
+        await view_one.has(warm_one.uid)
+        await view_two.has(warm_two.uid)
         await publisher_one.publish("worker-added", first)
         await publisher_two.publish("worker-added", second)
-        await view_one.has(first.uid)
-        await view_two.has(second.uid)
+        await view_one.has(warm_one.uid, first.uid)
+        await view_two.has(warm_two.uid, second.uid)
         await anyio.wait_all_tasks_blocked()
         tg.cancel_scope.cancel()
-    assert [event.metadata.uid for event in view_two.events] == [second.uid]
-    assert [event.metadata.uid for event in view_one.events] == [first.uid]
+    assert [event.metadata.uid for event in view_two.events] == [
+        warm_two.uid,
+        second.uid,
+    ]
+    assert [event.metadata.uid for event in view_one.events] == [
+        warm_one.uid,
+        first.uid,
+    ]
 
 
 # -- 2. flushes --
