@@ -135,7 +135,7 @@ def _sentinel_answers(port: int, service: str) -> tuple[str, int] | None:
     """The master a sentinel reports, if it answers."""
     import redis
 
-    client = redis.Redis(port=port, socket_timeout=1)
+    client = redis.Redis(port=port, socket_timeout=1, decode_responses=True)
     try:
         address = client.sentinel_get_master_addr_by_name(service)
         return None if address is None else (str(address[0]), int(address[1]))

@@ -30,6 +30,7 @@ from wool_pooling import RestartPolicy
 from wool_pooling import current_pool
 from wool_pooling.redis import RedisDiscovery
 from wool_pooling.redis import RedisDiscoveryError
+from wool_pooling.redis import RedisPublisher
 from wool_pooling.redis import redact
 
 pytestmark = pytest.mark.anyio
@@ -478,8 +479,6 @@ def test_a_malformed_url_is_refused_at_construction(url: object, error: type) ->
     with pytest.raises(error, match="url"):
         RedisDiscovery(url, "ns")  # type: ignore[arg-type]
     with pytest.raises(error, match="url"):
-        from wool_pooling.redis import RedisPublisher
-
         RedisPublisher(url, "ns")  # type: ignore[arg-type]
 
 
@@ -493,8 +492,6 @@ def test_a_namespace_that_is_not_a_non_empty_str_is_refused(
     with pytest.raises(error, match="namespace"):
         RedisDiscovery("redis://127.0.0.1", name)  # type: ignore[arg-type]
     with pytest.raises(error, match="namespace"):
-        from wool_pooling.redis import RedisPublisher
-
         RedisPublisher("redis://127.0.0.1", name)  # type: ignore[arg-type]
 
 
