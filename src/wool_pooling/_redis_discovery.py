@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -315,8 +316,15 @@ class RedisPublisher:
                 retries=3,
                 client_options=self.client_options,
             )
-            with anyio.fail_after(self.connect_timeout):
-                await connection.client.ping()
+            try:
+                with anyio.fail_after(self.connect_timeout):
+                    await connection.client.ping()
+            except TimeoutError as error:
+                if str(error):
+                    raise
+                raise TimeoutError(
+                    f"no answer within {self.connect_timeout:g}s"
+                ) from None
         except Exception as error:
             if connection is not None:
                 with contextlib.suppress(Exception):
@@ -616,9 +624,15 @@ class _RedisStream:
     ) -> tuple[int, bytes, list[bytes]]:
         """Subscribe and snapshot; the first time, any failure is a
         :class:`RedisDiscoveryError` at once (within ``connect_timeout``)."""
+        timeout = self.options.connect_timeout
         try:
-            with anyio.fail_after(self.options.connect_timeout):
-                return await session.open()
+            try:
+                with anyio.fail_after(timeout):
+                    return await session.open()
+            except TimeoutError as error:
+                if str(error):
+                    raise
+                raise TimeoutError(f"no answer within {timeout:g}s") from None
         except Exception as error:
             if state.connected_before:
                 raise
@@ -841,12 +855,18 @@ class RedisDiscovery:
             key_prefix=key_prefix,
             client_options=options,
         )
-        self._key = (target.key, key_prefix, namespace)
+        self._target = target
         # A publisher's settings, checked now rather than at first use.
         if advertise_host is not None and _is_wildcard(advertise_host):
             raise ValueError(
                 f"advertise_host must not be a wildcard: {advertise_host!r}"
             )
+
+    @functools.cached_property
+    def _key(self) -> Hashable:
+        """The pool's key: resolving a host name waits for DNS, once per
+        process and host, so it is done when first needed."""
+        return (self._target.key, self.key_prefix, self.namespace)
 
     @property
     def publisher(self) -> RedisPublisher:
