@@ -601,8 +601,11 @@ class _RedisStream:
                 failures = 0
                 for event in events:
                     yield event
-                async for event in self._follow(session, state):
-                    yield event
+                # Closed here, not by the garbage collector, when this
+                # generator is closed while suspended in it.
+                async with contextlib.aclosing(self._follow(session, state)) as follow:
+                    async for event in follow:
+                        yield event
             except _RETRIED as error:
                 failures += 1
                 await self._back_off(error, failures)
