@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+import ssl
 import uuid
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import anyio
 import pytest
 from _redis import RedisServer
+from _redis import free_port
 from redis_views import View
 from redis_views import admin
 from redis_views import eventually
@@ -703,3 +705,55 @@ async def test_an_option_redis_py_refuses_is_a_redis_discovery_error(
     with pytest.raises(RedisDiscoveryError, match="socket_keepalive"):
         async for _ in redis_discovery.subscribe():
             pass  # pragma: no cover - never reached
+
+
+TLS = ROOT / "tests" / "tls"
+
+
+async def test_an_ssl_context_in_client_options_is_used_for_tls(
+    redis_server: RedisServer, anyio_backend_name: str
+) -> None:
+    """``rediss://`` with ``client_options={"ssl_context": context}``: the
+    given context (trusting the test server's self-signed certificate) is
+    the one used; without it, the certificate is refused."""
+    if await refused_on_trio(anyio_backend_name, redis_server.url):
+        return
+    tls_port = free_port()
+    own = RedisServer(
+        redis_server.executable,
+        "--tls-port",
+        str(tls_port),
+        "--tls-cert-file",
+        str(TLS / "server.crt"),
+        "--tls-key-file",
+        str(TLS / "server.key"),
+        "--tls-ca-cert-file",
+        str(TLS / "server.crt"),
+        "--tls-auth-clients",
+        "no",
+    )
+    own.start()
+    try:
+        context = ssl.create_default_context(cafile=str(TLS / "server.crt"))
+        url = f"rediss://127.0.0.1:{tls_port}/0"
+        redis_discovery = discovery(url, client_options={"ssl_context": context})
+        worker = fake_worker(1)
+        view = View()
+        async with (
+            redis_discovery.publisher as publisher,
+            anyio.create_task_group() as tg,
+        ):
+            await publisher.publish("worker-added", worker)
+            tg.start_soon(view.consume, redis_discovery.subscribe())
+            await view.has(worker.uid)
+            tg.cancel_scope.cancel()
+        assert worker.uid in hash_content(own.url, redis_discovery.namespace)
+        with pytest.raises(RedisDiscoveryError, match="CERTIFICATE_VERIFY_FAILED"):
+            async with discovery(url).publisher:
+                pass  # pragma: no cover - never reached
+    finally:
+        own.cleanup()
+    with pytest.raises(ValueError, match="TLS url"):
+        RedisDiscovery(redis_server.url, "ns", client_options={"ssl_context": context})
+    with pytest.raises(TypeError, match="SSLContext"):
+        RedisDiscovery(url, "ns", client_options={"ssl_context": "yes"})

@@ -19,6 +19,7 @@ import ipaddress
 import os
 import re
 import socket
+import ssl
 import urllib.parse
 from collections.abc import Mapping
 from typing import Any
@@ -26,8 +27,12 @@ from typing import Any
 import attrs
 import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
+from redis.asyncio.connection import ConnectionPool
+from redis.asyncio.connection import SSLConnection
+from redis.asyncio.connection import parse_url as parse_redis_url
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
+from redis.asyncio.sentinel import SentinelManagedSSLConnection
 from redis.backoff import EqualJitterBackoff
 from redis.backoff import NoBackoff
 
@@ -284,11 +289,15 @@ def reason(error: BaseException) -> str:
     return type(error).__name__
 
 
-def check_client_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """A copy of ``options``, checked.
+def check_client_options(
+    options: Mapping[str, Any] | None, target: Target
+) -> dict[str, Any]:
+    """A copy of ``options``, checked against ``target``.
 
-    :raises TypeError: if it is not a mapping of ``str`` keys.
-    :raises ValueError: for an option the discovery sets itself.
+    :raises TypeError: if it is not a mapping of ``str`` keys, or its
+        ``ssl_context`` is not an :class:`ssl.SSLContext`.
+    :raises ValueError: for an option the discovery sets itself, or an
+        ``ssl_context`` for a url without TLS.
     """
     if options is None:
         return {}
@@ -306,7 +315,35 @@ def check_client_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
             f"client_options may not set {', '.join(reserved)}: the discovery "
             "sets those itself (the url gives host, port, path and db)"
         )
+    if "ssl_context" in checked:
+        if not isinstance(checked["ssl_context"], ssl.SSLContext):
+            raise TypeError(
+                "client_options ssl_context must be an ssl.SSLContext, got "
+                f"{type(checked['ssl_context']).__name__}"
+            )
+        if not target.scheme.startswith("rediss"):
+            raise ValueError(
+                "client_options ssl_context needs a TLS url (rediss:// or "
+                f"rediss+sentinel://), got {redact(target.url)!r}"
+            )
     return checked
+
+
+class _GivenContextSSLConnection(SSLConnection):
+    """redis-py's TLS connection, with the ``ssl.SSLContext`` it is given."""
+
+    def __init__(self, *, given_ssl_context: ssl.SSLContext, **kwargs: Any) -> None:
+        super().__init__(**kwargs)  # pyright: ignore[reportUnknownMemberType]
+        self.ssl_context.context = given_ssl_context
+
+
+class _GivenContextSentinelSSLConnection(SentinelManagedSSLConnection):
+    """redis-py's TLS connection to a Sentinel-monitored master, with the
+    ``ssl.SSLContext`` it is given."""
+
+    def __init__(self, *, given_ssl_context: ssl.SSLContext, **kwargs: Any) -> None:
+        super().__init__(**kwargs)  # pyright: ignore[reportUnknownMemberType]
+        self.ssl_context.context = given_ssl_context
 
 
 def _escape(text: str) -> str:
@@ -358,7 +395,9 @@ def open_client(
     Precedence: the url's own parts (and, for ``redis://``, ``rediss://``
     and ``unix://``, its query parameters) win over ``client_options``,
     which win over the defaults set here (``socket_connect_timeout`` and
-    ``socket_timeout`` of ``timeout``, TCP keepalive).
+    ``socket_timeout`` of ``timeout``, TCP keepalive). An ``ssl_context``
+    option is used for every TLS connection to the server (not to the
+    sentinels: give theirs in ``sentinel_kwargs``).
     """
     retry = (
         Retry(EqualJitterBackoff(cap=timeout, base=0.05), retries)
@@ -372,15 +411,29 @@ def open_client(
     if target.path is None:
         options["socket_keepalive"] = True
     options.update(client_options)
+    given = options.pop("ssl_context", None)
+    if given is not None:
+        options["given_ssl_context"] = given
+        options["connection_class"] = (
+            _GivenContextSentinelSSLConnection
+            if target.sentinel
+            else _GivenContextSSLConnection
+        )
     options.update(
         client_name=client_name(role, namespace),
         retry=retry,
         retry_on_error=[redis_errors.ConnectionError, redis_errors.TimeoutError],
     )
     if not target.sentinel:
-        return Connection(
-            aioredis.Redis.from_url(target.url, **options)  # pyright: ignore[reportUnknownMemberType]
-        )
+        if given is None:
+            return Connection(
+                aioredis.Redis.from_url(target.url, **options)  # pyright: ignore[reportUnknownMemberType]
+            )
+        # from_url would let the url's scheme pick the connection class.
+        arguments: dict[str, Any] = {**options, **parse_redis_url(target.url)}
+        arguments["connection_class"] = _GivenContextSSLConnection
+        pool = ConnectionPool(**arguments)
+        return Connection(aioredis.Redis.from_pool(pool))
     userinfo = target.url.partition("://")[2].rpartition("@")[0]
     password = urllib.parse.unquote(userinfo.partition(":")[2]) or None
     if target.username is not None:

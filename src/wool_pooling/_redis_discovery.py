@@ -290,7 +290,7 @@ class RedisPublisher:
         self.advertise_host = advertise_host
         self.lease = _check_seconds("lease", lease)
         self.connect_timeout = _check_seconds("connect_timeout", connect_timeout)
-        self.client_options = check_client_options(client_options)
+        self.client_options = check_client_options(client_options, self._target)
         self.key_prefix = _check_key_prefix(key_prefix)
         self._keys = _keys(self._target, namespace, key_prefix)
         self._connection: Connection | None = None
@@ -790,10 +790,12 @@ class RedisDiscovery:
     :param shared: ``False`` gives every iteration of every subscriber its
         own connections, as a discovery without this library would (for
         comparison).
-    :param client_options: Keyword arguments for redis-py's client (an
-        ``ssl_context`` or ``ssl_*`` files, a ``credential_provider``,
+    :param client_options: Keyword arguments for redis-py's client (its
+        ``ssl_*`` options, a ``credential_provider``,
         ``health_check_interval``, ``password``, ``sentinel_kwargs`` for
-        the sentinels' own connections, ...). The url's parts and query
+        the sentinels' own connections, ...), and ``ssl_context``: an
+        :class:`ssl.SSLContext` for the TLS connections to the server (a
+        ``rediss://`` or ``rediss+sentinel://`` url). The url's parts and query
         parameters win over them; they win over the discovery's defaults
         (``socket_connect_timeout`` and ``socket_timeout`` from
         ``connect_timeout``, TCP keepalive). ``client_name``,
@@ -801,16 +803,20 @@ class RedisDiscovery:
         ``retry_on_timeout``, ``connection_pool``,
         ``single_connection_client``, ``url``, ``host``, ``port``, ``path``
         and ``db`` are the discovery's own. They must pickle for the
-        subscriber to be sent to another process.
+        subscriber to be sent to another process (as wool does to its
+        workers): an ``ssl.SSLContext`` does not, the ``ssl_*`` file
+        options do.
     :param key_prefix: The prefix of every key and channel, ``"wool:"`` by
         default (no braces).
     :raises TypeError: if ``url``, ``namespace`` or ``key_prefix`` is not a
-        ``str``, ``client_options`` is not a mapping, or ``reconnect`` is not
-        a ``RestartPolicy``.
+        ``str``, ``client_options`` is not a mapping (or its ``ssl_context``
+        not an ``ssl.SSLContext``), or ``reconnect`` is not a
+        ``RestartPolicy``.
     :raises ValueError: for a malformed url (scheme, host or socket path,
         port, database, Sentinel service), an empty namespace, a lease,
         reap interval or timeout that is not a finite number > 0, a
-        reserved client option, or braces in ``key_prefix``.
+        reserved client option, an ``ssl_context`` for a url without TLS,
+        or braces in ``key_prefix``.
     """
 
     def __init__(
@@ -839,7 +845,7 @@ class RedisDiscovery:
         )
         if not isinstance(reconnect, RestartPolicy):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise TypeError(f"reconnect must be a RestartPolicy, got {reconnect!r}")
-        options = check_client_options(client_options)
+        options = check_client_options(client_options, target)
         _check_key_prefix(key_prefix)
         self.url = url
         self.namespace = namespace
