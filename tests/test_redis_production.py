@@ -21,6 +21,7 @@ import anyio
 import pytest
 from _redis import RedisServer
 from _redis import free_port
+from redis.credentials import UsernamePasswordCredentialProvider
 from redis_views import View
 from redis_views import admin
 from redis_views import eventually
@@ -571,8 +572,8 @@ async def test_client_options_reach_redis_py_and_the_url_wins_over_them(
     redis_server: RedisServer, anyio_backend_name: str
 ) -> None:
     """A password and ``health_check_interval`` given as client options are
-    used; a password in the url wins over the one in the options; a
-    reserved option is refused."""
+    used, and so is a ``credential_provider``; a password in the url wins
+    over the one in the options; a reserved option is refused."""
     if await refused_on_trio(anyio_backend_name, redis_server.url):
         return
     server = admin(redis_server.url)
@@ -595,6 +596,21 @@ async def test_client_options_reach_redis_py_and_the_url_wins_over_them(
         tg.start_soon(view.consume, redis_discovery.subscribe())
         await view.has(worker.uid)
         tg.cancel_scope.cancel()
+    # A credential provider (rotating tokens) in place of any password: the
+    # wrong one is refused, so it is the one used.
+    bare = f"redis://127.0.0.1:{redis_server.port}/0"
+    for password, works in (("opt-pw", True), ("not-it", False)):
+        provider = UsernamePasswordCredentialProvider("erin", password)
+        with_provider = discovery(
+            bare, client_options={"credential_provider": provider}
+        )
+        if works:
+            async with with_provider.publisher as publisher:
+                await publisher.publish("worker-added", fake_worker(2))
+        else:
+            with pytest.raises(RedisDiscoveryError, match="WRONGPASS"):
+                async with with_provider.publisher:
+                    pass  # pragma: no cover - never reached
     overridden = f"redis://erin:wrong@127.0.0.1:{redis_server.port}/0"
     with pytest.raises(RedisDiscoveryError, match="WRONGPASS"):
         async with discovery(overridden, client_options=options).publisher:
