@@ -415,7 +415,7 @@ class RedisPublisher:
                 self._pending_drops.discard(uid)
             try:
                 await self._run_publish(type, uid, payload)
-            except redis_errors.RedisError as error:
+            except (redis_errors.RedisError, *_CONNECTION_ERRORS) as error:
                 failure = _failure(self.url, f"publishing {type} {uid}", error)
                 if type == "worker-dropped":
                     logger.warning(
@@ -433,7 +433,7 @@ class RedisPublisher:
             await asyncio.sleep(interval)
             try:
                 await self._renew()
-            except redis_errors.RedisError as error:
+            except (redis_errors.RedisError, *_CONNECTION_ERRORS) as error:
                 logger.warning(
                     "renewing the leases of %s at %s failed: %s",
                     self.namespace,
@@ -449,7 +449,17 @@ class RedisPublisher:
 
     async def _renew(self) -> None:
         async with self._lock:
-            await self._retry_drops()
+            try:
+                await self._retry_drops()
+            except (redis_errors.RedisError, *_CONNECTION_ERRORS) as error:
+                # Never holds back the renewal of the workers still alive.
+                logger.warning(
+                    "retrying %d failed drops of %s at %s failed: %s",
+                    len(self._pending_drops),
+                    self.namespace,
+                    redact(self.url),
+                    reason(error),
+                )
             for uid, (_, pid) in list(self._workers.items()):
                 if not _process_alive(pid):
                     logger.warning(
