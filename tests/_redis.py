@@ -147,7 +147,8 @@ def _sentinel_answers(port: int, service: str) -> tuple[str, int] | None:
 
 class SentinelSet:
     """A master, one replica and three sentinels (``redis-server --sentinel``)
-    on loopback, tuned to fail over within about a second."""
+    on loopback, tuned to fail over within a few seconds (a master is down after 1 s
+    without answering: short, yet no false failover on a loaded machine)."""
 
     SERVICE = "wool-master"
 
@@ -176,7 +177,7 @@ class SentinelSet:
                 "bind 127.0.0.1\n"
                 f"dir {self.directory}\n"
                 f"sentinel monitor {self.SERVICE} 127.0.0.1 {self.master.port} 2\n"
-                f"sentinel down-after-milliseconds {self.SERVICE} 400\n"
+                f"sentinel down-after-milliseconds {self.SERVICE} 1000\n"
                 f"sentinel failover-timeout {self.SERVICE} 2000\n"
                 f"sentinel parallel-syncs {self.SERVICE} 1\n"
             )
