@@ -65,6 +65,11 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    @property
+    def socket_path(self) -> Path:
+        """The server's unix socket (it listens on both)."""
+        return self.directory / "redis.sock"
+
     def start(self) -> None:
         self.process = subprocess.Popen(
             [
@@ -79,6 +84,10 @@ class RedisServer:
                 "no",
                 "--dir",
                 str(self.directory),
+                "--unixsocket",
+                str(self.socket_path),
+                "--unixsocketperm",
+                "700",
                 *self.extra,
             ],
             stdout=subprocess.DEVNULL,
@@ -119,4 +128,121 @@ class RedisServer:
 
     def cleanup(self) -> None:
         self.stop()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _sentinel_answers(port: int, service: str) -> tuple[str, int] | None:
+    """The master a sentinel reports, if it answers."""
+    import redis
+
+    client = redis.Redis(port=port, socket_timeout=1, decode_responses=True)
+    try:
+        address = client.sentinel_get_master_addr_by_name(service)
+        return None if address is None else (str(address[0]), int(address[1]))
+    except redis.RedisError:
+        return None
+    finally:
+        client.close()
+
+
+class SentinelSet:
+    """A master, one replica and three sentinels (``redis-server --sentinel``)
+    on loopback, tuned to fail over within a few seconds (a master is down after 1 s
+    without answering: short, yet no false failover on a loaded machine)."""
+
+    SERVICE = "wool-master"
+
+    def __init__(self, executable: str) -> None:
+        self.executable = executable
+        self.master = RedisServer(executable)
+        self.replica = RedisServer(
+            executable, "--replicaof", "127.0.0.1", str(self.master.port)
+        )
+        self.sentinel_ports = [free_port() for _ in range(3)]
+        self.directory = Path(tempfile.mkdtemp(prefix="wool-pooling-sentinel-"))
+        self.sentinels: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{port}" for port in self.sentinel_ports)
+        return f"redis+sentinel://{hosts}/{self.SERVICE}/0"
+
+    def start(self) -> None:
+        self.master.start()
+        self.replica.start()
+        for port in self.sentinel_ports:
+            config = self.directory / f"sentinel-{port}.conf"
+            config.write_text(
+                f"port {port}\n"
+                "bind 127.0.0.1\n"
+                f"dir {self.directory}\n"
+                f"sentinel monitor {self.SERVICE} 127.0.0.1 {self.master.port} 2\n"
+                f"sentinel down-after-milliseconds {self.SERVICE} 1000\n"
+                f"sentinel failover-timeout {self.SERVICE} 2000\n"
+                f"sentinel parallel-syncs {self.SERVICE} 1\n"
+            )
+            self.sentinels.append(
+                subprocess.Popen(
+                    [self.executable, str(config), "--sentinel"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        self.wait_until_ready()
+
+    def wait_until_ready(self) -> None:
+        """Until every sentinel knows the master, the replica and the other
+        two sentinels (what a failover needs)."""
+        import redis
+
+        deadline = time.monotonic() + 30
+        while True:
+            ready = 0
+            for port in self.sentinel_ports:
+                client = redis.Redis(port=port, socket_timeout=1)
+                try:
+                    replicas = client.sentinel_slaves(self.SERVICE)
+                    others = client.sentinel_sentinels(self.SERVICE)
+                    if (
+                        any(r["port"] == self.replica.port for r in replicas)
+                        and len(others) == 2
+                    ):
+                        ready += 1
+                except redis.RedisError:
+                    pass
+                finally:
+                    client.close()
+            if ready == len(self.sentinel_ports):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError("the sentinels did not see each other within 30 s")
+            time.sleep(0.05)
+
+    def current_master(self) -> tuple[str, int] | None:
+        for port in self.sentinel_ports:
+            address = _sentinel_answers(port, self.SERVICE)
+            if address is not None:
+                return address
+        return None
+
+    def kill_master(self) -> None:
+        """SIGKILL the master: the sentinels promote the replica."""
+        process = self.master.process
+        assert process is not None
+        process.kill()
+        process.wait()
+        self.master.process = None
+
+    def cleanup(self) -> None:
+        for process in self.sentinels:
+            process.terminate()
+        for process in self.sentinels:
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self.sentinels.clear()
+        self.replica.cleanup()
+        self.master.cleanup()
         shutil.rmtree(self.directory, ignore_errors=True)

@@ -55,3 +55,27 @@ def test_pooling_redis_counts_connections(
     assert report["meta"]["consumers"] == [1, 3]
     assert report["meta"]["redis_server"].count(".") == 2
     assert "| 3 | 2 / 6 |" in done.stdout
+
+
+def test_soak_redis_documents_its_options_and_fails_on_a_bad_one() -> None:
+    """``benchmarks/soak_redis.py --help`` lists the fleet's knobs and
+    ``--out``; an unknown option exits non-zero (CI runs ``--quick``)."""
+    soak = SCRIPT.parent / "soak_redis.py"
+    done = subprocess.run(
+        [sys.executable, str(soak), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    for option in ("--processes", "--consumers", "--seconds", "--quick", "--out"):
+        assert option in done.stdout
+    bad = subprocess.run(
+        [sys.executable, str(soak), "--no-such-option"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert bad.returncode != 0

@@ -128,7 +128,7 @@ async def test_events_arrive_in_order_and_duplicates_are_skipped(
     moved = type(moved)(uid=first.uid, address="127.0.0.1:9", pid=0, version="test")
     view = View()
     server = admin(redis_server.url)
-    channel = f"wool:{{{redis_discovery.namespace}}}:events"
+    channel = f"wool:{{{redis_discovery.namespace}}}:events:0"
     async with redis_discovery.publisher as publisher, anyio.create_task_group() as tg:
         tg.start_soon(view.consume, redis_discovery.subscribe())
         await publisher.publish("worker-added", first)
@@ -136,9 +136,12 @@ async def test_events_arrive_in_order_and_duplicates_are_skipped(
         await publisher.publish("worker-added", first)  # same metadata: no event
         await publisher.publish("worker-updated", moved)
         # A replay of version 1 (first's add): already applied, skipped.
+        epoch = server.get(f"wool:{{{redis_discovery.namespace}}}:epoch")
         server.publish(
             channel,
-            b"1 worker-added "
+            b"1 "
+            + epoch
+            + b" worker-added "
             + str(first.uid).encode()
             + b" "
             + bytes(first.to_protobuf().SerializeToString()),
@@ -483,13 +486,17 @@ async def test_invalid_records_are_skipped_with_a_warning_and_counted(
         tg.start_soon(view.consume, redis_discovery.subscribe())
         await view.has(good.uid)
         assert redis_discovery.statistics().invalid_records == 1
-        # An announcement that is not worker metadata, with the next version.
+        # An announcement that is not worker metadata, with the next version,
+        # then one that is not an announcement at all: each is counted (and
+        # makes the subscription take a new snapshot).
         version = int(server.get(f"{keys}:version"))
+        epoch = server.get(f"{keys}:epoch").decode()
         server.publish(
-            f"{keys}:events", f"{version + 1} worker-added abc junk".encode()
+            f"{keys}:events:0", f"{version + 1} {epoch} worker-added abc junk"
         )
-        server.incr(f"{keys}:version")
-        server.publish(f"{keys}:events", b"garbage")
+        await eventually(lambda: redis_discovery.statistics().invalid_records == 2)
+        await eventually(lambda: redis_discovery.statistics().reconnects == 1)
+        server.publish(f"{keys}:events:0", b"garbage")
         await publisher.publish("worker-added", later)
         await view.has(good.uid, later.uid)
         tg.cancel_scope.cancel()
@@ -594,10 +601,12 @@ async def test_wildcard_bind_is_announced_at_a_reachable_address(
 
 
 def test_subscriptions_pickle_and_share_by_url_and_namespace() -> None:
-    """wool ships subscribers to workers: they pickle, and equal (url,
-    namespace) means one shared entry whatever the other options."""
+    """wool ships subscribers to workers: they pickle, and equal (connection,
+    namespace) means one shared entry whatever the other options (with a
+    warning that the first one's apply)."""
     one = RedisDiscovery("redis://h:1/0", "ns").subscribe()
-    other = RedisDiscovery("redis://h:1/0", "ns", lease=3.0).subscribe()
+    with pytest.warns(RuntimeWarning, match="the earlier subscriber's apply"):
+        other = RedisDiscovery("redis://h:1/0", "ns", lease=3.0).subscribe()
     assert isinstance(one, SharedSubscription)
     assert one == other == pickle.loads(pickle.dumps(one))
     assert one != RedisDiscovery("redis://h:1/0", "other").subscribe()

@@ -8,17 +8,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import os
 import socket
 import time
-import urllib.parse
 import uuid
+import warnings
+import weakref
 from collections.abc import AsyncGenerator
 from collections.abc import AsyncIterator
 from collections.abc import Awaitable
 from collections.abc import Callable
+from collections.abc import Hashable
+from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING
 from typing import Any
@@ -28,26 +32,31 @@ from typing import final
 
 import anyio
 import attrs
-import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
-from redis.asyncio.retry import Retry
-from redis.backoff import EqualJitterBackoff
-from redis.backoff import NoBackoff
 from wool import DiscoveryEvent
 from wool import DiscoveryEventType
 from wool import DiscoveryLike
 from wool import DiscoveryPublisherLike
 from wool import DiscoverySubscriberLike
 from wool import WorkerMetadata
-from wool import protocol
 
 from ._afilter import afilter
 from ._decorator import shared_subscription
+from ._redis_connection import Connection
+from ._redis_connection import Target
+from ._redis_connection import check_client_options
+from ._redis_connection import open_client
+from ._redis_connection import parse_url
+from ._redis_connection import reason
+from ._redis_connection import redact
+from ._redis_scripts import DEFAULT_KEY_PREFIX
 from ._redis_scripts import PUBLISH
 from ._redis_scripts import REAP
 from ._redis_scripts import RENEW
 from ._redis_scripts import SNAPSHOT
 from ._redis_scripts import Keys
+from ._redis_state import Resync
+from ._redis_state import SubscriptionState
 from ._restart import RestartPolicy
 
 __all__ = [
@@ -55,6 +64,7 @@ __all__ = [
     "RedisDiscoveryError",
     "RedisPublisher",
     "RedisStatistics",
+    "redact",
 ]
 
 logger = logging.getLogger("wool_pooling.redis")
@@ -69,6 +79,11 @@ _CONNECTION_ERRORS = (
     TimeoutError,
 )
 
+#: Errors a running subscription retries under its reconnect policy: a lost
+#: connection, a sequence it cannot trust, a command the server refused (a
+#: key holding the wrong data, an ACL changed meanwhile).
+_RETRIED = (*_CONNECTION_ERRORS, Resync, redis_errors.ResponseError)
+
 #: Shortest wait for an announcement, in seconds.
 _MIN_WAIT = 0.05
 
@@ -79,47 +94,63 @@ DEFAULT_RECONNECT = RestartPolicy(
 
 
 class RedisDiscoveryError(Exception):
-    """The Redis server cannot be reached or refused a command.
+    """The Redis server cannot be reached, refused a command, or holds data
+    in the discovery's keys that is not the discovery's.
 
-    The message names the server's URL with any password removed.
+    The message names the action, the server's url without its password, and
+    the reason the server (or the OS) gave: ``connecting at redis://...
+    failed: ConnectionError: Error 111 connecting to ... Connection
+    refused``, ``... WRONGPASS ...``, ``... NOPERM ...``, ``... WRONGDATA
+    wool:{ns}:version holds "junk", not a version number``.
     """
 
 
 @attrs.frozen
 class RedisStatistics:
-    """What the subscribers of one (url, namespace) in this process have met."""
+    """What the subscribers of one (connection, namespace) in this process have met."""
 
     #: Records (or announcements) that were not valid worker metadata: skipped.
     invalid_records: int = 0
-    #: Successful reconnections after a lost connection.
+    #: Successful reconnections after a lost connection (or a resynchronisation).
     reconnects: int = 0
 
 
-_statistics: dict[tuple[str, str], RedisStatistics] = {}
+_statistics: dict[Hashable, RedisStatistics] = {}
 
 
-def _count(url: str, namespace: str, **increments: int) -> None:
-    current = _statistics.get((url, namespace), RedisStatistics())
-    _statistics[url, namespace] = attrs.evolve(
+def _count(key: Hashable, **increments: int) -> None:
+    current = _statistics.get(key, RedisStatistics())
+    _statistics[key] = attrs.evolve(
         current,
         **{name: getattr(current, name) + n for name, n in increments.items()},
     )
 
 
-def redact(url: str) -> str:
-    """``url`` with its password (if any) removed, for messages and logs."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    user = f"{parts.username}@" if parts.username else ""
-    return urllib.parse.urlunsplit(
-        (parts.scheme, f"{user}{host}", parts.path, parts.query, parts.fragment)
-    )
+def _check_namespace(namespace: object) -> str:
+    if not isinstance(namespace, str):
+        raise TypeError(f"namespace must be a str, got {type(namespace).__name__}")
+    if not namespace:
+        raise ValueError("namespace must not be empty")
+    return namespace
+
+
+def _check_key_prefix(prefix: object) -> str:
+    if not isinstance(prefix, str):
+        raise TypeError(f"key_prefix must be a str, got {type(prefix).__name__}")
+    if "{" in prefix or "}" in prefix:
+        raise ValueError(
+            "key_prefix must not contain braces (the namespace's hash tag), "
+            f"got {prefix!r}"
+        )
+    return prefix
+
+
+def _check_seconds(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
 
 
 def _require_asyncio(what: str) -> None:
@@ -131,36 +162,6 @@ def _require_asyncio(what: str) -> None:
             "client, and wool itself is asyncio-only), but no asyncio event "
             "loop is running here (trio?). Run it under asyncio, uvloop included."
         ) from None
-
-
-def _client_name(role: str, namespace: str) -> str:
-    """``CLIENT SETNAME`` value: who holds the connection, for ``CLIENT LIST``."""
-
-    def clean(text: str) -> str:
-        return "".join(c if c.isprintable() and not c.isspace() else "_" for c in text)
-
-    host = clean(socket.gethostname())
-    return f"wool-pooling:{role}:{clean(namespace)}:{host}:{os.getpid()}"
-
-
-def _connect(
-    url: str, role: str, namespace: str, timeout: float, *, retries: int
-) -> Any:
-    """A redis-py asyncio client whose connections name themselves."""
-    retry = (
-        Retry(EqualJitterBackoff(cap=timeout, base=0.05), retries)
-        if retries
-        else Retry(NoBackoff(), 0)
-    )
-    return aioredis.Redis.from_url(  # pyright: ignore[reportUnknownMemberType]
-        url,
-        client_name=_client_name(role, namespace),
-        socket_connect_timeout=timeout,
-        socket_timeout=timeout,
-        socket_keepalive=True,
-        retry=retry,
-        retry_on_error=[redis_errors.ConnectionError, redis_errors.TimeoutError],
-    )
 
 
 async def _watched(awaitable: Awaitable[T]) -> T:
@@ -186,22 +187,11 @@ async def _watched(awaitable: Awaitable[T]) -> T:
 
 
 def _failure(url: str, action: str, error: BaseException) -> RedisDiscoveryError:
-    return RedisDiscoveryError(f"{action} at {redact(url)} failed: {error!r}")
+    return RedisDiscoveryError(f"{action} at {redact(url)} failed: {reason(error)}")
 
 
-def _decode(uid: bytes, payload: bytes) -> WorkerMetadata:
-    metadata = WorkerMetadata.from_protobuf(protocol.WorkerMetadata.FromString(payload))
-    if str(metadata.uid) != uid.decode():
-        raise ValueError(f"record {uid!r} holds the metadata of worker {metadata.uid}")
-    return metadata
-
-
-def _version_of(data: object) -> int | None:
-    """The version an announcement carries, or None if it has none."""
-    if not isinstance(data, bytes):
-        return None
-    head = data.split(b" ", 1)[0]
-    return int(head) if head.isdigit() else None
+def _keys(target: Target, namespace: str, prefix: str) -> Keys:
+    return Keys.of(namespace, target.db, prefix)
 
 
 # -- publisher ------------------------------------------------------------------
@@ -249,7 +239,11 @@ class RedisPublisher:
       from ``INCR``). Re-adding a worker with the same metadata only renews
       its lease; updating an unknown worker adds it.
     - ``publish("worker-dropped", metadata)`` removes the record and
-      announces the drop (a no-op for an unknown worker).
+      announces the drop (a no-op for an unknown worker). A drop that fails
+      (the server unreachable) still raises :class:`RedisDiscoveryError`,
+      but the publisher forgets the worker at once (it is never renewed, so
+      never added again) and retries the drop with each renewal until the
+      server takes it, and once more on exit.
     - **Lease:** while the publisher is entered, every ``lease / 3`` seconds
       it renews the lease of each worker it published whose process
       (``metadata.pid``, on this host) is still alive; a record that has
@@ -266,7 +260,10 @@ class RedisPublisher:
 
     Commands are retried (3 times, with jittered backoff) on a lost
     connection; a command that still fails raises :class:`RedisDiscoveryError`
-    naming the URL without its password. Asyncio only.
+    naming the action, the url without its password and the server's
+    reason. ``url``, ``namespace``, ``client_options`` and ``key_prefix``
+    are as for :class:`RedisDiscovery` (and checked the same way, at
+    construction). Asyncio only.
     """
 
     def __init__(
@@ -278,7 +275,11 @@ class RedisPublisher:
         advertise_host: str | None = None,
         lease: float = 10.0,
         connect_timeout: float = 5.0,
+        client_options: Mapping[str, Any] | None = None,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
     ) -> None:
+        self._target = parse_url(url)
+        _check_namespace(namespace)
         if advertise_host is not None and _is_wildcard(advertise_host):
             raise ValueError(
                 f"advertise_host must not be a wildcard: {advertise_host!r}"
@@ -287,30 +288,50 @@ class RedisPublisher:
         self.namespace = namespace
         self.bind_host = bind_host
         self.advertise_host = advertise_host
-        self.lease = lease
-        self.connect_timeout = connect_timeout
-        self._keys = Keys.of(namespace)
-        self._client: Any = None
+        self.lease = _check_seconds("lease", lease)
+        self.connect_timeout = _check_seconds("connect_timeout", connect_timeout)
+        self.client_options = check_client_options(client_options, self._target)
+        self.key_prefix = _check_key_prefix(key_prefix)
+        self._keys = _keys(self._target, namespace, key_prefix)
+        self._connection: Connection | None = None
         self._scripts: dict[str, Any] = {}
         #: uid -> (payload, pid) of the workers this publisher keeps alive.
         self._workers: dict[str, tuple[bytes, int]] = {}
+        #: uids whose drop failed: retried with each renewal.
+        self._pending_drops: set[str] = set()
         self._lock = asyncio.Lock()
         self._renewer: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> RedisPublisher:
         _require_asyncio("RedisPublisher")
-        if self._client is not None:
+        if self._connection is not None:
             raise RuntimeError("RedisPublisher is already entered")
-        client = _connect(
-            self.url, "publisher", self.namespace, self.connect_timeout, retries=3
-        )
+        connection: Connection | None = None
         try:
-            with anyio.fail_after(self.connect_timeout):
-                await client.ping()
-        except (*_CONNECTION_ERRORS, redis_errors.RedisError) as error:
-            await client.aclose()
+            connection = open_client(
+                self._target,
+                "publisher",
+                self.namespace,
+                self.connect_timeout,
+                retries=3,
+                client_options=self.client_options,
+            )
+            try:
+                with anyio.fail_after(self.connect_timeout):
+                    await connection.client.ping()
+            except TimeoutError as error:
+                if str(error):
+                    raise
+                raise TimeoutError(
+                    f"no answer within {self.connect_timeout:g}s"
+                ) from None
+        except Exception as error:
+            if connection is not None:
+                with contextlib.suppress(Exception):
+                    await connection.aclose()
             raise _failure(self.url, "connecting the publisher", error) from error
-        self._client = client
+        self._connection = connection
+        client = connection.client
         self._scripts = {
             name: client.register_script(source)
             for name, source in (("publish", PUBLISH), ("renew", RENEW))
@@ -329,10 +350,17 @@ class RedisPublisher:
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await renewer
-        client, self._client = self._client, None
-        self._workers.clear()
-        if client is not None:
-            await client.aclose()
+        try:
+            if self._pending_drops and self._connection is not None:
+                with anyio.move_on_after(self.connect_timeout):
+                    async with self._lock:
+                        await self._retry_drops()
+        finally:
+            connection, self._connection = self._connection, None
+            self._workers.clear()
+            self._pending_drops.clear()
+            if connection is not None:
+                await connection.aclose()
 
     def _advertised(self, metadata: WorkerMetadata) -> WorkerMetadata:
         address = metadata.address
@@ -349,16 +377,26 @@ class RedisPublisher:
             host = f"[{host}]"
         return dataclasses.replace(metadata, address=f"{host}:{port}")
 
+    def _args(self, *rest: Any) -> list[Any]:
+        return [self._keys.channel, uuid.uuid4().hex, *rest]
+
+    async def _run_publish(self, type: str, uid: str, payload: bytes) -> None:
+        lease_ms = max(1, round(self.lease * 1000))
+        await _watched(
+            self._scripts["publish"](
+                keys=self._keys.keys, args=self._args(type, uid, payload, lease_ms)
+            )
+        )
+
     async def publish(self, type: DiscoveryEventType, metadata: WorkerMetadata) -> None:
         """Record (or remove) ``metadata`` and announce it; see the class docstring.
 
         :raises RuntimeError: if the publisher is not entered.
         :raises ValueError: for an unknown event type.
         :raises RedisDiscoveryError: if the server cannot be reached or
-            refuses the command.
+            refuses the command (a failed drop is still retried later).
         """
-        client = self._client
-        if client is None:
+        if self._connection is None:
             raise RuntimeError(
                 "enter the RedisPublisher (async with) before publishing"
             )
@@ -367,19 +405,25 @@ class RedisPublisher:
         metadata = self._advertised(metadata)
         uid = str(metadata.uid)
         payload = metadata.to_protobuf().SerializeToString()
-        lease_ms = max(1, round(self.lease * 1000))
         async with self._lock:
-            try:
-                await _watched(
-                    self._scripts["publish"](
-                        keys=self._keys.keys,
-                        args=[self._keys.channel, type, uid, payload, lease_ms],
-                    )
-                )
-            except redis_errors.RedisError as error:
-                raise _failure(self.url, f"publishing {type} {uid}", error) from error
             if type == "worker-dropped":
+                # Forgotten first: a drop that fails is never undone by a
+                # renewal adding the worker again.
                 self._workers.pop(uid, None)
+                self._pending_drops.add(uid)
+            else:
+                self._pending_drops.discard(uid)
+            try:
+                await self._run_publish(type, uid, payload)
+            except (redis_errors.RedisError, *_CONNECTION_ERRORS) as error:
+                failure = _failure(self.url, f"publishing {type} {uid}", error)
+                if type == "worker-dropped":
+                    logger.warning(
+                        "%s; retrying the drop with the next renewal", failure
+                    )
+                raise failure from error
+            if type == "worker-dropped":
+                self._pending_drops.discard(uid)
             else:
                 self._workers[uid] = (payload, metadata.pid)
 
@@ -389,16 +433,33 @@ class RedisPublisher:
             await asyncio.sleep(interval)
             try:
                 await self._renew()
-            except redis_errors.RedisError as error:
+            except (redis_errors.RedisError, *_CONNECTION_ERRORS) as error:
                 logger.warning(
-                    "renewing the leases of %s at %s failed: %r",
+                    "renewing the leases of %s at %s failed: %s",
                     self.namespace,
                     redact(self.url),
-                    error,
+                    reason(error),
                 )
+
+    async def _retry_drops(self) -> None:
+        for uid in list(self._pending_drops):
+            await self._run_publish("worker-dropped", uid, b"")
+            self._pending_drops.discard(uid)
+            logger.info("dropped worker %s at %s after all", uid, redact(self.url))
 
     async def _renew(self) -> None:
         async with self._lock:
+            try:
+                await self._retry_drops()
+            except (redis_errors.RedisError, *_CONNECTION_ERRORS) as error:
+                # Never holds back the renewal of the workers still alive.
+                logger.warning(
+                    "retrying %d failed drops of %s at %s failed: %s",
+                    len(self._pending_drops),
+                    self.namespace,
+                    redact(self.url),
+                    reason(error),
+                )
             for uid, (_, pid) in list(self._workers.items()):
                 if not _process_alive(pid):
                     logger.warning(
@@ -407,10 +468,10 @@ class RedisPublisher:
                         pid,
                     )
                     del self._workers[uid]
-            args: list[Any] = [self._keys.channel, max(1, round(self.lease * 1000))]
+            args = self._args(max(1, round(self.lease * 1000)))
             for uid, (payload, _) in self._workers.items():
                 args += [uid, payload]
-            await self._scripts["renew"](keys=self._keys.keys, args=args)
+            await _watched(self._scripts["renew"](keys=self._keys.keys, args=args))
 
 
 # -- subscriber -----------------------------------------------------------------
@@ -418,7 +479,7 @@ class RedisPublisher:
 
 @attrs.frozen
 class _Options:
-    """The subscriber's settings (picklable, hashable)."""
+    """The subscriber's settings (picklable if ``client_options`` are)."""
 
     connect_timeout: float
     reap_interval: float
@@ -426,43 +487,61 @@ class _Options:
     #: After the server lost its data: seconds to wait for publishers to add
     #: their workers again before dropping the ones they do not.
     settle: float
-
-
-class _Gap(Exception):
-    """An announcement is missing: take a new snapshot."""
+    key_prefix: str = DEFAULT_KEY_PREFIX
+    client_options: Mapping[str, Any] = attrs.field(
+        factory=lambda: dict[str, Any](), hash=False
+    )
 
 
 @final
 class _Session:
     """One connection's worth of subscription: pub/sub plus a command client."""
 
-    def __init__(self, url: str, namespace: str, options: _Options) -> None:
-        self.url = url
-        self.keys = Keys.of(namespace)
+    def __init__(self, target: Target, namespace: str, options: _Options) -> None:
+        self.keys = _keys(target, namespace, options.key_prefix)
+        self.command: Connection | None = None
+        self.listening: Connection | None = None
+        self.pubsub: Any = None
+        #: What :meth:`open` is doing, for error messages.
+        self.stage = "connecting"
         timeout = options.connect_timeout
         # No retries on either: a lost connection must end the session (a
         # silent reconnect would miss announcements).
-        self.client: Any = _connect(
-            url, "subscriber-cmd", namespace, timeout, retries=0
+        self.command = open_client(
+            target,
+            "subscriber-cmd",
+            namespace,
+            timeout,
+            retries=0,
+            client_options=options.client_options,
         )
-        self.listener: Any = _connect(url, "subscriber", namespace, timeout, retries=0)
-        self.pubsub: Any = self.listener.pubsub()
-        self.snapshot_script: Any = self.client.register_script(SNAPSHOT)
-        self.reap_script: Any = self.client.register_script(REAP)
+        self.listening = open_client(
+            target,
+            "subscriber",
+            namespace,
+            timeout,
+            retries=0,
+            client_options=options.client_options,
+        )
+        self.pubsub = self.listening.client.pubsub()
+        self.snapshot_script: Any = self.command.client.register_script(SNAPSHOT)
+        self.reap_script: Any = self.command.client.register_script(REAP)
+
+    def _args(self) -> list[str]:
+        return [self.keys.channel, uuid.uuid4().hex]
 
     async def open(self) -> tuple[int, bytes, list[bytes]]:
         """Subscribe, wait for the confirmation, then snapshot:
         (version, epoch, flat hash)."""
+        self.stage = "subscribing"
         await _watched(self.pubsub.subscribe(self.keys.channel))
         while True:
             message = await _watched(self.pubsub.get_message(timeout=None))
             if message is not None and message["type"] == "subscribe":
                 break
+        self.stage = "taking a snapshot"
         version, epoch, flat = await _watched(
-            self.snapshot_script(
-                keys=self.keys.snapshot_keys,
-                args=[self.keys.channel, uuid.uuid4().hex],
-            )
+            self.snapshot_script(keys=self.keys.keys, args=self._args())
         )
         return int(version), cast(bytes, epoch), cast(list[bytes], flat)
 
@@ -472,11 +551,19 @@ class _Session:
             self.pubsub.get_message(ignore_subscribe_messages=True, timeout=wait)
         )
 
-    async def reap(self) -> None:
-        await _watched(self.reap_script(keys=self.keys.keys, args=[self.keys.channel]))
+    async def reap(self) -> bytes:
+        """Reap expired leases; the namespace's epoch."""
+        return cast(
+            bytes,
+            await _watched(self.reap_script(keys=self.keys.keys, args=self._args())),
+        )
 
     async def aclose(self) -> None:
-        for close in (self.pubsub.aclose, self.listener.aclose, self.client.aclose):
+        closers: list[Callable[[], Awaitable[Any]]] = []
+        if self.pubsub is not None:
+            closers.append(self.pubsub.aclose)
+        closers += [c.aclose for c in (self.listening, self.command) if c is not None]
+        for close in closers:
             with contextlib.suppress(Exception):
                 await close()
 
@@ -489,229 +576,194 @@ class _RedisStream:
     between what it has yielded so far and the snapshot (on the first
     connection: every worker, as ``worker-added``), then every announcement
     with a version above the snapshot's, in version order; announcements at
-    or below it are duplicates and skipped. A version gap, or a lost
-    connection, ends the session: after the reconnect policy's delay a new
-    session takes a new snapshot and yields only the difference. Between
-    announcements it reaps expired leases every ``reap_interval`` seconds.
+    or below it are duplicates and skipped. A version gap, an announcement
+    from another epoch or one that does not parse, or a lost connection,
+    ends the session: after the reconnect policy's delay a new session
+    takes a new snapshot and yields only the difference. Between
+    announcements it reaps expired leases every ``reap_interval`` seconds
+    (and checks the epoch: a flush is noticed even if nothing is announced).
+    :class:`~wool_pooling._redis_state.SubscriptionState` turns each input
+    into events.
     """
 
     def __init__(self, url: str, namespace: str, options: _Options) -> None:
         self.url = url
         self.namespace = namespace
         self.options = options
+        self._target = parse_url(url)
+        self._stats_key = _subscriber_key(type(self), url, namespace, options)
 
     def __aiter__(self) -> AsyncIterator[DiscoveryEvent]:
         return self._events()
 
     async def _events(self) -> AsyncGenerator[DiscoveryEvent, None]:
         _require_asyncio("RedisDiscovery's subscriber")
-        options = self.options
-        known: dict[uuid.UUID, tuple[bytes, WorkerMetadata]] = {}
+        state = SubscriptionState(self.options.settle, self._invalid)
         failures = 0
-        connected = False
-        epoch_seen: bytes | None = None
-        # Workers held after the server lost its data, until `settle_until`.
-        held: set[uuid.UUID] = set()
-        settle_until = 0.0
         while True:
-            session = _Session(self.url, self.namespace, options)
+            session: _Session | None = None
             try:
-                try:
-                    with anyio.fail_after(options.connect_timeout):
-                        version, epoch, flat = await session.open()
-                except redis_errors.ResponseError as error:
-                    raise _failure(self.url, "subscribing", error) from error
-                except redis_errors.AuthenticationError as error:
-                    raise _failure(self.url, "authenticating", error) from error
-                except _CONNECTION_ERRORS as error:
-                    if not connected:
-                        raise _failure(self.url, "connecting", error) from error
-                    raise
-                lost = epoch_seen is not None and epoch != epoch_seen
-                epoch_seen = epoch
-                if connected:
-                    _count(self.url, self.namespace, reconnects=1)
-                    logger.warning(
-                        "reconnected to %s (namespace %s): resynchronising%s",
-                        redact(self.url),
-                        self.namespace,
-                        f" (the server lost its data: waiting {options.settle:.1f}s "
-                        "for publishers to renew their workers)"
-                        if lost
-                        else "",
-                    )
-                connected = True
+                session = self._session(state)
+                snapshot = await self._open(session, state)
+                events, lost = state.snapshot(*snapshot, now=time.monotonic())
+                if failures:
+                    self._reconnected(lost)
                 failures = 0
-                events, held = self._resync(known, flat, hold=lost)
-                settle_until = time.monotonic() + options.settle
                 for event in events:
                     yield event
-                last = version
-                next_reap = time.monotonic() + options.reap_interval
-                while True:
-                    now = time.monotonic()
-                    if held and now >= settle_until:
-                        for uid in list(held):
-                            before = known.pop(uid, None)
-                            if before is not None:
-                                yield DiscoveryEvent(
-                                    "worker-dropped", metadata=before[1]
-                                )
-                        held.clear()
-                        continue
-                    if now >= next_reap:
-                        await session.reap()
-                        next_reap = time.monotonic() + options.reap_interval
-                        continue
-                    wait = next_reap - now
-                    if held:
-                        wait = min(wait, settle_until - now)
-                    # Never a very short read: a read cut short by its timeout
-                    # mid-message is what redis-py's pub/sub handles worst.
-                    message = await session.next_message(max(wait, _MIN_WAIT))
-                    if message is None:
-                        continue
-                    data = message.get("data")
-                    number = _version_of(data)
-                    if number is not None and number <= last:
-                        continue  # already in the snapshot, or a duplicate
-                    if number is not None and number != last + 1:
-                        raise _Gap(f"expected version {last + 1}, got {number}")
-                    if number is not None:
-                        last = number
-                    parsed = self._parse(data)
-                    if parsed is None:
-                        continue
-                    kind, uid, metadata, payload = parsed
-                    held.discard(metadata.uid)
-                    event = self._apply(known, kind, uid, metadata, payload)
-                    if event is not None:
+                # Closed here, not by the garbage collector, when this
+                # generator is closed while suspended in it.
+                async with contextlib.aclosing(self._follow(session, state)) as follow:
+                    async for event in follow:
                         yield event
-            except (*_CONNECTION_ERRORS, _Gap) as error:
+            except _RETRIED as error:
                 failures += 1
-                policy = options.reconnect
-                if not policy.allows(failures):
-                    logger.error(
-                        "giving up on %s (namespace %s) after %d reconnects: %r",
-                        redact(self.url),
-                        self.namespace,
-                        failures - 1,
-                        error,
-                    )
-                    raise _failure(self.url, "reconnecting", error) from error
-                delay = policy.delay(failures)
-                logger.warning(
-                    "lost %s (namespace %s): %r; reconnecting in %.3fs (attempt %d)",
-                    redact(self.url),
-                    self.namespace,
-                    error,
-                    delay,
-                    failures,
-                )
-                await anyio.sleep(delay)
+                await self._back_off(error, failures)
             finally:
-                with anyio.CancelScope(shield=True):
-                    await session.aclose()
+                if session is not None:
+                    with anyio.CancelScope(shield=True):
+                        await session.aclose()
 
-    def _resync(
-        self,
-        known: dict[uuid.UUID, tuple[bytes, WorkerMetadata]],
-        flat: list[bytes],
-        *,
-        hold: bool,
-    ) -> tuple[list[DiscoveryEvent], set[uuid.UUID]]:
-        """Events turning ``known`` into the snapshot ``flat``; updates ``known``.
-
-        With ``hold``, the known workers missing from the snapshot are not
-        dropped but kept, and returned (the caller drops those that are not
-        announced again in time).
-        """
-        current: dict[uuid.UUID, tuple[bytes, WorkerMetadata]] = {}
-        for index in range(0, len(flat), 2):
-            uid, payload = flat[index], flat[index + 1]
-            try:
-                metadata = _decode(uid, payload)
-            except Exception as error:
-                self._invalid(uid, error)
-                continue
-            current[metadata.uid] = (payload, metadata)
-        events: list[DiscoveryEvent] = []
-        for uid, (payload, metadata) in current.items():
-            before = known.get(uid)
-            if before is None:
-                events.append(DiscoveryEvent("worker-added", metadata=metadata))
-            elif before[0] != payload:
-                events.append(DiscoveryEvent("worker-updated", metadata=metadata))
-        missing = {uid: value for uid, value in known.items() if uid not in current}
-        if not hold:
-            for _, metadata in missing.values():
-                events.append(DiscoveryEvent("worker-dropped", metadata=metadata))
-        known.clear()
-        known.update(current)
-        if hold:
-            known.update(missing)
-        return events, set(missing) if hold else set()
-
-    def _parse(self, data: object) -> tuple[str, bytes, WorkerMetadata, bytes] | None:
-        """``(type, uid, metadata, payload)``, or None (warned, counted).
-
-        An announcement whose version is readable but whose rest is not
-        still takes its place in the sequence (the caller advanced it).
-        """
+    def _session(self, state: SubscriptionState) -> _Session:
         try:
-            _, kind, uid, payload = cast(bytes, data).split(b" ", 3)
-            text = kind.decode()
-            if text not in ("worker-added", "worker-updated", "worker-dropped"):
-                raise ValueError(f"unknown event type {text!r}")
-            return text, uid, _decode(uid, payload), payload
+            return _Session(self._target, self.namespace, self.options)
         except Exception as error:
-            self._invalid(data[:60] if isinstance(data, bytes) else b"?", error)
-            return None
+            if state.connected_before:
+                raise
+            raise _failure(self.url, "connecting", error) from error
 
-    def _apply(
-        self,
-        known: dict[uuid.UUID, tuple[bytes, WorkerMetadata]],
-        kind: str,
-        uid: bytes,
-        metadata: WorkerMetadata,
-        payload: bytes,
-    ) -> DiscoveryEvent | None:
-        """The event for consumers (never a second add, never an unknown drop)."""
-        before = known.get(metadata.uid)
-        if kind == "worker-dropped":
-            if before is None:
-                return None
-            del known[metadata.uid]
-            return DiscoveryEvent("worker-dropped", metadata=before[1])
-        known[metadata.uid] = (payload, metadata)
-        if before is None:
-            return DiscoveryEvent("worker-added", metadata=metadata)
-        if before[0] == payload:
-            return None
-        return DiscoveryEvent("worker-updated", metadata=metadata)
+    async def _open(
+        self, session: _Session, state: SubscriptionState
+    ) -> tuple[int, bytes, list[bytes]]:
+        """Subscribe and snapshot; the first time, any failure is a
+        :class:`RedisDiscoveryError` at once (within ``connect_timeout``)."""
+        timeout = self.options.connect_timeout
+        try:
+            try:
+                with anyio.fail_after(timeout):
+                    return await session.open()
+            except TimeoutError as error:
+                if str(error):
+                    raise
+                raise TimeoutError(f"no answer within {timeout:g}s") from None
+        except Exception as error:
+            if state.connected_before:
+                raise
+            if isinstance(error, redis_errors.AuthenticationError):
+                action = "authenticating"
+            elif isinstance(error, redis_errors.ResponseError):
+                action = session.stage
+            else:
+                action = "connecting"
+            raise _failure(self.url, action, error) from error
+
+    async def _follow(
+        self, session: _Session, state: SubscriptionState
+    ) -> AsyncGenerator[DiscoveryEvent, None]:
+        """The session's events: announcements, settled drops, reaps."""
+        options = self.options
+        next_reap = time.monotonic() + options.reap_interval
+        while True:
+            now = time.monotonic()
+            if state.held and now >= state.settle_until:
+                for event in state.settle():
+                    yield event
+                continue
+            if now >= next_reap:
+                state.reaped(await session.reap())
+                next_reap = time.monotonic() + options.reap_interval
+                continue
+            wait = next_reap - now
+            if state.held:
+                wait = min(wait, state.settle_until - now)
+            # Never a very short read: a read cut short by its timeout
+            # mid-message is what redis-py's pub/sub handles worst.
+            message = await session.next_message(max(wait, _MIN_WAIT))
+            if message is None:
+                continue
+            event = state.message(message.get("data"))
+            if event is not None:
+                yield event
+
+    def _reconnected(self, lost: bool) -> None:
+        _count(self._stats_key, reconnects=1)
+        logger.warning(
+            "reconnected to %s (namespace %s): resynchronising%s",
+            redact(self.url),
+            self.namespace,
+            f" (the server lost its data: waiting {self.options.settle:.1f}s "
+            "for publishers to renew their workers)"
+            if lost
+            else "",
+        )
+
+    async def _back_off(self, error: BaseException, failures: int) -> None:
+        """Wait as the reconnect policy says, or raise when it is spent."""
+        policy = self.options.reconnect
+        if not policy.allows(failures):
+            logger.error(
+                "giving up on %s (namespace %s) after %d reconnects: %s",
+                redact(self.url),
+                self.namespace,
+                failures - 1,
+                reason(error),
+            )
+            raise _failure(self.url, "reconnecting", error) from error
+        delay = policy.delay(failures)
+        logger.warning(
+            "lost %s (namespace %s): %s; reconnecting in %.3fs (attempt %d)",
+            redact(self.url),
+            self.namespace,
+            reason(error),
+            delay,
+            failures,
+        )
+        await anyio.sleep(delay)
 
     def _invalid(self, what: bytes, error: BaseException) -> None:
-        _count(self.url, self.namespace, invalid_records=1)
+        _count(self._stats_key, invalid_records=1)
         logger.warning(
             "skipping a record of namespace %s at %s that is not valid worker "
-            "metadata (%r): %r",
+            "metadata (%r): %s",
             self.namespace,
             redact(self.url),
             what,
-            error,
+            reason(error),
         )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({redact(self.url)!r}, {self.namespace!r})"
 
 
-def _subscriber_key(cls: type, url: str, namespace: str, options: _Options) -> object:
-    return (url, namespace)
+def _subscriber_key(cls: type, url: str, namespace: str, options: _Options) -> Hashable:
+    """Subscriptions are shared by normalised connection (scheme, resolved
+    host, port, database, user), key prefix and namespace."""
+    return (parse_url(url).key, options.key_prefix, namespace)
 
 
 @shared_subscription(key=_subscriber_key)
 class _SharedRedisStream(_RedisStream):
-    """The process's one subscription per (url, namespace), shared by every proxy."""
+    """The process's one subscription per (connection, namespace), shared."""
+
+
+#: The options of the live shared subscribers, by key: a subscriber with
+#: other options than an earlier live one of its key is warned about.
+_live: dict[Hashable, list[tuple[weakref.ref[Any], _Options]]] = {}
+
+
+def _note_options(key: Hashable, subscription: object, options: _Options) -> None:
+    entries = [(ref, each) for ref, each in _live.get(key, []) if ref() is not None]
+    if any(each != options for _, each in entries):
+        warnings.warn(
+            "a RedisDiscovery subscriber shares the subscription of an earlier "
+            "one to the same connection and namespace but was given other "
+            "options (connect_timeout, reap_interval, reconnect, lease, "
+            "client_options): the earlier subscriber's apply",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    entries.append((weakref.ref(subscription), options))
+    _live[key] = entries
 
 
 # -- the discovery ----------------------------------------------------------------
@@ -719,16 +771,19 @@ class _SharedRedisStream(_RedisStream):
 
 @final
 class RedisDiscovery:
-    """A wool ``DiscoveryLike`` on one Redis server.
+    """A wool ``DiscoveryLike`` on one Redis server (or a Sentinel-monitored master).
 
     :mod:`wool_pooling.redis` states the guarantees in full: ordering by the
-    namespace's version, one shared subscription per (url, namespace) and
-    process, what a reconnect does, lease semantics, asyncio only.
+    namespace's version, one shared subscription per connection, namespace
+    and process, what a reconnect does, lease semantics, asyncio only.
 
-    :param url: The server, as redis-py takes it
-        (``redis://[user:password@]host:port/db``, ``rediss://`` for TLS).
+    :param url: The server: ``redis://[user[:password]@]host[:port][/db]``
+        (``rediss://`` for TLS), ``unix:///path/to/redis.sock[?db=N]``, or
+        ``redis+sentinel://[user[:password]@]host:port[,host:port...]/service_name[/db]``
+        (the sentinels, and the name of the master they monitor;
+        ``rediss+sentinel://`` for TLS). Checked here.
     :param namespace: Workers are shared between discoveries of one
-        namespace only.
+        namespace only (a non-empty ``str``, any characters).
     :param bind_host: Where wool binds the workers this discovery's
         publisher announces (``"0.0.0.0"`` for other machines to reach them).
     :param advertise_host: The host announced for a worker bound to a
@@ -745,9 +800,33 @@ class RedisDiscovery:
     :param shared: ``False`` gives every iteration of every subscriber its
         own connections, as a discovery without this library would (for
         comparison).
-    :raises ValueError: for a lease, reap interval or timeout that is not a
-        finite number > 0, or an empty namespace.
-    :raises TypeError: if ``reconnect`` is not a ``RestartPolicy``.
+    :param client_options: Keyword arguments for redis-py's client (its
+        ``ssl_*`` options, a ``credential_provider``,
+        ``health_check_interval``, ``password``, ``sentinel_kwargs`` for
+        the sentinels' own connections, ...), and ``ssl_context``: an
+        :class:`ssl.SSLContext` for the TLS connections to the server (a
+        ``rediss://`` or ``rediss+sentinel://`` url). The url's parts and query
+        parameters win over them; they win over the discovery's defaults
+        (``socket_connect_timeout`` and ``socket_timeout`` from
+        ``connect_timeout``, TCP keepalive). ``client_name``,
+        ``decode_responses``, ``retry``, ``retry_on_error``,
+        ``retry_on_timeout``, ``connection_pool``,
+        ``single_connection_client``, ``url``, ``host``, ``port``, ``path``
+        and ``db`` are the discovery's own. They must pickle for the
+        subscriber to be sent to another process (as wool does to its
+        workers): an ``ssl.SSLContext`` does not, the ``ssl_*`` file
+        options do.
+    :param key_prefix: The prefix of every key and channel, ``"wool:"`` by
+        default (no braces).
+    :raises TypeError: if ``url``, ``namespace`` or ``key_prefix`` is not a
+        ``str``, ``client_options`` is not a mapping (or its ``ssl_context``
+        not an ``ssl.SSLContext``), or ``reconnect`` is not a
+        ``RestartPolicy``.
+    :raises ValueError: for a malformed url (scheme, host or socket path,
+        port, database, Sentinel service), an empty namespace, a lease,
+        reap interval or timeout that is not a finite number > 0, a
+        reserved client option, an ``ssl_context`` for a url without TLS,
+        or braces in ``key_prefix``.
     """
 
     def __init__(
@@ -762,33 +841,51 @@ class RedisDiscovery:
         connect_timeout: float = 5.0,
         reconnect: RestartPolicy = DEFAULT_RECONNECT,
         shared: bool = True,
+        client_options: Mapping[str, Any] | None = None,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
     ) -> None:
-        for name, value in (("lease", lease), ("connect_timeout", connect_timeout)):
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-        if reap_interval is None:
-            reap_interval = lease / 4
-        elif not (math.isfinite(reap_interval) and reap_interval > 0):
-            raise ValueError(
-                f"reap_interval must be a finite number > 0, got {reap_interval!r}"
-            )
-        if not namespace:
-            raise ValueError("namespace must not be empty")
+        target = parse_url(url)
+        _check_namespace(namespace)
+        lease = _check_seconds("lease", lease)
+        connect_timeout = _check_seconds("connect_timeout", connect_timeout)
+        reap_interval = (
+            lease / 4
+            if reap_interval is None
+            else _check_seconds("reap_interval", reap_interval)
+        )
         if not isinstance(reconnect, RestartPolicy):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise TypeError(f"reconnect must be a RestartPolicy, got {reconnect!r}")
+        options = check_client_options(client_options, target)
+        _check_key_prefix(key_prefix)
         self.url = url
         self.namespace = namespace
         self.bind_host = bind_host
         self.advertise_host = advertise_host
-        self.lease = float(lease)
-        self.connect_timeout = float(connect_timeout)
+        self.lease = lease
+        self.connect_timeout = connect_timeout
         self.shared = shared
+        self.client_options: Mapping[str, Any] = options
+        self.key_prefix = key_prefix
         self._options = _Options(
-            connect_timeout=float(connect_timeout),
-            reap_interval=float(reap_interval),
+            connect_timeout=connect_timeout,
+            reap_interval=reap_interval,
             reconnect=reconnect,
-            settle=float(lease),
+            settle=lease,
+            key_prefix=key_prefix,
+            client_options=options,
         )
+        self._target = target
+        # A publisher's settings, checked now rather than at first use.
+        if advertise_host is not None and _is_wildcard(advertise_host):
+            raise ValueError(
+                f"advertise_host must not be a wildcard: {advertise_host!r}"
+            )
+
+    @functools.cached_property
+    def _key(self) -> Hashable:
+        """The pool's key: resolving a host name waits for DNS, once per
+        process and host, so it is done when first needed."""
+        return (self._target.key, self.key_prefix, self.namespace)
 
     @property
     def publisher(self) -> RedisPublisher:
@@ -800,6 +897,8 @@ class RedisDiscovery:
             advertise_host=self.advertise_host,
             lease=self.lease,
             connect_timeout=self.connect_timeout,
+            client_options=self.client_options,
+            key_prefix=self.key_prefix,
         )
 
     @property
@@ -813,30 +912,35 @@ class RedisDiscovery:
         """A subscriber to this namespace, filtered by ``filter`` if given.
 
         With ``shared=True`` (the default) every subscriber of the process to
-        the same (url, namespace) shares one connection; each filter is
-        applied to its own consumer by :class:`~wool_pooling.afilter`. With
+        the same connection (scheme, resolved host, port, database and user:
+        ``redis://127.0.0.1:6379/0``, ``redis://127.0.0.1:6379`` and
+        ``redis://localhost:6379/0`` are one), key prefix and namespace
+        shares one subscription, with the options of the one that started
+        it: a subscriber given other options while an earlier one is alive
+        gets a :exc:`RuntimeWarning` saying so. Each filter is applied to
+        its own consumer by :class:`~wool_pooling.afilter`. With
         ``shared=False`` every iteration opens its own connection.
         """
-        stream_type = _SharedRedisStream if self.shared else _RedisStream
-        stream = cast(
-            DiscoverySubscriberLike,
-            stream_type(self.url, self.namespace, self._options),
-        )
+        if self.shared:
+            stream: Any = _SharedRedisStream(self.url, self.namespace, self._options)
+            _note_options(self._key, stream, self._options)
+        else:
+            stream = _RedisStream(self.url, self.namespace, self._options)
         if filter is None:
-            return stream
-        return afilter(filter, stream)
+            return cast(DiscoverySubscriberLike, stream)
+        return afilter(filter, cast(DiscoverySubscriberLike, stream))
 
     def statistics(self) -> RedisStatistics:
-        """Counters of this process's subscribers to this (url, namespace)."""
-        return _statistics.get((self.url, self.namespace), RedisStatistics())
+        """Counters of this process's subscribers to this connection and namespace."""
+        return _statistics.get(self._key, RedisStatistics())
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, RedisDiscovery):
             return NotImplemented
-        return (self.url, self.namespace) == (other.url, other.namespace)
+        return self._key == other._key
 
     def __hash__(self) -> int:
-        return hash((RedisDiscovery, self.url, self.namespace))
+        return hash((RedisDiscovery, self._key))
 
     def __repr__(self) -> str:
         return f"RedisDiscovery({redact(self.url)!r}, {self.namespace!r})"

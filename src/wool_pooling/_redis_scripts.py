@@ -7,16 +7,22 @@ and the version in one script, after subscribing, knows exactly which
 announcements its snapshot already contains (those with a version up to the
 snapshot's).
 
-Key layout for namespace ``ns`` (the braces are a cluster hash tag, so the
-keys of a namespace share a slot):
+Key layout for namespace ``ns`` with key prefix ``p`` (``"wool:"`` by
+default; the braces are a cluster hash tag, so the keys of a namespace share
+a slot):
 
-- ``wool:{ns}:workers``: hash, worker uid -> the metadata's protobuf bytes
-- ``wool:{ns}:leases``: sorted set, worker uid -> lease expiry (ms, server clock)
-- ``wool:{ns}:version``: counter, incremented once per announcement
-- ``wool:{ns}:epoch``: set by the first snapshot; a snapshot that finds a
-  different (or no) epoch than the last knows the server lost its data
-- channel ``wool:{ns}:events``: ``b"<version> <type> <uid> " + protobuf bytes``
+- ``p{ns}:workers``: hash, worker uid -> the metadata's protobuf bytes
+- ``p{ns}:leases``: sorted set, worker uid -> lease expiry (ms, server clock)
+- ``p{ns}:version``: counter, incremented once per announcement
+- ``p{ns}:epoch``: a random token, set again whenever the version counter
+  (or the epoch itself) is found missing: after a flush, an eviction or a
+  restart without persistence. A version is only comparable within one epoch.
+- channel ``p{ns}:events:<db>``: ``b"<version> <epoch> <type> <uid> " +
+  protobuf bytes``. The database number is in the channel's name, because
+  Redis pub/sub ignores databases.
 
+Every script first checks the types of these keys: a key holding something
+else fails the script with ``WRONGDATA <key> holds <what>, not <wanted>``.
 Leases are read against the server's clock (``TIME``), never a client's.
 """
 
@@ -24,7 +30,21 @@ from __future__ import annotations
 
 import attrs
 
-__all__ = ["PUBLISH", "REAP", "RENEW", "SNAPSHOT", "Keys"]
+__all__ = [
+    "DEFAULT_KEY_PREFIX",
+    "PUBLISH",
+    "REAP",
+    "RENEW",
+    "SNAPSHOT",
+    "WRONG_DATA",
+    "Keys",
+]
+
+#: The prefix of every key and channel, unless ``key_prefix`` says otherwise.
+DEFAULT_KEY_PREFIX = "wool:"
+
+#: The code of the error a script raises when a key holds the wrong data.
+WRONG_DATA = "WRONGDATA"
 
 
 @attrs.frozen
@@ -38,115 +58,135 @@ class Keys:
     channel: str
 
     @classmethod
-    def of(cls, namespace: str) -> Keys:
-        prefix = f"wool:{{{namespace}}}"
+    def of(cls, namespace: str, db: int = 0, prefix: str = DEFAULT_KEY_PREFIX) -> Keys:
+        base = f"{prefix}{{{namespace}}}"
         return cls(
-            workers=f"{prefix}:workers",
-            leases=f"{prefix}:leases",
-            version=f"{prefix}:version",
-            epoch=f"{prefix}:epoch",
-            channel=f"{prefix}:events",
+            workers=f"{base}:workers",
+            leases=f"{base}:leases",
+            version=f"{base}:version",
+            epoch=f"{base}:epoch",
+            channel=f"{base}:events:{db}",
         )
 
     @property
     def keys(self) -> list[str]:
-        return [self.workers, self.leases, self.version]
-
-    @property
-    def snapshot_keys(self) -> list[str]:
         return [self.workers, self.leases, self.version, self.epoch]
 
 
-# KEYS: workers, leases, version. Shared prelude: the server's clock in ms, and
-# announce(type, uid, payload), which bumps the version and publishes.
+# KEYS: workers, leases, version, epoch. ARGV[1]: channel, ARGV[2]: a new epoch
+# (used if the version or the epoch is missing). Shared prelude: the keys'
+# types checked, the epoch, the server's clock in ms, and announce(type, uid,
+# payload), which bumps the version and publishes.
 _PRELUDE = """
+local function wrong(key, found, wanted)
+  error({err = 'WRONGDATA ' .. key .. ' holds ' .. found .. ', not ' .. wanted})
+end
+local function check(index, wanted, label)
+  local found = redis.call('TYPE', KEYS[index])['ok']
+  if found ~= 'none' and found ~= wanted then
+    wrong(KEYS[index], 'a ' .. found, label)
+  end
+end
+check(1, 'hash', 'a hash')
+check(2, 'zset', 'a sorted set')
+check(3, 'string', 'a version number')
+check(4, 'string', 'an epoch')
+local channel = ARGV[1]
+local stored = redis.call('GET', KEYS[3])
+if stored and not string.match(stored, '^%d+$') then
+  wrong(KEYS[3], string.format('%q', string.sub(stored, 1, 40)), 'a version number')
+end
+local epoch = redis.call('GET', KEYS[4])
+if not epoch or not stored then
+  epoch = ARGV[2]
+  redis.call('SET', KEYS[4], epoch)
+  redis.call('SET', KEYS[3], 0)
+end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local function announce(channel, kind, uid, payload)
+local function announce(kind, uid, payload)
   local version = redis.call('INCR', KEYS[3])
-  redis.call('PUBLISH', channel, version .. ' ' .. kind .. ' ' .. uid .. ' ' .. payload)
+  redis.call('PUBLISH', channel,
+    version .. ' ' .. epoch .. ' ' .. kind .. ' ' .. uid .. ' ' .. payload)
   return version
 end
-local function reap(channel)
+local function reap()
   local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
   for _, uid in ipairs(expired) do
     redis.call('ZREM', KEYS[2], uid)
     local old = redis.call('HGET', KEYS[1], uid)
     if old then
       redis.call('HDEL', KEYS[1], uid)
-      announce(channel, 'worker-dropped', uid, old)
+      announce('worker-dropped', uid, old)
     end
   end
   return #expired
 end
 """
 
-#: ARGV: channel, type, uid, payload, lease (ms). Returns the announcement's
-#: version, or 0 when nothing changed (a drop of an unknown worker, a re-add
-#: with the same metadata, which only renews the lease).
+#: ARGV: channel, new epoch, type, uid, payload, lease (ms). Returns the
+#: announcement's version, or 0 when nothing changed (a drop of an unknown
+#: worker, a re-add with the same metadata, which only renews the lease).
 PUBLISH = (
     _PRELUDE
     + """
-local channel, kind, uid, payload = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local kind, uid, payload = ARGV[3], ARGV[4], ARGV[5]
 local old = redis.call('HGET', KEYS[1], uid)
 if kind == 'worker-dropped' then
   redis.call('ZREM', KEYS[2], uid)
   if not old then return 0 end
   redis.call('HDEL', KEYS[1], uid)
-  return announce(channel, 'worker-dropped', uid, old)
+  return announce('worker-dropped', uid, old)
 end
-redis.call('ZADD', KEYS[2], now + tonumber(ARGV[5]), uid)
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[6]), uid)
 if old == payload then return 0 end
 redis.call('HSET', KEYS[1], uid, payload)
 if old then
-  return announce(channel, 'worker-updated', uid, payload)
+  return announce('worker-updated', uid, payload)
 end
-return announce(channel, 'worker-added', uid, payload)
+return announce('worker-added', uid, payload)
 """
 )
 
-#: ARGV: channel, lease (ms), then uid, payload pairs. Renews each lease; a
-#: record that is gone (expired, or lost with the server's data) is added
-#: again. Then reaps. Returns how many records were added again.
+#: ARGV: channel, new epoch, lease (ms), then uid, payload pairs. Renews each
+#: lease; a record that is gone (expired, or lost with the server's data) is
+#: added again. Then reaps. Returns how many records were added again.
 RENEW = (
     _PRELUDE
     + """
-local channel, lease = ARGV[1], tonumber(ARGV[2])
+local lease = tonumber(ARGV[3])
 local readded = 0
-for i = 3, #ARGV, 2 do
+for i = 4, #ARGV, 2 do
   local uid, payload = ARGV[i], ARGV[i + 1]
   redis.call('ZADD', KEYS[2], now + lease, uid)
   if redis.call('HSETNX', KEYS[1], uid, payload) == 1 then
-    announce(channel, 'worker-added', uid, payload)
+    announce('worker-added', uid, payload)
     readded = readded + 1
   end
 end
-reap(channel)
+reap()
 return readded
 """
 )
 
-#: ARGV: channel. Drops the records whose lease has expired (announcing each
-#: drop). Returns how many leases had expired.
+#: ARGV: channel, new epoch. Drops the records whose lease has expired
+#: (announcing each drop). Returns the epoch (a subscriber that finds another
+#: than its snapshot's takes a new snapshot).
 REAP = (
     _PRELUDE
     + """
-return reap(ARGV[1])
+reap()
+return epoch
 """
 )
 
-#: KEYS: workers, leases, version, epoch. ARGV: channel, a new epoch (set if
-#: there is none). Reaps, then returns {version, epoch, {uid, payload, ...}}.
+#: ARGV: channel, new epoch. Reaps, then returns {version, epoch, {uid,
+#: payload, ...}}.
 SNAPSHOT = (
     _PRELUDE
     + """
-reap(ARGV[1])
-local epoch = redis.call('GET', KEYS[4])
-if not epoch then
-  epoch = ARGV[2]
-  redis.call('SET', KEYS[4], epoch)
-end
-local version = tonumber(redis.call('GET', KEYS[3]) or '0')
+reap()
+local version = tonumber(redis.call('GET', KEYS[3]))
 return {version, epoch, redis.call('HGETALL', KEYS[1])}
 """
 )

@@ -12,25 +12,40 @@ asyncio client). ``RedisDiscovery(url, namespace)`` is a wool ``DiscoveryLike``:
     async with wool.WorkerPool(spawn=4, discovery=discovery):
         ...
 
+**Urls.** ``redis://`` and ``rediss://`` (TLS), ``unix:///path/redis.sock``,
+and ``redis+sentinel://[user:password@]host:port[,host:port...]/service_name[/db]``
+(a master monitored by Sentinel: a failover is a reconnect like any other),
+checked at construction. ``client_options`` go to redis-py's client (the
+url wins over them, they win over the defaults); ``key_prefix`` replaces
+``wool:`` in every key and channel. ``docs/redis.rst`` lists the keys,
+channels and commands, and an ACL rule that suffices.
+
 **Records.** A namespace's workers live in one Redis hash (worker uid ->
 the metadata's protobuf bytes, ``WorkerMetadata.to_protobuf()``), each
 with a lease in a sorted set (expiry on the server's clock). Every change
 is one Lua script that updates the hash and the lease, increments the
-namespace's version (``INCR``) and announces ``<version> <type> <uid>
-<bytes>`` on the namespace's channel, atomically.
+namespace's version (``INCR``) and announces ``<version> <epoch> <type>
+<uid> <bytes>`` on the namespace's channel (named after the database too,
+as pub/sub ignores databases), atomically. The epoch is a random token set
+again whenever the version counter is found missing (a flush, an eviction,
+a restart without persistence): versions compare within one epoch only.
 
 **Ordering.** A subscriber subscribes to the channel first, then reads the
 hash and the version in one script (the snapshot), and yields the snapshot
 as ``worker-added`` events, then every announcement with a version above
 the snapshot's, in version order. Announcements at or below it are already
 in the snapshot, or duplicates, and are skipped; a missing version (an
-announcement lost) is handled as a lost connection. A consumer never
+announcement lost), an announcement from another epoch (a flush) and one
+that does not parse (warned and counted, never advancing the version) are
+handled as a lost connection: a new snapshot. A consumer never
 receives a second ``worker-added`` for a worker it has, nor a drop of a
 worker it does not have.
 
-**One subscription per process.** Subscribers of the same (url, namespace)
-in one process share one subscription (``@shared_subscription``, keyed by
-url and namespace; the first subscriber's options apply): one pub/sub
+**One subscription per process.** Subscribers of the same connection and
+namespace in one process share one subscription (``@shared_subscription``,
+keyed by the normalised connection: scheme, resolved host, port, database
+and user; and by key prefix and namespace; the first subscriber's options
+apply, and a later one given other options is warned): one pub/sub
 connection named ``wool-pooling:subscriber:<namespace>:<host>:<pid>``
 (``CLIENT SETNAME``, so ``CLIENT LIST`` shows who holds it) and one
 command connection (``wool-pooling:subscriber-cmd:...``) for snapshots
@@ -55,8 +70,10 @@ again, and only those not added again by then are dropped: a server
 restart does not make every proxy drop every worker. Failing the
 first connection raises :class:`RedisDiscoveryError` at once (within
 ``connect_timeout``), as does a server that refuses the client (wrong
-password, ACL); when the policy's attempts run out, every consumer gets a
-:class:`RedisDiscoveryError`. Messages name the URL without its password.
+password, ACL, a key holding data that is not the discovery's); later, the
+same faults are retried under the policy, and when its attempts run out,
+every consumer gets a :class:`RedisDiscoveryError`. Messages and log lines
+name the action, the url without its password and the server's reason.
 
 **Leases.** The publisher renews the lease of each worker it published
 every ``lease / 3`` seconds while it is entered and the worker's process is
@@ -65,8 +82,10 @@ renewal. A worker whose publisher died, or whose process died, is dropped
 (and the drop announced) once its lease has expired: within ``lease +
 reap_interval`` seconds of its last renewal, by whichever publisher or
 subscriber of the namespace reaps first (each subscribing process reaps
-every ``reap_interval`` seconds, ``lease / 4`` by default). Records in the
-hash without a lease never expire.
+every ``reap_interval`` seconds, ``lease / 4`` by default, and checks the
+epoch then). Records in the hash without a lease never expire. A drop
+that fails (the server unreachable) still raises, but the publisher forgets
+the worker at once and retries the drop until the server takes it.
 
 **Invalid records.** A record or announcement that is not valid worker
 metadata is skipped with a warning on ``wool_pooling.redis`` and counted

@@ -1,0 +1,456 @@
+"""Where a Redis discovery connects: url parsing, pool keys, redaction, clients.
+
+A url is checked once, at construction (:func:`parse_url`), so a malformed
+one fails there with a :exc:`ValueError` or :exc:`TypeError`, never later in
+``repr`` or a log line. Accepted forms:
+
+- ``redis://[user[:password]@]host[:port][/db][?option=value...]``
+  (``rediss://`` for TLS)
+- ``unix://[user[:password]@]/path/to/redis.sock[?db=N&password=...]``
+- ``redis+sentinel://[user[:password]@]host:port[,host:port...]/service[/db]``
+  (``rediss+sentinel://`` for TLS): the sentinels, and the name of the
+  master they monitor; the user and password are the master's.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import os
+import re
+import socket
+import ssl
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import redis.asyncio as aioredis
+import redis.exceptions as redis_errors
+from redis.asyncio.connection import ConnectionPool
+from redis.asyncio.connection import SSLConnection
+from redis.asyncio.connection import parse_url as parse_redis_url
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
+from redis.asyncio.sentinel import SentinelManagedSSLConnection
+from redis.backoff import EqualJitterBackoff
+from redis.backoff import NoBackoff
+
+__all__ = [
+    "RESERVED_CLIENT_OPTIONS",
+    "Connection",
+    "Target",
+    "check_client_options",
+    "client_name",
+    "open_client",
+    "parse_url",
+    "reason",
+    "redact",
+]
+
+#: What Redis appends to an error raised in a script.
+_SCRIPT_SUFFIX = re.compile(r"\s*script: [0-9a-f]+, on @user_script:\d+\.?$")
+
+_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
+
+#: ``client_options`` the discovery sets itself: each connection must name
+#: itself, read bytes, and end (not silently reconnect) when it is lost.
+RESERVED_CLIENT_OPTIONS = frozenset(
+    {
+        "client_name",
+        "decode_responses",
+        "retry",
+        "retry_on_error",
+        "retry_on_timeout",
+        "connection_pool",
+        "single_connection_client",
+        "url",
+        "host",
+        "port",
+        "path",
+        "db",
+    }
+)
+
+
+@attrs.frozen
+class Target:
+    """A parsed, validated url.
+
+    :attr:`key` is the normalised connection the process's pool shares
+    subscriptions by: scheme, each host resolved to one address (IPv4
+    first), port, database and user (for a unix socket: its absolute path
+    in place of host and port; for Sentinel: the sentinels, in order, and
+    the service name).
+    """
+
+    url: str
+    scheme: str
+    hosts: tuple[tuple[str, int], ...]
+    path: str | None
+    db: int
+    username: str | None
+    service: str | None
+
+    @property
+    def sentinel(self) -> bool:
+        return self.scheme.endswith("+sentinel")
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        if self.path is not None:
+            where: object = os.path.realpath(self.path)
+        else:
+            where = tuple((_resolved(host), port) for host, port in self.hosts)
+        scheme = "redis" if self.scheme == "unix" else self.scheme
+        return (scheme, where, self.service, self.db, self.username)
+
+
+@functools.lru_cache(maxsize=256)
+def _resolved(host: str) -> str:
+    """``host`` as one address: itself if literal, else its first resolved
+    address (IPv4 first), or the lowercased name if it does not resolve."""
+    try:
+        return str(ipaddress.ip_address(host.strip("[]")))
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return host.lower()
+    addresses = sorted(
+        {(family != socket.AF_INET, str(info[0])) for family, _, _, _, info in infos}
+    )
+    return addresses[0][1] if addresses else host.lower()
+
+
+def _port(text: str, url: str, default: int) -> int:
+    if not text:
+        return default
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise ValueError(
+            f"invalid port {text!r} in Redis url {redact_unchecked(url)!r}"
+        )
+    return int(text)
+
+
+def _split_host(text: str, url: str, default_port: int) -> tuple[str, int]:
+    if text.startswith("["):
+        host, bracket, rest = text[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            raise ValueError(
+                f"invalid host {text!r} in Redis url {redact_unchecked(url)!r}"
+            )
+        return host, _port(rest[1:], url, default_port)
+    host, _, port = text.partition(":")
+    if not host or ":" in port:
+        raise ValueError(
+            f"a Redis url needs a host, got {text!r} in {redact_unchecked(url)!r}"
+        )
+    return host, _port(port, url, default_port)
+
+
+def _db(text: str, url: str) -> int:
+    if not text.isdigit():
+        raise ValueError(
+            f"invalid database {text!r} in Redis url {redact_unchecked(url)!r}"
+        )
+    return int(text)
+
+
+def parse_url(url: object) -> Target:
+    """Check ``url`` and return what it names.
+
+    :raises TypeError: if ``url`` is not a ``str``.
+    :raises ValueError: for an unknown scheme, a missing host (or socket
+        path, or Sentinel service), an invalid port or database number, or
+        query parameters on a Sentinel url.
+    """
+    if not isinstance(url, str):
+        raise TypeError(f"a Redis url must be a str, got {type(url).__name__}")
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in _SCHEMES:
+        raise ValueError(
+            f"a Redis url starts with redis://, rediss://, unix://, redis+sentinel:// "
+            f"or rediss+sentinel://, got {redact_unchecked(url)!r}"
+        )
+    scheme = scheme.lower()
+    rest, _, query = rest.partition("?")
+    rest = rest.partition("#")[0]
+    userinfo, at, location = rest.rpartition("@")
+    if not at:
+        userinfo, location = "", rest
+    username = urllib.parse.unquote(userinfo.partition(":")[0]) or None
+    try:
+        options = dict(urllib.parse.parse_qsl(query, keep_blank_values=True))
+    except ValueError as error:
+        raise ValueError(
+            f"invalid query in Redis url {redact_unchecked(url)!r}"
+        ) from error
+    db = 0
+    if "db" in options:
+        db = _db(options["db"], url)
+    if scheme == "unix":
+        path = urllib.parse.unquote(location)
+        if not path.startswith("/"):
+            raise ValueError(
+                f"a unix:// Redis url needs an absolute socket path "
+                f"(unix:///path/to/redis.sock), got {redact_unchecked(url)!r}"
+            )
+        return Target(url, scheme, (), path, db, username, None)
+    netloc, slash, path = location.partition("/")
+    if scheme.endswith("+sentinel"):
+        if query:
+            raise ValueError(
+                "a Sentinel url takes no query parameters (pass them in "
+                f"client_options), got {redact_unchecked(url)!r}"
+            )
+        hosts = tuple(_split_host(part, url, 26379) for part in netloc.split(","))
+        service, _, db_text = path.partition("/")
+        if not service:
+            raise ValueError(
+                "a Sentinel url names the monitored master: "
+                "redis+sentinel://host:port[,host:port...]/service_name[/db], "
+                f"got {redact_unchecked(url)!r}"
+            )
+        db = _db(db_text, url) if db_text else 0
+        return Target(url, scheme, hosts, None, db, username, service)
+    host = _split_host(netloc, url, 6379)
+    if slash and path and "db" not in options:
+        db = _db(path, url)
+    return Target(url, scheme, (host,), None, db, username, None)
+
+
+def _without_passwords(query: str) -> str:
+    if not query:
+        return query
+    pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
+    return urllib.parse.urlencode(
+        [(name, value) for name, value in pairs if "password" not in name.lower()],
+        safe="/:",
+    )
+
+
+def redact_unchecked(url: str) -> str:
+    """``url`` without any password (userinfo and query), even if malformed."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "<a Redis url>" if "@" in url or "password" in url else url
+    rest, qmark, query = rest.partition("?")
+    userinfo, at, location = rest.rpartition("@")
+    if at:
+        user = userinfo.partition(":")[0]
+        rest = f"{user}@{location}" if user else location
+    if qmark:
+        query = _without_passwords(query)
+        return f"{scheme}://{rest}?{query}" if query else f"{scheme}://{rest}"
+    return f"{scheme}://{rest}"
+
+
+def redact(url: str) -> str:
+    """``url`` with its password removed (after the user, and any
+    ``password=`` or ``sentinel_password=`` query parameter), for messages
+    and logs."""
+    return redact_unchecked(url)
+
+
+#: The server's error codes that redis-py turns into classes (and drops
+#: from the message): put back, so a message says what the server said.
+_CODES: tuple[tuple[type[BaseException], str], ...] = (
+    (redis_errors.AuthenticationWrongNumberOfArgsError, "ERR"),
+    (redis_errors.AuthenticationError, "WRONGPASS"),
+    (redis_errors.NoPermissionError, "NOPERM"),
+    (redis_errors.ReadOnlyError, "READONLY"),
+    (redis_errors.BusyLoadingError, "LOADING"),
+    (redis_errors.NoScriptError, "NOSCRIPT"),
+)
+
+
+def reason(error: BaseException) -> str:
+    """What went wrong, as the server or the OS said it (redis-py 8's
+    ``repr`` drops it): the error's type and message, or, for an error
+    without one, its cause's (``Connection refused``, ``WRONGPASS ...``,
+    ``NOPERM ...``, ``WRONGTYPE ...``)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        text = _SCRIPT_SUFFIX.sub("", str(current)).strip()
+        if text:
+            if text.startswith("invalid username-password pair"):
+                text = f"WRONGPASS {text}"  # redis-py's text for it
+            for cls, code in _CODES:
+                if isinstance(current, cls):
+                    if not text.startswith(code):
+                        text = f"{code} {text}"
+                    break
+            return f"{type(current).__name__}: {text}"
+        current = current.__cause__ or current.__context__
+    return type(error).__name__
+
+
+def check_client_options(
+    options: Mapping[str, Any] | None, target: Target
+) -> dict[str, Any]:
+    """A copy of ``options``, checked against ``target``.
+
+    :raises TypeError: if it is not a mapping of ``str`` keys, or its
+        ``ssl_context`` is not an :class:`ssl.SSLContext`.
+    :raises ValueError: for an option the discovery sets itself, or an
+        ``ssl_context`` for a url without TLS.
+    """
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise TypeError(
+            f"client_options must be a mapping, got {type(options).__name__}"
+        )
+    checked = dict(options)
+    for name in checked:
+        if not isinstance(name, str):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise TypeError(f"client_options keys must be str, got {name!r}")
+    reserved = sorted(RESERVED_CLIENT_OPTIONS.intersection(checked))
+    if reserved:
+        raise ValueError(
+            f"client_options may not set {', '.join(reserved)}: the discovery "
+            "sets those itself (the url gives host, port, path and db)"
+        )
+    if "ssl_context" in checked:
+        if not isinstance(checked["ssl_context"], ssl.SSLContext):
+            raise TypeError(
+                "client_options ssl_context must be an ssl.SSLContext, got "
+                f"{type(checked['ssl_context']).__name__}"
+            )
+        if not target.scheme.startswith("rediss"):
+            raise ValueError(
+                "client_options ssl_context needs a TLS url (rediss:// or "
+                f"rediss+sentinel://), got {redact(target.url)!r}"
+            )
+    return checked
+
+
+class _GivenContextSSLConnection(SSLConnection):
+    """redis-py's TLS connection, with the ``ssl.SSLContext`` it is given."""
+
+    def __init__(self, *, given_ssl_context: ssl.SSLContext, **kwargs: Any) -> None:
+        super().__init__(**kwargs)  # pyright: ignore[reportUnknownMemberType]
+        self.ssl_context.context = given_ssl_context
+
+
+class _GivenContextSentinelSSLConnection(SentinelManagedSSLConnection):
+    """redis-py's TLS connection to a Sentinel-monitored master, with the
+    ``ssl.SSLContext`` it is given."""
+
+    def __init__(self, *, given_ssl_context: ssl.SSLContext, **kwargs: Any) -> None:
+        super().__init__(**kwargs)  # pyright: ignore[reportUnknownMemberType]
+        self.ssl_context.context = given_ssl_context
+
+
+def _escape(text: str) -> str:
+    """``text`` with every character outside ``!``..``~`` (and ``%``)
+    percent-encoded as UTF-8: ``CLIENT SETNAME`` takes nothing else."""
+    return "".join(
+        char
+        if "!" <= char <= "~" and char != "%"
+        else "".join(f"%{byte:02X}" for byte in char.encode("utf-8", "replace"))
+        for char in text
+    )
+
+
+def client_name(role: str, namespace: str) -> str:
+    """``CLIENT SETNAME`` value: who holds the connection, for ``CLIENT LIST``:
+    ``wool-pooling:<role>:<namespace>:<host>:<pid>``, the namespace and host
+    percent-encoded outside ``!``..``~``."""
+    host = _escape(socket.gethostname())
+    return f"wool-pooling:{role}:{_escape(namespace)}:{host}:{os.getpid()}"
+
+
+@attrs.define
+class Connection:
+    """A redis-py asyncio client, and what else must be closed with it."""
+
+    client: Any
+    sentinel: Any = None
+
+    async def aclose(self) -> None:
+        try:
+            await self.client.aclose()
+        finally:
+            if self.sentinel is not None:
+                for each in self.sentinel.sentinels:
+                    await each.aclose()
+
+
+def open_client(
+    target: Target,
+    role: str,
+    namespace: str,
+    timeout: float,
+    *,
+    retries: int,
+    client_options: Mapping[str, Any],
+) -> Connection:
+    """A client for ``target`` whose connections name themselves.
+
+    Precedence: the url's own parts (and, for ``redis://``, ``rediss://``
+    and ``unix://``, its query parameters) win over ``client_options``,
+    which win over the defaults set here (``socket_connect_timeout`` and
+    ``socket_timeout`` of ``timeout``, TCP keepalive). An ``ssl_context``
+    option is used for every TLS connection to the server (not to the
+    sentinels: give theirs in ``sentinel_kwargs``).
+    """
+    retry = (
+        Retry(EqualJitterBackoff(cap=timeout, base=0.05), retries)
+        if retries
+        else Retry(NoBackoff(), 0)
+    )
+    options: dict[str, Any] = {
+        "socket_connect_timeout": timeout,
+        "socket_timeout": timeout,
+    }
+    if target.path is None:
+        options["socket_keepalive"] = True
+    options.update(client_options)
+    given = options.pop("ssl_context", None)
+    if given is not None:
+        options["given_ssl_context"] = given
+        options["connection_class"] = (
+            _GivenContextSentinelSSLConnection
+            if target.sentinel
+            else _GivenContextSSLConnection
+        )
+    options.update(
+        client_name=client_name(role, namespace),
+        retry=retry,
+        retry_on_error=[redis_errors.ConnectionError, redis_errors.TimeoutError],
+    )
+    if not target.sentinel:
+        if given is None:
+            return Connection(
+                aioredis.Redis.from_url(target.url, **options)  # pyright: ignore[reportUnknownMemberType]
+            )
+        # from_url would let the url's scheme pick the connection class.
+        arguments: dict[str, Any] = {**options, **parse_redis_url(target.url)}
+        arguments["connection_class"] = _GivenContextSSLConnection
+        pool = ConnectionPool(**arguments)
+        return Connection(aioredis.Redis.from_pool(pool))
+    userinfo = target.url.partition("://")[2].rpartition("@")[0]
+    password = urllib.parse.unquote(userinfo.partition(":")[2]) or None
+    if target.username is not None:
+        options["username"] = target.username
+    if password is not None:
+        options["password"] = password
+    if target.scheme.startswith("rediss"):
+        options["ssl"] = True
+    sentinel_options = options.pop("sentinel_kwargs", None)
+    if sentinel_options is None:
+        sentinel_options = {
+            name: value for name, value in options.items() if name.startswith("socket_")
+        }
+    sentinel = Sentinel(
+        list(target.hosts), sentinel_kwargs=dict(sentinel_options), **options
+    )
+    client = sentinel.master_for(  # pyright: ignore[reportUnknownMemberType]
+        target.service or "", db=target.db
+    )
+    return Connection(client, sentinel)

@@ -1,0 +1,187 @@
+"""What one Redis subscription knows, and the events each of its inputs makes.
+
+:class:`SubscriptionState` takes the subscription's inputs one kind at a time
+(a snapshot, an announcement, the settle deadline, a reap's epoch) and
+returns the events for consumers; it does no I/O. The loop that reads the
+server (``_RedisStream``) feeds it and yields what it returns.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import final
+
+from wool import DiscoveryEvent
+from wool import WorkerMetadata
+from wool import protocol
+
+from ._tracking import Workers
+from ._tracking import diff_events
+
+__all__ = ["Resync", "SubscriptionState", "decode"]
+
+_TYPES = ("worker-added", "worker-updated", "worker-dropped")
+
+
+class Resync(Exception):
+    """The subscription can no longer trust its sequence: take a new snapshot
+    (an announcement is missing, did not parse, or is from another epoch)."""
+
+
+def decode(uid: bytes, payload: bytes) -> WorkerMetadata:
+    """The worker metadata a record holds.
+
+    :raises Exception: if ``payload`` is not a ``WorkerMetadata`` protobuf
+        of worker ``uid``.
+    """
+    metadata = WorkerMetadata.from_protobuf(protocol.WorkerMetadata.FromString(payload))
+    if str(metadata.uid) != uid.decode():
+        raise ValueError(f"record {uid!r} holds the metadata of worker {metadata.uid}")
+    return metadata
+
+
+@final
+class SubscriptionState:
+    """The workers a subscription has yielded, and where its sequence stands.
+
+    - :meth:`snapshot`: after (re)connecting, the events turning what was
+      yielded into the snapshot; if the snapshot's epoch differs from the
+      last one (the server lost its data), the workers missing from it are
+      held, not dropped, until :attr:`settle_until`.
+    - :meth:`message`: one announcement: its event, or ``None`` (a
+      duplicate, or nothing changed). Raises :exc:`Resync` on a gap, an
+      announcement from another epoch, or one that does not parse (warned
+      and counted through ``invalid``, never advancing the version).
+    - :meth:`settle`: at :attr:`settle_until`, drops the held workers not
+      announced again.
+    - :meth:`reaped`: a reap's epoch; raises :exc:`Resync` if it changed
+      (a flush with no announcement since).
+
+    Memory held: one (payload, metadata) per known worker, plus the keys of
+    the invalid records of the last snapshot (each is warned about once).
+    """
+
+    def __init__(
+        self, settle: float, invalid: Callable[[bytes, BaseException], None]
+    ) -> None:
+        self.settle_seconds = settle
+        self._invalid = invalid
+        self.known: dict[uuid.UUID, tuple[bytes, WorkerMetadata]] = {}
+        self.held: set[uuid.UUID] = set()
+        self.settle_until = 0.0
+        self.epoch: bytes | None = None
+        self.version = 0
+        self._invalid_records: set[tuple[bytes, bytes]] = set()
+
+    @property
+    def connected_before(self) -> bool:
+        return self.epoch is not None
+
+    def snapshot(
+        self, version: int, epoch: bytes, flat: list[bytes], now: float
+    ) -> tuple[list[DiscoveryEvent], bool]:
+        """The events to the snapshot, and whether the server lost its data."""
+        lost = self.epoch is not None and epoch != self.epoch
+        self.epoch, self.version = epoch, version
+        current: dict[uuid.UUID, tuple[bytes, WorkerMetadata]] = {}
+        invalid: set[tuple[bytes, bytes]] = set()
+        for index in range(0, len(flat) - 1, 2):
+            uid, payload = flat[index], flat[index + 1]
+            try:
+                metadata = decode(uid, payload)
+            except Exception as error:
+                invalid.add((uid, payload))
+                if (uid, payload) not in self._invalid_records:
+                    self._invalid(uid, error)
+                continue
+            current[metadata.uid] = (payload, metadata)
+        self._invalid_records = invalid
+        missing = {
+            uid: value for uid, value in self.known.items() if uid not in current
+        }
+        target = dict(current)
+        if lost:
+            target.update(missing)  # held: not dropped before the settle time
+        events = list(diff_events(_workers(self.known), _workers(target)))
+        self.known = target
+        self.held = set(missing) if lost else set()
+        self.settle_until = now + self.settle_seconds
+        return events, lost
+
+    def message(self, data: object) -> DiscoveryEvent | None:
+        """The event announcement ``data`` makes, if any."""
+        if not isinstance(data, bytes):
+            self._invalid(b"?", _malformed())
+            raise Resync("an announcement did not parse")
+        parts = data.split(b" ", 4)
+        if len(parts) != 5 or not parts[0].isdigit():
+            self._invalid(data[:60], _malformed())
+            raise Resync("an announcement did not parse")
+        number, epoch, kind, uid, payload = parts
+        version = int(number)
+        if epoch != self.epoch:
+            raise Resync(
+                "an announcement is from another epoch (the server's data was "
+                "flushed, evicted or lost)"
+            )
+        if version <= self.version:
+            return None  # already in the snapshot, or a duplicate
+        if version != self.version + 1:
+            raise Resync(
+                f"an announcement is missing (expected version "
+                f"{self.version + 1}, got {version})"
+            )
+        try:
+            text = kind.decode()
+            if text not in _TYPES:
+                raise ValueError(f"unknown event type {text!r}")
+            metadata = decode(uid, payload)
+        except Exception as error:
+            self._invalid(data[:60], error)
+            raise Resync("an announcement did not parse") from error
+        self.version = version
+        return self._apply(text, metadata, payload)
+
+    def settle(self) -> list[DiscoveryEvent]:
+        """Drop the held workers that were not announced again."""
+        events: list[DiscoveryEvent] = []
+        for uid in self.held:
+            before = self.known.pop(uid, None)
+            if before is not None:
+                events.append(DiscoveryEvent("worker-dropped", metadata=before[1]))
+        self.held.clear()
+        return events
+
+    def reaped(self, epoch: bytes) -> None:
+        """Check a reap's epoch against the snapshot's."""
+        if epoch != self.epoch:
+            raise Resync(
+                "the server's epoch changed (its data was flushed, evicted or lost)"
+            )
+
+    def _apply(
+        self, kind: str, metadata: WorkerMetadata, payload: bytes
+    ) -> DiscoveryEvent | None:
+        """The event for consumers (never a second add, never an unknown drop)."""
+        self.held.discard(metadata.uid)
+        before = self.known.get(metadata.uid)
+        if kind == "worker-dropped":
+            if before is None:
+                return None
+            del self.known[metadata.uid]
+            return DiscoveryEvent("worker-dropped", metadata=before[1])
+        self.known[metadata.uid] = (payload, metadata)
+        if before is None:
+            return DiscoveryEvent("worker-added", metadata=metadata)
+        if before[0] == payload:
+            return None
+        return DiscoveryEvent("worker-updated", metadata=metadata)
+
+
+def _workers(known: dict[uuid.UUID, tuple[bytes, WorkerMetadata]]) -> Workers:
+    return {uid: metadata for uid, (_, metadata) in known.items()}
+
+
+def _malformed() -> ValueError:
+    return ValueError("not '<version> <epoch> <type> <uid> <metadata>'")
