@@ -23,7 +23,7 @@ from ._restart import RestartingSource
 from ._tracking import TrackedSource
 from ._tracking import Tracking
 
-__all__ = ["PoolStatistics", "SubscriptionPool", "current_pool"]
+__all__ = ["Entry", "PoolStatistics", "SubscriptionPool", "attach", "current_pool"]
 
 logger = logging.getLogger("wool_pooling")
 
@@ -72,9 +72,15 @@ class PoolStatistics:
 
 
 @attrs.define(eq=False)
-class _Entry:
-    """One live subscription: its raw instance, fan-out and known workers."""
+class Entry:
+    """One live subscription: its raw instance, fan-out and known workers.
 
+    What a :class:`~wool_pooling.SubscriptionConsumer` holds while attached
+    (see :func:`attach`); it detaches with :meth:`release` or, from a
+    garbage-collection callback, :meth:`release_soon`.
+    """
+
+    pool: SubscriptionPool
     key: tuple[type, Hashable]
     raw: Any
     source: Tracking
@@ -86,6 +92,50 @@ class _Entry:
     expiry: anyio.CancelScope | None = None
     finalizing: bool = False
     finalized: anyio.Event | None = None
+
+    async def release(self) -> None:
+        """Detach one consumer; finalise the entry if it was the last one.
+
+        With ``ttl == 0``, or when the entry's source has finished, the entry
+        is finalised before this returns; otherwise finalisation is scheduled
+        for when the ttl elapses. Shielded from cancellation.
+        """
+        self.refs -= 1
+        if self.refs == 0:
+            with anyio.CancelScope(shield=True):
+                await self.pool._after_last_release(self)
+
+    def release_soon(self) -> None:
+        """:meth:`release` from a garbage-collection callback, in any thread.
+
+        In the loop's own thread the reference is dropped at once (statistics
+        show it); from another thread the release is handed to the loop.
+        Either way, what follows the last release runs on the entry's loop.
+        """
+        if self.loop.in_own_thread():
+            self.pool._release_in_background(self)
+        else:
+            self.loop.run_soon(self.pool._release_in_background, self)
+
+
+def attach(
+    pool: SubscriptionPool,
+    key: tuple[type, Hashable],
+    config: SubscriptionConfig,
+    build: Callable[[], Any],
+    what: str,
+) -> Entry:
+    """Attach one consumer of ``key`` to ``pool``, building its entry if
+    needed: the raw instance from ``build()``, its source per ``config``, a
+    fan-out.
+
+    Synchronous, so that no other task can run between finding the entry
+    and registering the consumer with its fan-out.
+
+    :raises RuntimeError: naming ``what`` if the pool is closed or bound to
+        another event loop.
+    """
+    return pool._attach(key, config, build, what)
 
 
 @final
@@ -117,12 +167,12 @@ class SubscriptionPool:
     )
 
     def __init__(self) -> None:
-        self._entries: dict[tuple[type, Hashable], _Entry] = {}
+        self._entries: dict[tuple[type, Hashable], Entry] = {}
         # Entries no longer reachable by key (source finished) whose
         # consumers have not all been released yet.
-        self._retired: set[_Entry] = set()
+        self._retired: set[Entry] = set()
         # Entries being finalised: unreachable, still counted until closed.
-        self._closing: set[_Entry] = set()
+        self._closing: set[Entry] = set()
         self._closed = False
         self._loop: EventLoop | None = None
         self._token: Token[SubscriptionPool | None] | None = None
@@ -172,22 +222,14 @@ class SubscriptionPool:
 
     # -- attaching and releasing consumers -----------------------------------
 
-    def _acquire(
+    def _attach(
         self,
         key: tuple[type, Hashable],
         config: SubscriptionConfig,
         build: Callable[[], Any],
         what: str,
-    ) -> _Entry:
-        """Attach one consumer of ``key``, building its entry if needed: the
-        raw instance from ``build()``, its source per ``config``, a fan-out.
-
-        Synchronous, so that no other task can run between finding the entry
-        and registering the consumer with its fan-out.
-
-        :raises RuntimeError: naming ``what`` if the pool is closed or bound
-            to another event loop.
-        """
+    ) -> Entry:
+        """See :func:`attach`."""
         if self._closed:
             raise RuntimeError(
                 f"cannot iterate {what}: its subscription pool is closed"
@@ -214,7 +256,7 @@ class SubscriptionPool:
                 restarting = source = RestartingSource(raw, config.restart)
                 fanout = Fanout(source, max_lag=config.max_lag, on_lag="error")
                 restarting.deliver_to(fanout.inject)
-            entry = _Entry(key, raw, source, fanout, config.ttl, loop)
+            entry = Entry(self, key, raw, source, fanout, config.ttl, loop)
             self._entries[key] = entry
         entry.refs += 1
         if entry.expiry is not None:
@@ -222,38 +264,15 @@ class SubscriptionPool:
             entry.expiry = None
         return entry
 
-    async def _release(self, entry: _Entry) -> None:
-        """Detach one consumer; finalise the entry if it was the last one.
-
-        With ``ttl == 0``, or when the entry's source has finished, the entry
-        is finalised before this returns; otherwise finalisation is scheduled
-        for when the ttl elapses. Shielded from cancellation.
-        """
-        entry.refs -= 1
-        if entry.refs == 0:
-            await self._after_last_release(entry)
-
-    def _release_soon(self, entry: _Entry) -> None:
-        """Release from a garbage-collection callback, in any thread.
-
-        In the loop's own thread the reference is dropped at once (statistics
-        show it); from another thread the release is handed to the loop.
-        Either way, what follows the last release runs on the entry's loop.
-        """
-        if entry.loop.in_own_thread():
-            self._release_in_background(entry)
-        else:
-            entry.loop.run_soon(self._release_in_background, entry)
-
-    def _release_in_background(self, entry: _Entry) -> None:
+    def _release_in_background(self, entry: Entry) -> None:
         entry.refs -= 1
         if entry.refs == 0:
             entry.loop.run_soon(self._after_last_release_in_background, entry)
 
-    def _after_last_release_in_background(self, entry: _Entry) -> None:
+    def _after_last_release_in_background(self, entry: Entry) -> None:
         entry.loop.spawn(self._after_last_release, entry)
 
-    async def _after_last_release(self, entry: _Entry) -> None:
+    async def _after_last_release(self, entry: Entry) -> None:
         """Finalise an unused entry now, or once its ttl has elapsed."""
         if entry.refs > 0 or entry.finalizing:
             return  # attached again meanwhile, or already closing
@@ -264,7 +283,7 @@ class SubscriptionPool:
         with anyio.CancelScope(shield=True):
             await self._finalize(entry)
 
-    async def _expire(self, entry: _Entry, scope: anyio.CancelScope) -> None:
+    async def _expire(self, entry: Entry, scope: anyio.CancelScope) -> None:
         try:
             with scope:
                 await anyio.sleep(entry.ttl)
@@ -274,14 +293,14 @@ class SubscriptionPool:
                 with anyio.CancelScope(shield=True):
                     await self._finalize(entry)
 
-    def _retire(self, entry: _Entry) -> None:
+    def _retire(self, entry: Entry) -> None:
         """Make a finished entry unreachable by key; finalise it once unused."""
         del self._entries[entry.key]
         self._retired.add(entry)
         if entry.refs == 0:
             entry.loop.spawn(self._finalize, entry)
 
-    async def _finalize(self, entry: _Entry) -> None:
+    async def _finalize(self, entry: Entry) -> None:
         """Close the entry's fan-out and raw instance, exactly once."""
         if entry.finalizing:
             if entry.finalized is not None:

@@ -25,8 +25,8 @@ from ._construction import named_arguments
 from ._construction import short_repr
 from ._fanout import FanoutConsumer
 from ._fanout import Lagged
-from ._pool import SubscriptionPool
-from ._pool import _Entry
+from ._pool import Entry
+from ._pool import attach
 from ._pool import current_pool
 from ._restart import RestartPolicy
 from ._tracking import Workers
@@ -295,7 +295,6 @@ class SubscriptionConsumer(Generic[T_co]):
         "_consumer",
         "_ended",
         "_entry",
-        "_pool",
         "_replay",
         "_subscription",
         "_view",
@@ -303,8 +302,7 @@ class SubscriptionConsumer(Generic[T_co]):
 
     def __init__(self, subscription: SharedSubscription[T_co]) -> None:
         self._subscription = subscription
-        self._pool: SubscriptionPool | None = None
-        self._entry: _Entry | None = None
+        self._entry: Entry | None = None
         self._consumer: FanoutConsumer[Any] | None = None
         self._replay: deque[DiscoveryEvent] | None = None
         # The workers this consumer has been told about, for resyncs (only
@@ -373,14 +371,13 @@ class SubscriptionConsumer(Generic[T_co]):
 
     def _join(self) -> FanoutConsumer[Any]:
         subscription = self._subscription
-        pool = current_pool()
-        entry = pool._acquire(
+        entry = attach(
+            current_pool(),
             (subscription.cls, subscription.key),
             subscription._config(),
             subscription._build_raw,
             repr(subscription),
         )
-        self._pool = pool
         self._entry = entry
         consumer = self._consumer = entry.fanout.consumer()
         self._replay = replay_events(entry.source.workers)
@@ -406,12 +403,9 @@ class SubscriptionConsumer(Generic[T_co]):
         if consumer is None:
             return
         consumer.close()
-        pool, entry = self._pool, self._entry
-        self._pool = self._entry = None  # an ended consumer pins nothing
-        assert pool is not None
+        entry, self._entry = self._entry, None  # an ended consumer pins nothing
         assert entry is not None
-        with anyio.CancelScope(shield=True):
-            await pool._release(entry)
+        await entry.release()
 
     def __del__(self) -> None:
         consumer = getattr(self, "_consumer", None)
@@ -421,9 +415,9 @@ class SubscriptionConsumer(Generic[T_co]):
         # leave to the loop's thread if need be).
         self._consumer = None
         del consumer
-        pool, entry = self._pool, self._entry
-        if pool is not None and entry is not None:
-            pool._release_soon(entry)
+        entry = self._entry
+        if entry is not None:
+            entry.release_soon()
 
     def __repr__(self) -> str:
         if self._ended:
