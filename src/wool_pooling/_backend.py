@@ -48,8 +48,14 @@ class Waiters(Protocol):
     that lands anywhere (a garbage-collection callback in the middle of a
     wait's own setup, say) is never lost."""
 
-    async def wait(self) -> None:
-        """Wait until :meth:`wake` is called; cancellable, holds nothing after."""
+    def wait(self) -> Awaitable[None]:
+        """Register the calling task, and return what it awaits, at once,
+        until :meth:`wake` is called; cancellable. A wait given up (by
+        cancellation) is :meth:`withdraw`-n."""
+        ...
+
+    def withdraw(self, waiting: Awaitable[None]) -> None:
+        """Forget ``waiting``, given up before :meth:`wake`."""
         ...
 
     def wake(self) -> None:
@@ -265,18 +271,16 @@ class _FutureWaiters:
         self._futures: list[asyncio.Future[None]] = []
         self._woken = False
 
-    async def wait(self) -> None:
+    def wait(self) -> Awaitable[None]:
         if self._woken:
-            return
+            return _ready()
         future = self._loop.create_future()
         self._futures.append(future)
-        try:
-            await future
-        except BaseException:
-            if not future.done() or future.cancelled():
-                with contextlib.suppress(ValueError):  # woken meanwhile
-                    self._futures.remove(future)
-            raise
+        return future
+
+    def withdraw(self, waiting: Awaitable[None]) -> None:
+        with contextlib.suppress(ValueError):  # woken meanwhile
+            self._futures.remove(waiting)  # pyright: ignore[reportArgumentType]
 
     def wake(self) -> None:
         self._woken = True
@@ -351,6 +355,10 @@ class _TaskInterruptible:
             return  # from inside the region: it sees what it waits for itself
         self._interrupted = True
         task.cancel()
+
+
+async def _ready() -> None:
+    """A wait that is over before it starts."""
 
 
 async def _guarded(fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
@@ -434,9 +442,9 @@ class _TrioWaiters:
         self._tasks: dict[Any, None] = {}
         self._woken = False
 
-    async def wait(self) -> None:
+    def wait(self) -> Awaitable[None]:
         if self._woken:
-            return
+            return _ready()
         lowlevel = self._lowlevel
         task = lowlevel.current_task()
         tasks = self._tasks
@@ -446,7 +454,10 @@ class _TrioWaiters:
             tasks.pop(task, None)
             return lowlevel.Abort.SUCCEEDED
 
-        await lowlevel.wait_task_rescheduled(abort)
+        return lowlevel.wait_task_rescheduled(abort)
+
+    def withdraw(self, waiting: Awaitable[None]) -> None:
+        pass  # the abort function has forgotten the task
 
     def wake(self) -> None:
         self._woken = True

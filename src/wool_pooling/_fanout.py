@@ -463,7 +463,11 @@ class _FanoutState(Generic[T]):
                     if space is None:
                         space = self.space = loop.waiters()
                     self.watch_slowest()
-                    await space.wait()
+                    waiting = space.wait()
+                    try:
+                        await waiting
+                    finally:
+                        space.withdraw(waiting)
                     continue
                 if not self.pulling:
                     self.demand(loop)
@@ -475,11 +479,13 @@ class _FanoutState(Generic[T]):
                 if arrival is None:
                     arrival = self.arrival = loop.waiters()
                 self.waiting += 1
+                waiting = arrival.wait()
                 try:
-                    await arrival.wait()
+                    await waiting
                 finally:
                     if self.arrival is arrival:  # not woken: withdraw the demand
                         self.waiting -= 1
+                        arrival.withdraw(waiting)
         finally:
             consumer._busy = False
 
