@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from wool_pooling._backend import current_loop
@@ -45,31 +46,36 @@ async def test_wake_releases_every_waiter_and_a_cancelled_one_is_withdrawn() -> 
     assert sorted(woken) == [0, 1]
 
 
-@pytest.mark.parametrize("anyio_backend", ["trio"])
-async def test_a_parking_wakes_the_task_parked_there_each_time_and_no_other() -> None:
-    """trio's parking (a pump between pulls): reusable; a wake reaches only
-    a task parked then; a cancelled wait leaves it empty."""
+async def test_an_interruptible_region_takes_back_only_its_own_cancellation() -> None:
+    """``cancel()`` from another task interrupts what the region awaits, once,
+    and the region exits quietly; awaits after it are not cancelled; a
+    cancellation from elsewhere goes through the region."""
     loop = current_loop()
-    parking = loop.parking()
-    parking.wake()  # nobody parked: nothing happens, nothing is kept
-    rounds: list[int] = []
+    outcome: list[str] = []
+    entered = anyio.Event()
+    region = loop.interruptible()
 
-    async def park() -> None:
-        for index in range(3):
-            await parking.wait()
-            rounds.append(index)
+    async def inside() -> None:
+        with region:
+            entered.set()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                outcome.append("interrupted")
+        await anyio.lowlevel.checkpoint()  # not cancelled any more
+        outcome.append("after")
 
     with anyio.fail_after(5):
         async with anyio.create_task_group() as group:
-            group.start_soon(park)
-            for index in range(3):
-                await anyio.wait_all_tasks_blocked()
-                assert rounds == list(range(index))
-                parking.wake()
-                parking.wake()  # the task is no longer parked: nothing
-        with anyio.CancelScope() as scope:
-            scope.cancel()
-            await parking.wait()
-        assert scope.cancelled_caught
-        parking.wake()  # the cancelled wait left nobody to reschedule
-    assert rounds == [0, 1, 2]
+            group.start_soon(inside)
+            await entered.wait()
+            await anyio.wait_all_tasks_blocked()
+            region.cancel()
+        assert outcome == ["interrupted", "after"]
+
+        other = loop.interruptible()
+        with anyio.CancelScope() as outer:
+            with other:
+                outer.cancel()
+                await anyio.sleep_forever()
+        assert outer.cancelled_caught

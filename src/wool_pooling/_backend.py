@@ -63,26 +63,12 @@ class Waiters(Protocol):
         ...
 
 
-class Parking(Protocol):
-    """Where one task waits, again and again, to be woken. :meth:`wake`
-    reaches only a task parked at that moment: the parked task looks at
-    what it waits for before it parks, and after it is woken."""
-
-    async def wait(self) -> None: ...
-
-    def wake(self) -> None: ...
-
-
 class Interruptible(Protocol):
-    """A region of one task's code that another task can interrupt, once.
-
-    ``with region:`` in the task; :meth:`interrupt` from anywhere in the
-    loop's thread cancels what the region awaits at that moment, as a
-    cancellation of that task would (asyncio: one :exc:`asyncio.CancelledError`
-    at the current await; trio: the region's cancel scope), and the
-    region then exits without raising that cancellation. A cancellation
-    that does not come from :meth:`interrupt` goes through.
-    """
+    """A region of one task's code (``with region:``) that another task can
+    :meth:`cancel`, once, as a cancellation of that task would: asyncio, one
+    :exc:`asyncio.CancelledError` at the current await; trio, the region is
+    a :class:`trio.CancelScope`. The region then exits without raising that
+    cancellation; one that comes from elsewhere goes through."""
 
     def __enter__(self) -> object: ...
 
@@ -91,9 +77,9 @@ class Interruptible(Protocol):
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         traceback: types.TracebackType | None,
-    ) -> bool: ...
+    ) -> bool | None: ...
 
-    def interrupt(self) -> None: ...
+    def cancel(self) -> None: ...
 
 
 class EventLoop:
@@ -149,12 +135,8 @@ class EventLoop:
         """A new, empty set of waiters for this loop."""
         raise NotImplementedError
 
-    def parking(self) -> Parking:
-        """A new place for one task to wait, again and again."""
-        raise NotImplementedError
-
     def interruptible(self) -> Interruptible:
-        """A new region that :meth:`Interruptible.interrupt` can cut short."""
+        """A new region that :meth:`Interruptible.cancel` can cut short."""
         raise NotImplementedError
 
     def spawn(
@@ -162,15 +144,12 @@ class EventLoop:
         fn: Callable[..., Awaitable[Any]],
         *args: Any,
         context: contextvars.Context | None = None,
-        log_errors: bool = True,
     ) -> None:
         """Start ``fn(*args)`` as a background task; call from the loop's thread.
 
-        The task runs in ``context``, by default a copy of the caller's.
-        With ``log_errors`` an exception other than cancellation escaping
-        ``fn`` is logged, never propagated (on trio the task is a system
-        task, which must not raise); without it, ``fn`` must catch
-        everything but cancellation itself.
+        The task runs in ``context``, by default a copy of the caller's. An
+        exception other than cancellation escaping ``fn`` is logged, never
+        propagated: on trio the task is a system task, which must not raise.
         """
         raise NotImplementedError
 
@@ -221,9 +200,6 @@ class AsyncioLoop(EventLoop):
     def waiters(self) -> Waiters:
         return _FutureWaiters(self._loop())
 
-    def parking(self) -> Parking:
-        return _FutureParking(self._loop())
-
     def interruptible(self) -> Interruptible:
         return _TaskInterruptible()
 
@@ -232,12 +208,10 @@ class AsyncioLoop(EventLoop):
         fn: Callable[..., Awaitable[Any]],
         *args: Any,
         context: contextvars.Context | None = None,
-        log_errors: bool = True,
     ) -> None:
         if context is None:
             context = contextvars.copy_context()
-        coroutine = _guarded(fn, *args) if log_errors else _awaited(fn, *args)
-        task = self._loop().create_task(coroutine, context=context)
+        task = self._loop().create_task(_guarded(fn, *args), context=context)
         if not task.done():
             _running.add(task)
             task.add_done_callback(_running.discard)
@@ -291,31 +265,8 @@ class _FutureWaiters:
 
 
 @final
-class _FutureParking:
-    """asyncio: a future per parking, awaited directly."""
-
-    __slots__ = ("_future", "_loop")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._future: asyncio.Future[None] | None = None
-
-    async def wait(self) -> None:
-        future = self._future = self._loop.create_future()
-        try:
-            await future
-        finally:
-            self._future = None
-
-    def wake(self) -> None:
-        future = self._future
-        if future is not None and not future.done():
-            future.set_result(None)
-
-
-@final
 class _TaskInterruptible:
-    """asyncio: interrupting cancels the task once; leaving the region
+    """asyncio: :meth:`cancel` cancels the task once; leaving the region
     takes that one cancellation back (:meth:`asyncio.Task.uncancel`)."""
 
     __slots__ = ("_inside", "_interrupted", "_task")
@@ -347,7 +298,7 @@ class _TaskInterruptible:
             return False
         return exc_type is not None and issubclass(exc_type, asyncio.CancelledError)
 
-    def interrupt(self) -> None:
+    def cancel(self) -> None:
         if self._interrupted or not self._inside:
             return
         task = self._task
@@ -368,10 +319,6 @@ async def _guarded(fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         raise
     except BaseException:
         logger.exception("unexpected error in a wool_pooling background task")
-
-
-async def _awaited(fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
-    await fn(*args)
 
 
 # -- trio -----------------------------------------------------------------------
@@ -400,23 +347,18 @@ class TrioLoop(EventLoop):
     def waiters(self) -> Waiters:
         return _TrioWaiters(self._trio.lowlevel)
 
-    def parking(self) -> Parking:
-        return _TrioParking(self._trio.lowlevel)
-
     def interruptible(self) -> Interruptible:
-        return _ScopeInterruptible(self._trio.CancelScope())
+        return self._trio.CancelScope()
 
     def spawn(
         self,
         fn: Callable[..., Awaitable[Any]],
         *args: Any,
         context: contextvars.Context | None = None,
-        log_errors: bool = True,
     ) -> None:
         if context is None:
             context = contextvars.copy_context()
-        runner = _guarded if log_errors else _awaited
-        self._trio.lowlevel.spawn_system_task(runner, fn, *args, context=context)
+        self._trio.lowlevel.spawn_system_task(_guarded, fn, *args, context=context)
 
     def run_soon(self, fn: Callable[..., object], *args: Any) -> bool:
         token: Any = self._loop_ref()
@@ -467,56 +409,6 @@ class _TrioWaiters:
             reschedule = self._lowlevel.reschedule
             for task in tasks:
                 reschedule(task)
-
-
-@final
-class _TrioParking:
-    """trio: one task parked with ``wait_task_rescheduled``."""
-
-    __slots__ = ("_lowlevel", "_task")
-
-    def __init__(self, lowlevel: Any) -> None:
-        self._lowlevel = lowlevel
-        self._task: Any = None
-
-    async def wait(self) -> None:
-        lowlevel = self._lowlevel
-        self._task = lowlevel.current_task()
-        await lowlevel.wait_task_rescheduled(self._abort)
-
-    def _abort(self, _: object) -> Any:
-        self._task = None
-        return self._lowlevel.Abort.SUCCEEDED
-
-    def wake(self) -> None:
-        task = self._task
-        if task is not None:
-            self._task = None
-            self._lowlevel.reschedule(task)
-
-
-@final
-class _ScopeInterruptible:
-    """trio: the region is a cancel scope; interrupting cancels it."""
-
-    __slots__ = ("_scope",)
-
-    def __init__(self, scope: Any) -> None:
-        self._scope = scope
-
-    def __enter__(self) -> object:
-        return self._scope.__enter__()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: types.TracebackType | None,
-    ) -> bool:
-        return bool(self._scope.__exit__(exc_type, exc, traceback))
-
-    def interrupt(self) -> None:
-        self._scope.cancel()
 
 
 def current_loop() -> EventLoop:

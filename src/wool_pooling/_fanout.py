@@ -45,7 +45,6 @@ import attrs
 
 from ._backend import EventLoop
 from ._backend import Interruptible
-from ._backend import Parking
 from ._backend import Waiters
 from ._backend import current_loop
 from ._iterators import aclose_iterator
@@ -165,7 +164,6 @@ class _Pump:
         "finished",
         "interruptible",
         "loop",
-        "parked",
         "parking",
         "pulling",
         "stopping",
@@ -174,15 +172,14 @@ class _Pump:
 
     def __init__(self, loop: EventLoop) -> None:
         self.loop = loop
-        # Where the task waits between pulls, for the next demand.
-        self.parking: Parking = loop.parking()
+        # Where the task waits between pulls for the next demand, while it does.
+        self.parking: Waiters | None = None
         # The region its pulls run in: stop() interrupts a pull in flight.
         self.interruptible: Interruptible = loop.interruptible()
         # Woken when the task has closed the source and ended.
         self.done: Waiters = loop.waiters()
-        # Whether the task awaits the source, or waits at its parking.
+        # Whether the task awaits the source.
         self.pulling = False
-        self.parked = False
         # Whether the task is to close the source and end, and has.
         self.stopping = False
         self.finished = False
@@ -197,10 +194,10 @@ class _Pump:
         a demand, by interrupting the pull in flight otherwise. Call from
         the loop's thread."""
         self.stopping = True
-        if self.parked:
+        if self.parking is not None:
             self.parking.wake()
         elif self.pulling:
-            self.interruptible.interrupt()
+            self.interruptible.cancel()
 
 
 @final
@@ -494,13 +491,14 @@ class _FanoutState(Generic[T]):
         self.pulling = True
         pump = self.pump
         if pump is not None:
-            pump.parking.wake()
+            if pump.parking is not None:
+                pump.parking.wake()
             return
         pump = self.pump = _Pump(loop)
         # Dropped while the pump lives: the pump closes the source and ends.
         pump.finalizer = weakref.finalize(self, loop.run_soon, pump.stop)
         pump.finalizer.atexit = False
-        loop.spawn(_pump, self.ref, pump, context=self.context, log_errors=False)
+        loop.spawn(_pump, self.ref, pump, context=self.context)
 
     def log(self, item: T) -> None:
         """The pump's pull returned ``item``: log it, in the same step."""
@@ -628,15 +626,15 @@ async def _iterate(ref: weakref.ref[_FanoutState[Any]], pump: _Pump) -> None:
                 if state.end is not None or pump.stopping:
                     return
                 del state
-                pump.parked = True
+                parking = pump.parking = pump.loop.waiters()
                 try:
-                    await pump.parking.wait()
+                    await parking.wait()
                 except anyio.get_cancelled_exc_class() as cancelled:
                     if not hasattr(iterator, "athrow"):
                         raise
                     thrown = cancelled
                 finally:
-                    pump.parked = False
+                    pump.parking = None
                 state = ref()
                 if state is None or pump.stopping:
                     return
