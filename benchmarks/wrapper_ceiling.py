@@ -13,29 +13,24 @@ wrappers, with no log and no bookkeeping:
   ``__aiter__`` returns itself) costs at best;
 - ``async generator``: ``async for item in source: yield item``, for
   reference (the shape of the consumers of the previous core);
-- ``task per item``: the ``coroutine`` wrapper, but each ``__anext__`` of the
-  source runs as a task of its own that the consumer awaits, started the way
-  the fan-out starts its pulls (eagerly on asyncio with CPython 3.12+ unless
-  ``WOOL_POOLING_PULLS=task``; at the loop's next pass on 3.11 and on trio,
-  where it is a system task the consumer waits for on an event): the least
-  a wrapper that keeps the consumer's cancellation away from the source can
-  cost;
+- ``one task``: the source iterated by a task of its own, each item asked
+  for and handed over with one wake-up each way, through the waiters the
+  fan-out uses: the least a wrapper that iterates the source in one task
+  of its own (so that a source may keep task-bound state across its yields,
+  and a consumer's cancellation never reaches it) can cost;
 
 and through a one-consumer :class:`~wool_pooling.Fanout`. Repetitions
 alternate, and each ratio of items/s (wrapper / floor) is printed, to three
 significant digits, with its median and spread. A fan-out's N = 1 figure
-cannot exceed the ``task per item`` ratio: everything the fan-out does
+cannot exceed the ``one task`` ratio: everything the fan-out does
 besides (logging the item, waking its waiters) comes out of what is left.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import os
 import statistics
-import sys
 import time
 from collections.abc import AsyncIterator
 from collections.abc import Callable
@@ -46,6 +41,7 @@ import _results
 import anyio
 
 from wool_pooling import Fanout
+from wool_pooling._backend import current_loop
 
 
 async def never_suspending(m: int) -> AsyncIterator[int]:
@@ -72,55 +68,45 @@ async def pass_through_generator(source: AsyncIterator[Any]) -> AsyncIterator[An
         yield item
 
 
-#: Whether pulls start eagerly, as ``wool_pooling``'s do (same rule, same variable).
-EAGER = (
-    sys.version_info >= (3, 12)
-    and os.environ.get("WOOL_POOLING_PULLS", "eager") != "task"
-)
-
-
-class TaskPerItem:
-    """An async iterator over ``source`` that runs each of its steps in a new task."""
+class OneTask:
+    """``source`` iterated by a task of its own for its whole life: each item
+    is asked for and handed over with one wake-up each way, through the
+    waiters the fan-out uses (a fan-out's pump at N = 1, without the log)."""
 
     def __init__(self, source: AsyncIterator[Any]) -> None:
         self._source = source
+        self._demand: Any = None
+        self._ready: Any = None
+        self._outcome: tuple[bool, Any] = (True, None)
 
-    def __aiter__(self) -> TaskPerItem:
+    def __aiter__(self) -> OneTask:
         return self
 
     async def __anext__(self) -> Any:
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # trio
-            return await self._trio_step()
-        if EAGER:
-            task = asyncio.eager_task_factory(loop, self._step())  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType, reportUnknownVariableType]
+        loop = current_loop()
+        ready = self._ready = loop.waiters()
+        if self._demand is None:
+            loop.spawn(self._pump)
         else:
-            task = loop.create_task(self._step())
-        return await task  # pyright: ignore[reportUnknownVariableType]
-
-    async def _step(self) -> Any:
-        return await self._source.__anext__()
-
-    async def _trio_step(self) -> Any:
-        import trio
-
-        done = trio.Event()
-        outcome: list[Any] = []
-
-        async def step() -> None:
-            try:
-                outcome.append((True, await self._step()))
-            except BaseException as error:  # handed to the consumer
-                outcome.append((False, error))
-            done.set()
-
-        trio.lowlevel.spawn_system_task(step)
-        await done.wait()
-        ok, value = outcome[0]
+            self._demand.wake()
+        await ready.wait()
+        ok, value = self._outcome
         if ok:
             return value
         raise value
+
+    async def _pump(self) -> None:
+        loop = current_loop()
+        while True:
+            try:
+                self._outcome = (True, await self._source.__anext__())
+            except BaseException as error:  # the end included: the consumer's
+                self._outcome = (False, error)
+            demand = self._demand = loop.waiters()
+            self._ready.wake()
+            if not self._outcome[0]:
+                return
+            await demand.wait()
 
 
 async def seconds(iterator: Any) -> float:
@@ -141,7 +127,7 @@ async def through_fanout(m: int) -> float:
 WRAPPERS: dict[str, Callable[[int], Any]] = {
     "coroutine": lambda m: seconds(PassThrough(never_suspending(m))),
     "async generator": lambda m: seconds(pass_through_generator(never_suspending(m))),
-    "task per item": lambda m: seconds(TaskPerItem(never_suspending(m))),
+    "one task": lambda m: seconds(OneTask(never_suspending(m))),
     "wool_pooling.Fanout": through_fanout,
 }
 
