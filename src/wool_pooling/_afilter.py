@@ -2,22 +2,16 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncGenerator
-from collections.abc import Awaitable
 from collections.abc import Callable
 from typing import Any
 from typing import Final
-from typing import Protocol
-from typing import runtime_checkable
 
 import anyio
 from wool import DiscoveryEvent
 from wool import DiscoverySubscriberLike
 from wool import WorkerMetadata
 
-
-@runtime_checkable
-class _SupportsAclose(Protocol):
-    def aclose(self) -> Awaitable[object]: ...
+from ._iterators import aclose_iterator
 
 
 class afilter:
@@ -112,6 +106,5 @@ class afilter:
                     del tracked[uid]
                     yield DiscoveryEvent("worker-dropped", metadata=previous)
         finally:
-            if isinstance(iterator, _SupportsAclose):
-                with anyio.CancelScope(shield=True):
-                    await iterator.aclose()
+            with anyio.CancelScope(shield=True):
+                await aclose_iterator(iterator)

@@ -922,10 +922,6 @@ class FanoutConsumer(Generic[T]):
         if self._busy:
             raise anyio.BusyResourceError("receiving from")
         node = self._node
-        following = node[1]
-        if following is not None:  # the fast path: an item is buffered
-            self._node = following
-            return node[0]
         while type(node) is _Trap:  # step onto the node it covers
             self._node = node.covered
             if node.kind is _LAGGED:
@@ -934,10 +930,10 @@ class FanoutConsumer(Generic[T]):
                 raise Lagged(skipped)
             self._state.wake_space()
             node = self._node
-            following = node[1]
-            if following is not None:
-                self._node = following
-                return node[0]
+        following = node[1]
+        if following is not None:
+            self._node = following
+            return node[0]
         if node is _ENDED:
             raise anyio.EndOfStream
         state = self._state
