@@ -1,9 +1,9 @@
 """``@shared_subscription``: decoration, keys, construction and raw-instance builds.
 
-Pins issue 2's ``shared_subscription(cls=None, /, *, key=None, ttl=0.0)``
-section and the wool PR rows SM-001..SM-004 (SM-004 adapted: constructing
-needs no running loop and creates no pool; the pool is looked up at the
-first ``__anext__``).
+Pins ``shared_subscription(cls=None, /, *, key=None, ttl=0.0)``: what it
+accepts, how keys are made, that construction returns a ``SharedSubscription``
+wrapping one raw object per key, and that constructing needs no running loop
+and creates no pool (the pool is looked up at the first ``__anext__``).
 """
 
 from __future__ import annotations
@@ -237,11 +237,11 @@ def test_valid_ttl_is_accepted(ttl: float) -> None:
     assert sub.ttl == ttl
 
 
-# -- construction (SM-001) ----------------------------------------------------
+# -- construction -------------------------------------------------------------
 
 
 def test_construction_returns_a_subscription_without_running_init() -> None:
-    """SM-001: ``Cls(...)`` returns a SharedSubscription and runs no ``__init__``."""
+    """``Cls(...)`` returns a SharedSubscription and runs no ``__init__``."""
     Named = make_named()
 
     sub = Named("a", 2)
@@ -324,7 +324,7 @@ async def test_positional_and_keyword_spellings_share_one_raw_instance() -> None
 
 
 async def test_same_arguments_share_one_raw_instance() -> None:
-    """SM-002: two constructions with the same arguments wrap the same raw object."""
+    """Two constructions with the same arguments wrap the same raw object."""
     Named = make_named()
     first_sub, second_sub = Named("a"), Named("a")
     assert first_sub is not second_sub
@@ -345,7 +345,7 @@ async def test_same_arguments_share_one_raw_instance() -> None:
 
 
 async def test_different_arguments_get_different_raw_instances() -> None:
-    """SM-003: constructions with different keys wrap different raw objects."""
+    """Constructions with different keys wrap different raw objects."""
     Named = make_named()
     assert Named("a") != Named("b")
     async with (
@@ -440,11 +440,11 @@ def test_key_callable_exception_propagates_unchanged_with_a_note() -> None:
     assert Named.inits == 0
 
 
-# -- lazy construction (SM-004, adapted) --------------------------------------
+# -- lazy construction --------------------------------------------------------
 
 
 def test_construction_needs_no_running_event_loop() -> None:
-    """SM-004: constructing, and ``__aiter__()``, work with no loop and no pool."""
+    """Constructing, and ``__aiter__()``, work with no loop and no pool."""
     Named = make_named()
     with pytest.raises(RuntimeError):
         current_pool()  # so construction cannot have looked a pool up
@@ -489,7 +489,7 @@ async def test_subscription_built_in_another_thread_iterates_here() -> None:
 
 
 async def test_pool_is_looked_up_at_first_anext() -> None:
-    """SM-004: the entry lands in the pool current at ``__anext__``, not earlier."""
+    """The entry lands in the pool current at ``__anext__``, not earlier."""
     Named = make_named()
     async with SubscriptionPool() as constructed_in:
         sub = Named("a")

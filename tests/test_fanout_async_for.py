@@ -259,18 +259,18 @@ async def test_fanout_loops_under_backpressure_receive_everything() -> None:
     assert fanout.statistics().buffered == 0
 
 
-@pytest.mark.parametrize("when", ["inline", "awaited"])
+@pytest.mark.parametrize("when", ["ready", "awaited"])
 async def test_fanout_source_error_reaches_async_for_after_the_items_before_it(
     when: str,
 ) -> None:
     """A source error ends ``async for`` after the items before it, for everyone."""
-    # Raised in a pull the loop makes itself or in one it waits for; a consumer
+    # Raised by a pull that finds it ready or by one the loop waits for; a consumer
     # still behind gets it the same way, with the error itself; both then end.
     source = Feed()
     fanout = Fanout(source)
     first, behind = fanout.consumer(), fanout.consumer()
     error = ValueError("boom")
-    source.feed(0, 1, *([error] if when == "inline" else []))
+    source.feed(0, 1, *([error] if when == "ready" else []))
     got: list[int] = []
     caught: list[BaseException] = []
 

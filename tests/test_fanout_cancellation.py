@@ -82,7 +82,7 @@ async def test_cancelling_the_pulling_consumer_mid_pull(probe: Probe) -> None:
 
             probe.feed(0)
         assert b_items == [0]
-        assert await anext(a) == 0  # rule 7: the item A would have received
+        assert await anext(a) == 0  # the item A would have received
         assert probe.finally_runs == 0  # the source was never closed
         probe.feed(1, 2)
         assert await take(a, 2) == [1, 2]

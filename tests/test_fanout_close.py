@@ -218,7 +218,7 @@ async def test_closing_the_consumer_that_started_a_pull_spares_the_others() -> N
         with pytest.raises(StopAsyncIteration):
             await anext(starter)
         await anyio.wait_all_tasks_blocked()
-    assert running_tasks() == baseline  # no pull task is left
+    assert running_tasks() == baseline  # no pump is left
 
 
 @uvloop_too
@@ -289,8 +289,8 @@ async def test_a_consumer_closed_in_the_first_step_of_its_own_pull_ends_at_once(
 ):
     """Closed before the pull its call started first suspends, a consumer ends."""
     # Its pending anext ends while the pull is still in flight, as when it is
-    # closed at any later step; on asyncio 3.12+ that first step runs eagerly,
-    # inside the consumer's own call.
+    # closed at any later step; under an eager task factory that first step
+    # runs inside the consumer's own call (as the pump).
     go = anyio.Event()
     holder: list[FanoutConsumer[int]] = []
 
@@ -416,7 +416,7 @@ async def test_aclose_before_any_pull() -> None:
 async def test_aclose_ends_a_busy_polling_pull_and_every_pending_consumer() -> None:
     """aclose() cancels a polling pull in its task and ends every pending consumer."""
     # The pending anext of the pull's starter and of the consumer beside it end;
-    # the source's finally runs once, in the pull's task; no pull or task remains.
+    # the source's finally runs once, in the pump; no pull or task remains.
     polling, finalized = anyio.Event(), anyio.Event()
     finally_tasks: list[object] = []
     through_source: list[BaseException] = []
@@ -472,19 +472,19 @@ async def test_aclose_ends_a_busy_polling_pull_and_every_pending_consumer() -> N
         anyio.get_cancelled_exc_class()
     ]
     assert len(finally_tasks) == 1
-    assert finally_tasks[0] is pull_tasks.current  # ended inside the pull's task
+    assert finally_tasks[0] is pull_tasks.current  # ended inside the pump
     pull_tasks.check(consumer_tasks, pulls=2)
     assert not fanout.statistics().pulling
     await anyio.wait_all_tasks_blocked()
-    assert running_tasks() == baseline  # no pull task is left
+    assert running_tasks() == baseline  # no pump is left
     with anyio.fail_after(TIMEOUT):
         with pytest.raises(StopAsyncIteration):
             await anext(consumer)
 
 
 @uvloop_too
-async def test_closing_cancels_a_pull_started_inline() -> None:
-    """``aclose()`` cancels a pull a consumer started inline and the pump took over."""
+async def test_aclose_cancels_the_pull_a_running_pump_waits_in() -> None:
+    """``aclose()`` cancels the pull a running pump waits in and ends its consumer."""
     send, receive = anyio.create_memory_object_stream[int](10)
     finalized = anyio.Event()
 
@@ -592,7 +592,7 @@ async def test_a_fan_out_dropped_mid_pull_is_freed_and_its_pulls_error_is_not_lo
         gc.collect()
         assert state() is None
         source.release.set()
-        for _ in range(5):  # the pull's task ends, its callback runs
+        for _ in range(5):  # the pump ends, its callback runs
             await anyio.lowlevel.checkpoint()
         await anyio.wait_all_tasks_blocked()
         gc.collect()

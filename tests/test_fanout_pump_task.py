@@ -47,10 +47,10 @@ K = 3
 @pytest.mark.parametrize(
     "gated", [False, True], ids=["checkpoints-only", "then-a-task-bound-wait"]
 )
-async def test_every_step_of_every_pull_runs_in_that_pulls_task_never_a_consumers(
+async def test_every_step_of_every_pull_runs_in_the_pump_never_in_a_consumer(
     gated: bool,
 ) -> None:
-    """Each pull runs all its steps in one task of its own, never a consumer's."""
+    """Each pull runs all its steps in one task, the pump, never a consumer's."""
     # Checked before and after each checkpoint, and after a task-bound wait (gated).
     send, receive = anyio.create_memory_object_stream[int](math.inf)
     pull_tasks = PullTasks()
@@ -62,7 +62,7 @@ async def test_every_step_of_every_pull_runs_in_that_pulls_task_never_a_consumer
                 await anyio.lowlevel.checkpoint()
                 pull_tasks.step()
             if gated and number % 4 == 3:
-                await receive.receive()  # parks the pull's task
+                await receive.receive()  # parks the pump
                 pull_tasks.step()
             yield number
         pull_tasks.begin()  # the pull that finds the source exhausted
@@ -90,7 +90,7 @@ async def test_every_step_of_every_pull_runs_in_that_pulls_task_never_a_consumer
     await fanout.aclose()
 
 
-async def test_every_pull_runs_in_a_task_of_its_own_never_a_consumers() -> None:
+async def test_whichever_consumer_asks_the_source_runs_in_no_consumers_task() -> None:
     """Whichever consumer asked, the source's code runs in a task that is no
     consumer's, one pull at a time."""
     send, receive = anyio.create_memory_object_stream[int](100)
@@ -233,7 +233,7 @@ async def test_timeout_inside_a_pull_survives_cancelling_the_consumer() -> None:
     send, receive = anyio.create_memory_object_stream[str](10)
     fanout = Fanout(timed_source(receive, 0.2))
     first, second = fanout.consumer(), fanout.consumer()
-    # Warm the pump up so that the next pull starts inline on asyncio.
+    # Start the pump first: the cancelled consumer's demand finds it running.
     await send.send("warm-up")
     with anyio.fail_after(TIMEOUT):
         assert await anext(first) == "warm-up"
@@ -291,7 +291,7 @@ async def test_a_timeout_across_checkpoints_in_a_pull_fires_for_that_pull_only()
 ):
     """A deadline the source sets across a pull's checkpoints fires for it alone."""
     # The source gets its marker, no consumer gets a stray cancellation, every
-    # step stays in its pull's task, and later pulls work.
+    # step stays in the pump, and later pulls work.
     pull_tasks = PullTasks()
 
     async def source() -> AsyncIterator[str]:
@@ -354,10 +354,10 @@ async def test_a_timeout_across_checkpoints_in_a_pull_fires_for_that_pull_only()
     await fanout.aclose()
 
 
-async def test_a_pull_polling_until_its_own_deadline_times_out_in_its_own_task() -> (
+async def test_a_pull_polling_until_its_own_deadline_times_out_in_the_pump_only() -> (
     None
 ):
-    """A pull polling until its own deadline times out in its own task only."""
+    """A pull polling until its own deadline times out in the pump only."""
     # The cancellation is normally delivered at a checkpoint ("timed out"); on
     # trio the source may notice the expired deadline first ("deadline seen").
     pull_tasks = PullTasks()
@@ -548,21 +548,21 @@ async def test_a_source_error_after_several_checkpoints_reaches_every_consumer()
     assert (stats.pulling, stats.consumers, stats.pulled) == (False, 0, 3)
 
 
-async def test_source_error_in_an_inline_pull_reaches_every_consumer() -> None:
-    """An error raised while a consumer pulls inline reaches all consumers."""
+async def test_an_error_raised_without_suspending_reaches_every_consumer() -> None:
+    """An error a pull raises without suspending reaches all consumers."""
 
     async def source() -> AsyncIterator[int]:
         yield 1
-        raise LookupError("inline failure")
+        raise LookupError("failed without suspending")
 
     fanout = Fanout(source())
     first, second = fanout.consumer(), fanout.consumer()
     with anyio.fail_after(TIMEOUT):
         assert await anext(first) == 1
-        with pytest.raises(LookupError, match="inline failure"):
+        with pytest.raises(LookupError, match="failed without suspending"):
             await anext(first)
         assert await anext(second) == 1
-        with pytest.raises(LookupError, match="inline failure"):
+        with pytest.raises(LookupError, match="failed without suspending"):
             await anext(second)
         with pytest.raises(StopAsyncIteration):
             await anext(second)

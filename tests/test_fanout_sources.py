@@ -189,7 +189,7 @@ READY_4: list[Step] = ["ready"] * 4
 )
 @example(steps=[*READY_4, "pause", "ready", "ready", "pause"], fails=True, consumers=1)
 @example(steps=["pause", *READY_4, "pause", "pause"], fails=False, consumers=2)
-def test_every_source_kind_on_every_route_delivers_everything_in_no_consumers_task(
+def test_every_source_kind_delivers_everything_and_runs_in_no_consumers_task(
     backend: Any, kind: Kind, steps: list[Step], fails: bool, consumers: int
 ) -> None:
     run(lambda: drive(kind, steps, fails, consumers), backend)

@@ -10,7 +10,9 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
+from _stubs import drain
 from _stubs import ended
+from _stubs import entry_of
 from _stubs import ev
 from _stubs import make_stub
 from _stubs import meta
@@ -21,17 +23,10 @@ from wool import DiscoveryEvent
 from wool import DiscoverySubscriberLike
 
 from wool_pooling import PoolStatistics
-from wool_pooling import SharedSubscription
 from wool_pooling import SubscriptionConsumer
 from wool_pooling import SubscriptionPool
 
 pytestmark = pytest.mark.anyio
-
-
-async def drain(it: AsyncIterator[DiscoveryEvent]) -> list[DiscoveryEvent]:
-    """Read until the consumer ends."""
-    with anyio.fail_after(5):
-        return [event async for event in it]
 
 
 async def settle(pool: SubscriptionPool, *, consumers: int) -> None:
@@ -41,15 +36,11 @@ async def settle(pool: SubscriptionPool, *, consumers: int) -> None:
             await anyio.wait_all_tasks_blocked()
 
 
-def entry_of(pool: SubscriptionPool, sub: SharedSubscription) -> Any:
-    return pool._entries[(sub.cls, sub.key)]
-
-
-# -- sharing (SS-001 .. SS-003) ------------------------------------------------
+# -- sharing -------------------------------------------------------------------
 
 
 async def test_consumer_receives_event() -> None:
-    """SS-001: a consumer receives the event its raw subscriber yields."""
+    """A consumer receives the event its raw subscriber yields."""
     stub = make_stub()
     m = meta()
     async with SubscriptionPool():
@@ -68,7 +59,7 @@ async def test_consumer_receives_event() -> None:
 
 
 async def test_two_consumers_receive_every_event() -> None:
-    """SS-002: two consumers of one key both receive every event, in order."""
+    """Two consumers of one key both receive every event, in order."""
     stub = make_stub()
     events = [ev("worker-added", meta()) for _ in range(3)]
     async with SubscriptionPool():
@@ -92,7 +83,7 @@ async def test_two_consumers_receive_every_event() -> None:
 
 
 async def test_each_aiter_is_an_independent_consumer() -> None:
-    """SS-003: each __aiter__() returns a distinct consumer reading at its own pace."""
+    """Each __aiter__() returns a distinct consumer reading at its own pace."""
     stub = make_stub()
     events = [ev("worker-added", meta()) for _ in range(4)]
     async with SubscriptionPool():
@@ -342,7 +333,7 @@ async def test_known_workers_updated_once_per_event() -> None:
 
 
 async def test_finite_source_first_gets_all_second_gets_replay() -> None:
-    """SS-006: over a finite source of two events, the first consumer gets both, a
+    """Over a finite source of two events, the first consumer gets both, a
     second joining after them gets their replay; both then reach the end."""
     stub = make_stub()
     m1, m2 = meta(), meta()
