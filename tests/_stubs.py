@@ -298,20 +298,61 @@ class Boom(Exception):
     """The source's error."""
 
 
-class Probe:
-    """A gated source: yields the ints the test feeds it, recording every pull.
+class _Exhausted(Exception):
+    """Raised by :meth:`CountingSource._next_item` where the source ends."""
 
-    ``pulls`` counts the generator's resumptions (one per ``__anext__``),
-    ``active`` the pulls currently blocked waiting for an item.
+
+class CountingSource:
+    """An async iterable of ints that records every pull.
+
+    ``aiter_calls`` counts ``__aiter__`` calls, ``pulls`` the pulls started
+    (one per ``__anext__``), ``active`` those in progress, ``max_active`` the
+    most ever in progress at once, ``finally_runs`` how often the generator's
+    ``finally`` ran. Subclasses say how a pull gets its item.
     """
 
     def __init__(self) -> None:
-        self._send, self._receive = anyio.create_memory_object_stream[int](math.inf)
         self.aiter_calls = 0
         self.pulls = 0
         self.active = 0
         self.max_active = 0
         self.finally_runs = 0
+
+    async def _next_item(self) -> int:
+        """The pull's item; raises :exc:`_Exhausted` where the source ends."""
+        raise NotImplementedError
+
+    def __aiter__(self) -> AsyncGenerator[int, None]:
+        self.aiter_calls += 1
+        return self._generate()
+
+    async def _generate(self) -> AsyncGenerator[int, None]:
+        try:
+            while True:
+                self.pulls += 1
+                self.active += 1
+                self.max_active = max(self.max_active, self.active)
+                try:
+                    item = await self._next_item()
+                except _Exhausted:
+                    return
+                finally:
+                    self.active -= 1
+                yield item
+        finally:
+            self.finally_runs += 1
+
+
+class Probe(CountingSource):
+    """A gated source: yields the ints the test feeds it, recording every pull.
+
+    Every pull waits on a memory object stream, so it suspends at least once
+    even when an item is there; ``active`` counts the pulls blocked on it.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._send, self._receive = anyio.create_memory_object_stream[int](math.inf)
 
     def feed(self, *items: int) -> None:
         for item in items:
@@ -331,46 +372,27 @@ class Probe:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def __aiter__(self) -> AsyncGenerator[int, None]:
-        self.aiter_calls += 1
-        return self._generate()
-
-    async def _generate(self) -> AsyncGenerator[int, None]:
+    async def _next_item(self) -> int:
         try:
-            while True:
-                self.pulls += 1
-                self.active += 1
-                self.max_active = max(self.max_active, self.active)
-                try:
-                    item = await self._receive.receive()
-                except anyio.EndOfStream:
-                    return
-                finally:
-                    self.active -= 1
-                yield item
-        finally:
-            self.finally_runs += 1
+            return await self._receive.receive()
+        except anyio.EndOfStream:
+            raise _Exhausted from None
 
 
-class Feed:
+class Feed(CountingSource):
     """A source fed by the test: a fed item is pulled without suspending.
 
     With ``checkpoints``, every pull first passes that many checkpoints (so it
     suspends several times even when an item is ready). A fed exception is
-    raised by its pull. ``pulls`` counts the pulls started, ``active`` those in
-    progress.
+    raised by its pull.
     """
 
     def __init__(self, *, checkpoints: int = 0) -> None:
+        super().__init__()
         self.checkpoints = checkpoints
         self._queue: deque[int | BaseException] = deque()
         self._arrived: anyio.Event | None = None
         self._ended = False
-        self.aiter_calls = 0
-        self.pulls = 0
-        self.active = 0
-        self.max_active = 0
-        self.finally_runs = 0
 
     def feed(self, *items: int | BaseException) -> None:
         self._queue.extend(items)
@@ -386,32 +408,18 @@ class Feed:
         if arrived is not None:
             arrived.set()
 
-    def __aiter__(self) -> AsyncGenerator[int, None]:
-        self.aiter_calls += 1
-        return self._generate()
-
-    async def _generate(self) -> AsyncGenerator[int, None]:
-        try:
-            while True:
-                self.pulls += 1
-                self.active += 1
-                self.max_active = max(self.max_active, self.active)
-                try:
-                    for _ in range(self.checkpoints):
-                        await anyio.lowlevel.checkpoint()
-                    while not self._queue:
-                        if self._ended:
-                            return
-                        arrived = self._arrived = anyio.Event()
-                        await arrived.wait()
-                    item = self._queue.popleft()
-                finally:
-                    self.active -= 1
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            self.finally_runs += 1
+    async def _next_item(self) -> int:
+        for _ in range(self.checkpoints):
+            await anyio.lowlevel.checkpoint()
+        while not self._queue:
+            if self._ended:
+                raise _Exhausted
+            arrived = self._arrived = anyio.Event()
+            await arrived.wait()
+        item = self._queue.popleft()
+        if isinstance(item, BaseException):
+            raise item
+        return item
 
 
 class PullTasks:
