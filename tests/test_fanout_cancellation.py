@@ -155,37 +155,6 @@ async def test_cancelled_anext_loses_nothing_for_that_consumer(probe: Probe) -> 
     await fanout.aclose()
 
 
-async def test_cancelled_waits_leave_nothing_behind(probe: Probe) -> None:
-    """Waits cancelled while the source is silent hold nothing until an item comes."""
-    fanout = Fanout(probe)
-    patient, impatient = fanout.consumer(), fanout.consumer()
-    received: list[int] = []
-
-    async def wait_patiently() -> None:
-        received.append(await anext(patient))
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(wait_patiently)
-        await settle()
-        for _ in range(50):
-            with anyio.CancelScope() as scope:
-                scope.cancel()
-                await anext(impatient)
-            with anyio.move_on_after(0):
-                await anext(impatient)
-        # Only the patient consumer's wait is held (on asyncio, one future).
-        arrival = fanout._state.arrival  # pyright: ignore[reportPrivateUsage]
-        futures = getattr(arrival, "_futures", None)
-        if futures is not None:
-            assert len(futures) == 1
-        assert fanout.statistics().waiting == 1
-        probe.feed(7)
-    assert received == [7]
-    with anyio.fail_after(5):
-        assert await anext(impatient) == 7
-    await fanout.aclose()
-
-
 # --- cancelled during the pull its call asked for ------------------------------
 
 N_ITEMS = 6

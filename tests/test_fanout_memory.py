@@ -14,6 +14,7 @@ import anyio.lowlevel
 import pytest
 from _stubs import Probe
 from _stubs import counting_source
+from _stubs import settle
 from _stubs import take
 
 from wool_pooling import Fanout
@@ -201,4 +202,35 @@ async def test_consumers_collected_while_the_fanout_scans_them_are_tolerated(
         generations[0] = 0
     gc.collect()
     assert received == list(range(30))
+    await fanout.aclose()
+
+
+async def test_cancelled_waits_leave_nothing_behind(probe: Probe) -> None:
+    """Waits cancelled while the source is silent hold nothing until an item comes."""
+    fanout = Fanout(probe)
+    patient, impatient = fanout.consumer(), fanout.consumer()
+    received: list[int] = []
+
+    async def wait_patiently() -> None:
+        received.append(await anext(patient))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait_patiently)
+        await settle()
+        for _ in range(50):
+            with anyio.CancelScope() as scope:
+                scope.cancel()
+                await anext(impatient)
+            with anyio.move_on_after(0):
+                await anext(impatient)
+        # Only the patient consumer's wait is held (on asyncio, one future).
+        arrival = fanout._state.arrival  # pyright: ignore[reportPrivateUsage]
+        futures = getattr(arrival, "_futures", None)
+        if futures is not None:
+            assert len(futures) == 1
+        assert fanout.statistics().waiting == 1
+        probe.feed(7)
+    assert received == [7]
+    with anyio.fail_after(5):
+        assert await anext(impatient) == 7
     await fanout.aclose()

@@ -12,7 +12,6 @@ import pickle
 import subprocess
 import sys
 import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import pytest
 from subscribers import NamedSubscriber
 from subscribers import announcement
 from subscribers import first_uid
+from subscribers import uid_of
 from wool import DiscoveryEvent
 from wool import WorkerMetadata
 
@@ -43,10 +43,6 @@ def _fresh_instances() -> Iterator[None]:
     NamedSubscriber.instances.clear()
     yield
     NamedSubscriber.instances.clear()
-
-
-def uid_of(raw: object) -> uuid.UUID:
-    return announcement(raw).metadata.uid
 
 
 def test_cloudpickle_roundtrip_is_equal() -> None:
