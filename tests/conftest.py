@@ -7,12 +7,20 @@ import pytest
 from _loops import BACKENDS
 from _redis import RedisServer
 from _redis import require_redis_server
+from _stubs import Probe
 
 
 @pytest.fixture(params=BACKENDS)
 def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
     """Run every ``anyio``-marked test under asyncio (see ``_loops``) and trio."""
     return request.param
+
+
+@pytest.fixture
+def probe() -> Iterator[Probe]:
+    """A gated :class:`~_stubs.Probe` source, closed after the test."""
+    with Probe() as source:
+        yield source
 
 
 @pytest.fixture(scope="module")

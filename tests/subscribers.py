@@ -1,7 +1,8 @@
 """Importable decorated subscriber classes, for tests that need plain ``pickle``.
 
 Plain ``pickle`` (and a child process) can only rebuild a subscription whose
-class is importable by name, so these classes live at module level here.
+class is importable by name, so these classes live at module level here,
+with :class:`Announcer`, the undecorated base the decorator tests subclass.
 ``tests/`` is on ``sys.path`` under pytest's default (prepend) import mode,
 so tests import this module as ``subscribers``.
 """
@@ -29,6 +30,37 @@ def announcement(raw: object) -> DiscoveryEvent:
             uid=uuid.UUID(int=serial), address="127.0.0.1:1", pid=1, version="1"
         ),
     )
+
+
+def uid_of(raw: object) -> uuid.UUID:
+    """The worker uid that :func:`announcement` gives the raw instance ``raw``."""
+    return uuid.UUID(int=id(raw))
+
+
+class Announcer:
+    """Undecorated base: each raw instance announces one worker, then waits.
+
+    Every subclass gets its own ``created`` list of the raw instances built
+    (kept alive, so the ids in the announcements stay unique).
+    """
+
+    __slots__ = ()
+
+    created: ClassVar[list[Any]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.created = []
+
+    def register(self) -> None:
+        type(self).created.append(self)
+
+    def __aiter__(self) -> AsyncGenerator[DiscoveryEvent, None]:
+        return self._stream()
+
+    async def _stream(self) -> AsyncGenerator[DiscoveryEvent, None]:
+        yield announcement(self)
+        await anyio.sleep_forever()
 
 
 @shared_subscription

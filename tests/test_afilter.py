@@ -7,7 +7,6 @@ from collections.abc import AsyncIterable
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
-from typing import Literal
 
 import anyio
 import anyio.lowlevel
@@ -15,6 +14,9 @@ import cloudpickle
 import pytest
 from _loops import BACKENDS
 from _loops import run as run_on_backend
+from _stubs import EventType
+from _stubs import ev
+from _stubs import meta as stub_meta
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -27,24 +29,14 @@ from wool_pooling._afilter import afilter
 # Sync tests (the hypothesis one) are ignored by anyio's plugin despite this mark.
 pytestmark = pytest.mark.anyio
 
-EventType = Literal["worker-added", "worker-updated", "worker-dropped"]
 Pairs = list[tuple[str, WorkerMetadata]]
 
 
 def meta(
     uid: uuid.UUID | None = None, *, gpu: bool = True, pid: int = 1
 ) -> WorkerMetadata:
-    return WorkerMetadata(
-        uid=uid or uuid.uuid4(),
-        address="127.0.0.1:1",
-        pid=pid,
-        version="1",
-        tags=frozenset({"gpu" if gpu else "cpu"}),
-    )
-
-
-def ev(type_: EventType, metadata: WorkerMetadata) -> DiscoveryEvent:
-    return DiscoveryEvent(type_, metadata=metadata)
+    """A worker tagged ``gpu`` or ``cpu``."""
+    return stub_meta(uid, pid=pid, tags=frozenset({"gpu" if gpu else "cpu"}))
 
 
 def is_gpu(metadata: WorkerMetadata) -> bool:
@@ -138,7 +130,7 @@ async def collect(stream: AsyncIterable[DiscoveryEvent]) -> Pairs:
 
 
 async def test_matching_added_passes() -> None:
-    """AF-001: a worker-added for a passing worker is yielded as worker-added."""
+    """A worker-added for a passing worker is yielded as worker-added."""
     m = meta()
     assert await collect(afilter(is_gpu, ListSubscriber([ev("worker-added", m)]))) == [
         ("worker-added", m)
@@ -146,7 +138,7 @@ async def test_matching_added_passes() -> None:
 
 
 async def test_added_then_updated_pass_in_order() -> None:
-    """AF-002: added then updated of a passing worker are yielded in order."""
+    """Added then updated of a passing worker are yielded in order."""
     m1 = meta()
     m2 = meta(m1.uid, pid=2)
     inner = ListSubscriber([ev("worker-added", m1), ev("worker-updated", m2)])
@@ -168,7 +160,7 @@ async def test_repeated_added_of_tracked_worker_is_update() -> None:
 
 
 async def test_rejecting_predicate_yields_nothing() -> None:
-    """AF-003: a predicate rejecting everything yields no events at all."""
+    """A predicate rejecting everything yields no events at all."""
     m = meta()
     inner = ListSubscriber(
         [ev("worker-added", m), ev("worker-updated", m), ev("worker-dropped", m)]
@@ -177,7 +169,7 @@ async def test_rejecting_predicate_yields_nothing() -> None:
 
 
 async def test_entry_transition_yields_added() -> None:
-    """AF-004: a worker starting to pass on an update is yielded as worker-added."""
+    """A worker starting to pass on an update is yielded as worker-added."""
     m1 = meta(gpu=False)
     m2 = meta(m1.uid, gpu=True)
     inner = ListSubscriber([ev("worker-added", m1), ev("worker-updated", m2)])
@@ -185,7 +177,7 @@ async def test_entry_transition_yields_added() -> None:
 
 
 async def test_exit_transition_drops_with_prior_metadata() -> None:
-    """AF-005: a tracked worker that stops passing is dropped with prior metadata."""
+    """A tracked worker that stops passing is dropped with prior metadata."""
     m1 = meta(gpu=True)
     m2 = meta(m1.uid, gpu=False)
     inner = ListSubscriber([ev("worker-added", m1), ev("worker-updated", m2)])
@@ -198,7 +190,7 @@ async def test_exit_transition_drops_with_prior_metadata() -> None:
 
 
 async def test_tracked_drop_passes_through() -> None:
-    """AF-006: a worker-dropped of a tracked worker is passed through."""
+    """A worker-dropped of a tracked worker is passed through."""
     m = meta()
     inner = ListSubscriber([ev("worker-added", m), ev("worker-dropped", m)])
     assert await collect(afilter(is_gpu, inner)) == [
@@ -208,7 +200,7 @@ async def test_tracked_drop_passes_through() -> None:
 
 
 async def test_untracked_drop_suppressed() -> None:
-    """AF-007: a worker-dropped of a never-passing worker is suppressed."""
+    """A worker-dropped of a never-passing worker is suppressed."""
     m = meta(gpu=False)
     inner = ListSubscriber([ev("worker-added", m), ev("worker-dropped", m)])
     assert await collect(afilter(is_gpu, inner)) == []
@@ -235,7 +227,7 @@ async def test_drop_after_exit_suppressed_and_readd_is_added() -> None:
 
 
 async def test_sequential_iterations_independent() -> None:
-    """AF-008: two sequential iterations of one afilter give the same results."""
+    """Two sequential iterations of one afilter give the same results."""
     m1 = meta()
     m2 = meta(gpu=False)
     inner = ListSubscriber(
@@ -248,7 +240,7 @@ async def test_sequential_iterations_independent() -> None:
 
 
 async def test_interleaved_iterations_independent() -> None:
-    """AF-009: two interleaved iterations of one afilter keep separate state."""
+    """Two interleaved iterations of one afilter keep separate state."""
     m1 = meta()
     m2 = meta(m1.uid, pid=2)
     inner = ListSubscriber([ev("worker-added", m1), ev("worker-updated", m2)])

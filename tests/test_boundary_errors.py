@@ -394,7 +394,7 @@ class _ManyInts:
 
 async def test_default_max_lag_raises_lagged_for_other_items() -> None:
     """With the default bound (1024), a consumer left behind a stream of ints
-    gets Lagged, as the issue's fast/slow pair would have shown."""
+    gets Lagged, as a fast/slow pair of consumers would show."""
     with anyio.fail_after(10):
         async with SubscriptionPool():
             subscription = _ManyInts()

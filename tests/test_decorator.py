@@ -1,28 +1,24 @@
 """``@shared_subscription``: decoration, keys, construction and raw-instance builds.
 
-Pins issue 2's ``shared_subscription(cls=None, /, *, key=None, ttl=0.0)``
-section and the wool PR rows SM-001..SM-004 (SM-004 adapted: constructing
-needs no running loop and creates no pool; the pool is looked up at the
-first ``__anext__``).
+Pins ``shared_subscription(cls=None, /, *, key=None, ttl=0.0)``: what it
+accepts, how keys are made, that construction returns a ``SharedSubscription``
+wrapping one raw object per key, and that constructing needs no running loop
+and creates no pool (the pool is looked up at the first ``__anext__``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
-import uuid
-from collections.abc import AsyncGenerator
 from collections.abc import Callable
 from typing import Any
 from typing import ClassVar
 
 import anyio
 import pytest
-import wool
+from subscribers import Announcer
 from subscribers import first_uid
-from wool import DiscoveryEvent
+from subscribers import uid_of
 from wool import DiscoverySubscriberLike
-from wool import WorkerMetadata
 
 from wool_pooling import SharedSubscription
 from wool_pooling import SubscriptionPool
@@ -35,46 +31,6 @@ pytestmark = pytest.mark.anyio
 
 class Boom(Exception):
     """Raised on purpose by test subscribers."""
-
-
-def announcement(raw: object) -> DiscoveryEvent:
-    """The ``worker-added`` event unique to the raw instance ``raw``."""
-    return DiscoveryEvent(
-        "worker-added",
-        metadata=WorkerMetadata(
-            uid=uuid.UUID(int=id(raw)), address="127.0.0.1:1", pid=1, version="1"
-        ),
-    )
-
-
-class Announcer:
-    """Undecorated base: each raw instance announces one worker, then waits.
-
-    Every subclass gets its own ``created`` list of the raw instances built
-    (kept alive, so the ids in the announcements stay unique).
-    """
-
-    __slots__ = ()
-
-    created: ClassVar[list[Any]]
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls.created = []
-
-    def register(self) -> None:
-        type(self).created.append(self)
-
-    def __aiter__(self) -> AsyncGenerator[DiscoveryEvent, None]:
-        return self._stream()
-
-    async def _stream(self) -> AsyncGenerator[DiscoveryEvent, None]:
-        yield announcement(self)
-        await anyio.sleep_forever()
-
-
-def uid_of(raw: object) -> uuid.UUID:
-    return uuid.UUID(int=id(raw))
 
 
 def make_named(**options: Any) -> Any:
@@ -237,11 +193,11 @@ def test_valid_ttl_is_accepted(ttl: float) -> None:
     assert sub.ttl == ttl
 
 
-# -- construction (SM-001) ----------------------------------------------------
+# -- construction -------------------------------------------------------------
 
 
 def test_construction_returns_a_subscription_without_running_init() -> None:
-    """SM-001: ``Cls(...)`` returns a SharedSubscription and runs no ``__init__``."""
+    """``Cls(...)`` returns a SharedSubscription and runs no ``__init__``."""
     Named = make_named()
 
     sub = Named("a", 2)
@@ -324,7 +280,7 @@ async def test_positional_and_keyword_spellings_share_one_raw_instance() -> None
 
 
 async def test_same_arguments_share_one_raw_instance() -> None:
-    """SM-002: two constructions with the same arguments wrap the same raw object."""
+    """Two constructions with the same arguments wrap the same raw object."""
     Named = make_named()
     first_sub, second_sub = Named("a"), Named("a")
     assert first_sub is not second_sub
@@ -345,7 +301,7 @@ async def test_same_arguments_share_one_raw_instance() -> None:
 
 
 async def test_different_arguments_get_different_raw_instances() -> None:
-    """SM-003: constructions with different keys wrap different raw objects."""
+    """Constructions with different keys wrap different raw objects."""
     Named = make_named()
     assert Named("a") != Named("b")
     async with (
@@ -440,11 +396,11 @@ def test_key_callable_exception_propagates_unchanged_with_a_note() -> None:
     assert Named.inits == 0
 
 
-# -- lazy construction (SM-004, adapted) --------------------------------------
+# -- lazy construction --------------------------------------------------------
 
 
 def test_construction_needs_no_running_event_loop() -> None:
-    """SM-004: constructing, and ``__aiter__()``, work with no loop and no pool."""
+    """Constructing, and ``__aiter__()``, work with no loop and no pool."""
     Named = make_named()
     with pytest.raises(RuntimeError):
         current_pool()  # so construction cannot have looked a pool up
@@ -489,7 +445,7 @@ async def test_subscription_built_in_another_thread_iterates_here() -> None:
 
 
 async def test_pool_is_looked_up_at_first_anext() -> None:
-    """SM-004: the entry lands in the pool current at ``__anext__``, not earlier."""
+    """The entry lands in the pool current at ``__anext__``, not earlier."""
     Named = make_named()
     async with SubscriptionPool() as constructed_in:
         sub = Named("a")
@@ -573,201 +529,3 @@ async def test_persistent_init_failure_reaches_every_triggering_consumer() -> No
                 await aiter(Broken("a")).__anext__()
             assert Broken.attempts == expected
             assert pool.statistics().entries == 0
-
-
-# -- class shapes --------------------------------------------------------------
-
-
-async def test_dataclass_generated_init_runs_on_the_raw_instance() -> None:
-    """A dataclass's generated ``__init__`` builds the raw instance's fields."""
-
-    @shared_subscription
-    @dataclasses.dataclass
-    class Config(Announcer):
-        name: str
-        size: int = 3
-        tags: tuple[str, ...] = ()
-
-        def __post_init__(self) -> None:
-            self.register()
-
-    sub = Config("a", tags=("x",))
-    assert isinstance(sub, SharedSubscription)
-    assert sub == Config(name="a", size=3, tags=("x",))
-    assert Config.created == []
-    async with SubscriptionPool(), aiter(sub) as consumer:
-        await first_uid(consumer)
-        (raw,) = Config.created
-        assert type(raw) is Config
-        assert (raw.name, raw.size, raw.tags) == ("a", 3, ("x",))
-
-
-async def test_slots_class_without_weakref_works() -> None:
-    """A ``__slots__`` class without ``__weakref__`` can be pooled and iterated."""
-
-    @shared_subscription
-    class Slotted(Announcer):
-        __slots__ = ("name",)
-
-        def __init__(self, name: str) -> None:
-            self.name = name
-            self.register()
-
-    assert not hasattr(Slotted, "__weakref__")
-    async with (
-        SubscriptionPool() as pool,
-        aiter(Slotted("a")) as first,
-        aiter(Slotted("a")) as second,
-    ):
-        assert await first_uid(first) == await first_uid(second)
-        (raw,) = Slotted.created
-        assert raw.name == "a"
-        assert not hasattr(raw, "__dict__")
-        assert pool.statistics().entries == 1
-    assert pool.statistics().entries == 0
-
-
-async def test_class_with_eq_but_no_hash_works() -> None:
-    """A class with ``__eq__`` and no ``__hash__`` (unhashable instances) works."""
-
-    @shared_subscription
-    class EqOnly(Announcer):
-        def __init__(self, name: str) -> None:
-            self.name = name
-            self.register()
-
-        def __eq__(self, other: object) -> bool:
-            return isinstance(other, EqOnly) and other.name == self.name
-
-    assert EqOnly.__hash__ is None
-    async with (
-        SubscriptionPool() as pool,
-        aiter(EqOnly("a")) as first,
-        aiter(EqOnly("a")) as second,
-    ):
-        assert await first_uid(first) == await first_uid(second)
-        (raw,) = EqOnly.created
-        with pytest.raises(TypeError):
-            hash(raw)
-        assert pool.statistics().entries == 1
-    assert pool.statistics().entries == 0
-
-
-async def test_class_with_its_own_new_builds_the_raw_instance_with_it() -> None:
-    """A class's own ``__new__`` (receiving the arguments) builds the raw instance."""
-
-    @shared_subscription
-    class Custom(Announcer):
-        new_calls: ClassVar[list[tuple[Any, ...]]] = []
-
-        def __new__(cls, name: str, *, size: int = 1) -> Any:
-            cls.new_calls.append((cls, name, size))
-            instance = super().__new__(cls)
-            instance.made_by_new = True
-            return instance
-
-        def __init__(self, name: str, *, size: int = 1) -> None:
-            self.name = name
-            self.size = size
-            self.register()
-
-    sub = Custom("a", size=2)
-    assert isinstance(sub, SharedSubscription)
-    assert Custom.new_calls == []
-    async with SubscriptionPool(), aiter(sub) as consumer:
-        await first_uid(consumer)
-        (raw,) = Custom.created
-        assert type(raw) is Custom
-        assert raw.made_by_new is True
-        assert (raw.name, raw.size) == ("a", 2)
-        assert Custom.new_calls == [(Custom, "a", 2)]
-
-
-async def test_subclass_of_decorated_class_is_keyed_and_built_by_the_subclass() -> None:
-    """A subclass of a decorated class pools under its own class and ``__init__``."""
-
-    @shared_subscription
-    class Base(Announcer):
-        def __init__(self, name: str) -> None:
-            self.name = name
-            self.built_by = "Base"
-            self.register()
-
-    class Derived(Base):
-        def __init__(self, name: str) -> None:
-            super().__init__(name)
-            self.built_by = "Derived"
-
-    sub = Derived("a")
-    assert isinstance(sub, SharedSubscription)
-    assert sub.cls is Derived
-    assert sub != Base("a")
-    assert sub == Derived("a")
-    async with (
-        SubscriptionPool() as pool,
-        aiter(sub) as derived,
-        aiter(Base("a")) as base,
-    ):
-        derived_seen = await first_uid(derived)
-        base_seen = await first_uid(base)
-        assert derived_seen != base_seen
-        (raw_derived,) = Derived.created
-        (raw_base,) = Base.created
-        assert type(raw_derived) is Derived
-        assert raw_derived.built_by == "Derived"
-        assert type(raw_base) is Base
-        assert raw_base.built_by == "Base"
-        assert derived_seen == uid_of(raw_derived)
-        assert pool.statistics().entries == 2
-
-
-def test_subclass_of_wool_local_discovery_subscriber() -> None:
-    """A decorated subclass of wool's metaclass-pooled subscriber builds a real raw."""
-
-    @shared_subscription
-    class Watched(wool.LocalDiscovery.Subscriber):
-        def __init__(
-            self, namespace: str, *, poll_interval: float | None = None
-        ) -> None:
-            super().__init__(namespace, poll_interval=poll_interval)
-            self.label = f"watched:{namespace}"
-
-    sub = Watched("ns-1")
-    assert type(sub) is SharedSubscription
-    assert sub.cls is Watched
-    assert sub == Watched(namespace="ns-1")
-    assert sub != Watched("ns-2")
-    assert isinstance(sub, DiscoverySubscriberLike)
-
-    raw = sub._build_raw()
-    assert type(raw) is Watched
-    assert isinstance(raw, wool.LocalDiscovery.Subscriber)
-    assert raw._namespace == "ns-1"
-    assert raw.label == "watched:ns-1"
-    # Each build is a fresh instance: wool's singleton cache was not consulted.
-    assert sub._build_raw() is not raw
-
-
-async def test_rebuild_after_finalization_uses_the_triggering_arguments() -> None:
-    """A rebuilt entry's raw instance comes from the construction that rebuilt it."""
-
-    @shared_subscription(key=lambda cls, name, tag: name)
-    class Tagged(Announcer):
-        def __init__(self, name: str, tag: str) -> None:
-            self.name = name
-            self.tag = tag
-            self.register()
-
-    async with SubscriptionPool() as pool:
-        first_sub = Tagged("x", "one")
-        second_sub = Tagged("x", "two")
-        assert first_sub == second_sub
-
-        first = aiter(first_sub)
-        await first_uid(first)
-        await first.aclose()
-        assert pool.statistics().entries == 0
-
-        async with aiter(second_sub) as second:
-            assert await first_uid(second) == uid_of(Tagged.created[1])
-        assert [raw.tag for raw in Tagged.created] == ["one", "two"]

@@ -1,4 +1,4 @@
-"""Slow consumers (issue 5): ``max_lag`` / ``on_lag`` on ``Fanout``, resync by diff."""
+"""Slow consumers: ``max_lag`` / ``on_lag`` on ``Fanout``, resync by diff."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class Counter:
     """Async iterable of ``0 .. n-1``; ``on_pull(i)`` runs as item ``i`` is produced.
 
     With ``suspend=True`` every pull suspends once (a checkpoint) before its
-    item, so pulls are completed by the fan-out's pump instead of inline.
+    item, so the consumers wait for the pump instead of finding items ready.
     """
 
     def __init__(

@@ -1,4 +1,4 @@
-"""Pickling a ``SharedSubscription``: issue 2's "Pickling" bullet, SS-005, AF-009.
+"""Pickling a ``SharedSubscription`` (and an ``afilter`` over one).
 
 A pickled subscription is rebuilt by calling its class again, so the copy is
 equal to the original and attaches to whatever pool is current where it is
@@ -12,7 +12,6 @@ import pickle
 import subprocess
 import sys
 import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import pytest
 from subscribers import NamedSubscriber
 from subscribers import announcement
 from subscribers import first_uid
+from subscribers import uid_of
 from wool import DiscoveryEvent
 from wool import WorkerMetadata
 
@@ -45,12 +45,8 @@ def _fresh_instances() -> Iterator[None]:
     NamedSubscriber.instances.clear()
 
 
-def uid_of(raw: object) -> uuid.UUID:
-    return announcement(raw).metadata.uid
-
-
 def test_cloudpickle_roundtrip_is_equal() -> None:
-    """SS-005: a cloudpickle roundtrip returns an equal SharedSubscription."""
+    """A cloudpickle roundtrip returns an equal SharedSubscription."""
     sub = NamedSubscriber("a", size=2)
 
     copy = cloudpickle.loads(cloudpickle.dumps(sub))
@@ -65,7 +61,7 @@ def test_cloudpickle_roundtrip_is_equal() -> None:
 
 
 async def test_cloudpickled_copy_shares_the_raw_instance_in_the_same_pool() -> None:
-    """SS-005: the copy, iterated in the same pool, shares the raw instance."""
+    """The copy, iterated in the same pool, shares the raw instance."""
     sub = NamedSubscriber("a")
     async with SubscriptionPool() as pool, aiter(sub) as original:
         original_seen = await first_uid(original)
@@ -217,7 +213,7 @@ def passes(metadata: WorkerMetadata) -> bool:
 
 
 async def test_afilter_over_a_subscription_roundtrips_and_iterates() -> None:
-    """AF-009: ``afilter(pred, sub)`` roundtrips through cloudpickle and iterates."""
+    """``afilter(pred, sub)`` roundtrips through cloudpickle and iterates."""
     sub = NamedSubscriber("f")
     filtered = afilter(passes, sub)
     lambda_filtered = afilter(lambda metadata: metadata.pid == 1, sub)

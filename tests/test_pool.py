@@ -124,7 +124,7 @@ async def test_pool_exit_finalises_every_entry() -> None:
 
 
 async def test_consumer_of_closed_entry_ends() -> None:
-    """SS-007: after its pool is closed, a joined consumer's __anext__ ends."""
+    """After its pool is closed, a joined consumer's __anext__ ends."""
     stub = make_stub()
     async with SubscriptionPool() as pool:
         it = aiter(subscribe(stub))
@@ -135,7 +135,7 @@ async def test_consumer_of_closed_entry_ends() -> None:
 
 
 async def test_consumer_with_pending_replay_ends_at_pool_close() -> None:
-    """SS-007: a consumer still holding undelivered replay also ends at pool close."""
+    """A consumer still holding undelivered replay also ends at pool close."""
     stub = make_stub()
     async with SubscriptionPool() as pool:
         sub = subscribe(stub)

@@ -35,6 +35,7 @@ import anyio.from_thread
 import anyio.lowlevel
 import attrs
 import pytest
+from _stubs import pairs
 from hypothesis import HealthCheck
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -190,11 +191,6 @@ class Record:
     def expected(self) -> list[Pair]:
         assert self.entry is not None
         return self.replay + self.entry.log[self.position :]
-
-
-def pairs(events: list[DiscoveryEvent]) -> list[Pair]:
-    """``DiscoveryEvent`` has no ``__eq__``: compare (type, metadata) pairs."""
-    return [(event.type, event.metadata) for event in events]
 
 
 def metadata(uid: uuid.UUID, pid: int) -> WorkerMetadata:

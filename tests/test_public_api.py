@@ -26,15 +26,15 @@ EXPECTED = {
 
 
 def test_all_lists_the_public_names() -> None:
-    """``__all__`` holds at least the names the issue fixes, each importable."""
+    """``__all__`` holds at least the documented public names, each importable."""
     assert set(wool_pooling.__all__) >= EXPECTED
     for name in wool_pooling.__all__:
         assert getattr(wool_pooling, name) is not None
         assert not name.startswith("_")
 
 
-def test_issue_import_line_works() -> None:
-    """The import line from the specification works as written."""
+def test_the_documented_import_line_works() -> None:
+    """The import line the README shows works as written."""
     from wool_pooling import Fanout  # noqa: F401
     from wool_pooling import FanoutConsumer  # noqa: F401
     from wool_pooling import SharedSubscription  # noqa: F401

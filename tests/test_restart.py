@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import math
 import uuid
-from collections.abc import AsyncIterator
 from collections.abc import Sequence
 from typing import Any
 from typing import cast
@@ -13,6 +12,10 @@ from typing import cast
 import anyio
 import anyio.lowlevel
 import pytest
+from _stubs import entry_of
+from _stubs import meta
+from _stubs import pairs
+from _stubs import take
 from wool import DiscoveryEvent
 from wool import WorkerMetadata
 
@@ -31,12 +34,6 @@ Item = DiscoveryEvent | str | anyio.Event
 View = dict[uuid.UUID, WorkerMetadata]
 
 
-def meta(uid: uuid.UUID | None = None, *, pid: int = 1) -> WorkerMetadata:
-    return WorkerMetadata(
-        uid=uid or uuid.uuid4(), address="127.0.0.1:1", pid=pid, version="1"
-    )
-
-
 def same(metadata: WorkerMetadata) -> WorkerMetadata:
     """An equal but distinct copy: re-reports compare by value."""
     return meta(metadata.uid, pid=metadata.pid)
@@ -52,11 +49,6 @@ def updated(metadata: WorkerMetadata) -> DiscoveryEvent:
 
 def dropped(metadata: WorkerMetadata) -> DiscoveryEvent:
     return DiscoveryEvent("worker-dropped", metadata=metadata)
-
-
-def pairs(events: Sequence[DiscoveryEvent]) -> list[tuple[str, WorkerMetadata]]:
-    """``DiscoveryEvent`` has no ``__eq__``: compare (type, metadata) pairs."""
-    return [(event.type, event.metadata) for event in events]
 
 
 def apply(view: View, events: Sequence[DiscoveryEvent]) -> View:
@@ -163,16 +155,6 @@ def fast(**overrides: Any) -> RestartPolicy:
     settings: dict[str, Any] = {"backoff": 0, "jitter": 0, "settle": 0.2}
     settings.update(overrides)
     return RestartPolicy(**settings)
-
-
-async def take(it: AsyncIterator[DiscoveryEvent], n: int) -> list[DiscoveryEvent]:
-    """Read exactly ``n`` events (failing instead of hanging)."""
-    with anyio.fail_after(5):
-        return [await anext(it) for _ in range(n)]
-
-
-def entry_of(pool: SubscriptionPool, sub: SharedSubscription) -> Any:
-    return pool._entries[(sub.cls, sub.key)]  # pyright: ignore[reportPrivateUsage]
 
 
 # -- the diff after a restart -------------------------------------------------

@@ -1,4 +1,4 @@
-"""``SharedDiscovery``: issue 3's wrapper, against fake inner discoveries.
+"""``SharedDiscovery``: the wrapper, against fake inner discoveries.
 
 The fakes stand in for a wool discovery: ``subscribe(**options)`` records its
 options and returns a :class:`~_stubs.StreamStub` the test feeds, so each test

@@ -1,4 +1,4 @@
-"""Real ``wool.WorkerPool``s on pooled subscriptions, across processes (issue 3).
+"""Real ``wool.WorkerPool``s on pooled subscriptions, across processes.
 
 Every pool here discovers its workers through
 ``SharedDiscovery(wool.LocalDiscovery(namespace), poll_interval=POLL)``

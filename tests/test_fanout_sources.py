@@ -1,16 +1,13 @@
-"""Every kind of source, on every route a pull can take.
+"""Every kind of source a fan-out iterates.
 
-A pull runs as a task of its own on asyncio, started by the consumer's call
-(on CPython 3.12+ eagerly, inside that call: ``FanoutConsumer.__anext__``
-starts it itself, ``wait_readable()`` through ``EventLoop.start_pull``), and
-in the fan-out's pump on trio. These tests drive four kinds of source (an
-async generator, an ``async def __anext__``, a plain ``def __anext__`` whose
-body runs when it is called, an awaitable that is no coroutine) through
-patterns of ready and suspending items, and pin what no route may change:
-every consumer gets every item once and in order, then the end or the
-error; every part of a pull (the plain ``def __anext__`` body included) runs
-in a task that is no consumer's; a pull that cancels its caller's scope
-cancels that very call, losing nothing.
+An async generator, an ``async def __anext__``, a plain ``def __anext__`` whose
+body runs when it is called, an awaitable that is no coroutine, a class-based
+async iterable, and something that is no async iterable at all. Driven
+through patterns of ready and suspending items, every consumer gets every item
+once and in order, then the end or the error; every part of a pull (the plain
+``def __anext__`` body included) runs in the pump, a task that is no
+consumer's; a pull that cancels its caller's scope cancels that very call,
+losing nothing; each item is in the log in the step the source returns it.
 """
 
 from __future__ import annotations
@@ -25,7 +22,11 @@ import anyio.lowlevel
 import pytest
 from _loops import BACKENDS
 from _loops import run
+from _stubs import TIMEOUT
+from _stubs import Boom
+from _stubs import NumbersIterable
 from _stubs import current_task
+from _stubs import take
 from hypothesis import example
 from hypothesis import given
 from hypothesis import settings
@@ -33,15 +34,12 @@ from hypothesis import strategies as st
 
 from wool_pooling import Fanout
 
-TIMEOUT = 5
+# Sync tests (the hypothesis one) are ignored by anyio's plugin despite this mark.
+pytestmark = pytest.mark.anyio
 
 Step = Literal["ready", "pause"]
 Kind = Literal["async generator", "async def", "plain def", "awaitable"]
 KINDS: tuple[Kind, ...] = ("async generator", "async def", "plain def", "awaitable")
-
-
-class Boom(Exception):
-    """The source's error."""
 
 
 class Script:
@@ -191,14 +189,12 @@ READY_4: list[Step] = ["ready"] * 4
 )
 @example(steps=[*READY_4, "pause", "ready", "ready", "pause"], fails=True, consumers=1)
 @example(steps=["pause", *READY_4, "pause", "pause"], fails=False, consumers=2)
-def test_every_source_kind_on_every_route_delivers_everything_in_no_consumers_task(
+def test_every_source_kind_delivers_everything_and_runs_in_no_consumers_task(
     backend: Any, kind: Kind, steps: list[Step], fails: bool, consumers: int
 ) -> None:
     run(lambda: drive(kind, steps, fails, consumers), backend)
 
 
-@pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", BACKENDS)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("at", [1, 2, 4])
 async def test_a_ready_pull_cancelling_its_callers_scope_cancels_that_call_only(
@@ -236,8 +232,6 @@ async def test_a_ready_pull_cancelling_its_callers_scope_cancels_that_call_only(
     await fanout.aclose()
 
 
-@pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", BACKENDS)
 @pytest.mark.parametrize("kind", KINDS)
 async def test_system_exit_from_a_ready_pull_reaches_every_consumer(kind: Kind) -> None:
     """SystemExit raised by the source ends the fan-out with it, for everyone."""
@@ -263,94 +257,6 @@ async def test_system_exit_from_a_ready_pull_reaches_every_consumer(kind: Kind) 
     await fanout.aclose()
 
 
-class Held:
-    """A source whose items come ready until ``hold`` is set; then each pull
-    waits for ``release`` and raises :exc:`Boom`."""
-
-    def __init__(self) -> None:
-        self.hold = False
-        self.release = anyio.Event()
-        self.closed = False
-
-    async def items(self) -> Any:
-        try:
-            number = 0
-            while True:
-                if self.hold:
-                    await self.release.wait()
-                    raise Boom(number)
-                yield number
-                number += 1
-        finally:
-            self.closed = True
-
-
-@pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", BACKENDS)
-async def test_closing_during_a_ready_sources_suspended_pull_cancels_it() -> None:
-    """A pull that suspends after ready ones is cancelled by ``aclose()``,
-    which closes the source and ends the waiting consumer."""
-    source = Held()
-    fanout = Fanout(source.items())
-    consumer = fanout.consumer()
-    ended: list[str] = []
-
-    async def wait_for_the_held_item() -> None:
-        async for _ in consumer:
-            pass
-        ended.append("end")
-
-    with anyio.fail_after(TIMEOUT):
-        assert [await anext(consumer) for _ in range(4)] == [0, 1, 2, 3]
-        source.hold = True
-        async with anyio.create_task_group() as group:
-            group.start_soon(wait_for_the_held_item)
-            await anyio.wait_all_tasks_blocked()
-            assert fanout.statistics().pulling
-            await fanout.aclose()
-    assert ended == ["end"]
-    assert source.closed
-    assert not fanout.statistics().pulling
-
-
-@pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", BACKENDS)
-async def test_a_fan_out_dropped_mid_pull_is_freed_and_its_pulls_error_is_not_logged(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """Dropped while a pull waits (after ready ones): nothing keeps the
-    fan-out alive, and the pull's later error is dealt with, not reported."""
-    import gc
-    import weakref
-
-    source = Held()
-    fanout = Fanout(source.items())
-    consumer = fanout.consumer()
-    with anyio.fail_after(TIMEOUT):
-        assert [await anext(consumer) for _ in range(4)] == [0, 1, 2, 3]
-        source.hold = True
-        with anyio.CancelScope() as scope:
-            scope.deadline = anyio.current_time()  # gives up at its wait
-            await anext(consumer)
-        assert scope.cancelled_caught
-        assert fanout.statistics().pulling
-        state = weakref.ref(fanout._state)  # pyright: ignore[reportPrivateUsage]
-        del fanout, consumer
-        # (trio keeps the Cancelled last thrown into this task, with its
-        # traceback, until the task is next rescheduled.)
-        await anyio.lowlevel.checkpoint()
-        gc.collect()
-        assert state() is None
-        source.release.set()
-        for _ in range(5):  # the pull's task ends, its callback runs
-            await anyio.lowlevel.checkpoint()
-        await anyio.wait_all_tasks_blocked()
-        gc.collect()
-    assert [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")] == []
-
-
-@pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", BACKENDS)
 @pytest.mark.parametrize("kind", KINDS)
 async def test_the_log_is_never_behind_what_the_source_has_produced(kind: Kind) -> None:
     """Seen from any other task, every item the source has returned is in
@@ -391,4 +297,71 @@ async def test_the_log_is_never_behind_what_the_source_has_produced(kind: Kind) 
             done.set()
     assert behind == []
     assert produced[0] == fanout.statistics().pulled == len(steps)
+    await fanout.aclose()
+
+
+# --- async iterable classes, and no async iterable -----------------------------
+
+
+@pytest.mark.parametrize("source", [42, [1, 2, 3], "abc", None])
+async def test_non_async_iterable_source_raises_type_error(source: Any) -> None:
+    """``Fanout`` of something without ``__aiter__`` raises ``TypeError``."""
+    with pytest.raises(TypeError):
+        Fanout(source)
+
+
+async def test_async_iterable_class_is_iterated_once() -> None:
+    """A class-based async iterable has ``aiter`` called once for all consumers."""
+    source = NumbersIterable(20)
+    fanout = Fanout(source)
+    consumers = [fanout.consumer() for _ in range(4)]
+    with anyio.fail_after(5):
+        assert await take(consumers[0], 5) == list(range(5))
+        late = fanout.consumer()
+        for consumer in consumers[1:]:
+            assert await take(consumer, 10) == list(range(10))
+        assert await take(late, 5) == list(range(5, 10))
+        assert source.aiter_calls == 1
+        await fanout.aclose()
+        await fanout.aclose()
+    assert source.aiter_calls == 1
+    assert source.aclose_calls == 1
+
+
+class _SyncRaising:
+    """A source whose plain ``__anext__`` raises at the end instead of awaiting."""
+
+    def __init__(self, items: int, error: Exception | None) -> None:
+        self._left = items
+        self._count = 0
+        self._error = error
+
+    def __aiter__(self) -> _SyncRaising:
+        return self
+
+    def __anext__(self) -> Any:
+        if self._count == self._left:
+            raise self._error or StopAsyncIteration
+        self._count += 1
+        return self._value(self._count)
+
+    async def _value(self, value: int) -> int:
+        return value
+
+
+@pytest.mark.parametrize("error", [None, ValueError("boom")])
+async def test_a_source_anext_that_raises_synchronously_ends_every_consumer(
+    error: Exception | None,
+) -> None:
+    """An ``__anext__`` raising before returning an awaitable ends every consumer."""
+    fanout = Fanout(_SyncRaising(3, error))
+    first, second = fanout.consumer(), fanout.consumer()
+    for consumer in (first, second):
+        with anyio.fail_after(5):
+            assert await take(consumer, 3) == [1, 2, 3]
+            if error is None:
+                assert [item async for item in consumer] == []
+            else:
+                with pytest.raises(ValueError, match="boom"):
+                    await anext(consumer)
     await fanout.aclose()
