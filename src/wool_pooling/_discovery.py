@@ -15,6 +15,8 @@ with different filters still share the upstream.
 
 from __future__ import annotations
 
+import copyreg
+import inspect
 import threading
 from collections.abc import AsyncGenerator
 from collections.abc import Awaitable
@@ -32,6 +34,7 @@ from typing import overload
 from typing import runtime_checkable
 
 import anyio
+import wool
 from wool import DiscoveryEvent
 from wool import DiscoveryLike
 from wool import DiscoveryPublisherLike
@@ -107,17 +110,28 @@ class SharedDiscovery:
     :exc:`RuntimeError`.
 
     **Pickling.** Everything handed out pickles with cloudpickle (and with
-    plain pickle when ``inner``, the options and any filter do), so wool can
-    ship a proxy's subscription into worker processes; there the copy joins
-    the pool of the process that iterates it, so all proxies on a worker
-    share one upstream too. A ``SharedDiscovery`` pickles as
-    ``(inner, subscribe_options)``: the copy starts unentered.
+    plain pickle when the recipe of ``inner``, the options and any filter
+    do), so wool can ship a proxy's subscription into worker processes;
+    there the copy joins the pool of the process that iterates it, so all
+    proxies on a worker share one upstream too. What travels for ``inner``
+    is a recipe that rebuilds an equal, unentered discovery, never the
+    object the pools entered: for wool's ``LocalDiscovery`` and
+    ``LanDiscovery`` their class and constructor arguments (no shared-memory
+    segment, no cleanup closure), for any other discovery its own
+    ``__reduce__`` (``wool_pooling.redis.RedisDiscovery`` has one: url,
+    namespace and options, no connection). A ``SharedDiscovery`` pickles as
+    ``(recipe, subscribe_options)``: the copy starts unentered. Equality and
+    hash of a subscription (its pool key) are those of ``inner`` and the
+    options, so a copy shares the original's upstream.
 
     :param inner: The wool discovery to wrap (anything with ``publisher`` and
         ``subscribe``).
     :param subscribe_options: Keyword arguments for ``inner.subscribe``.
-    :raises TypeError: if ``inner`` has no callable ``subscribe``, or an
-        option value is not hashable.
+    :raises TypeError: if ``inner`` has no callable ``subscribe``, if an
+        option value is not hashable, or if ``inner`` cannot be rebuilt in
+        another process (neither wool's ``LocalDiscovery`` or
+        ``LanDiscovery`` nor a class with a ``__reduce__`` of its own): the
+        message names the class and the ``__reduce__`` to add.
     """
 
     __slots__ = (
@@ -126,6 +140,7 @@ class SharedDiscovery:
         "_inner",
         "_lock",
         "_options",
+        "_portable",
         "_transition",
     )
 
@@ -158,6 +173,9 @@ class SharedDiscovery:
                 f"SharedDiscovery subscribe options must be hashable, got {options!r}"
             ) from error
         self._inner = inner
+        # How a copy in another process rebuilds ``inner``, unentered: checked
+        # here, so a discovery that cannot travel fails now, not at dispatch.
+        self._portable = _Portable(inner, _recipe(inner))
         self._options: Options = options
         self._entered = 0
         self._lock = threading.Lock()
@@ -216,7 +234,7 @@ class SharedDiscovery:
         :returns: The shared upstream subscription itself when ``filter`` is
             ``None``, else an :class:`~wool_pooling.afilter` over it.
         """
-        upstream = _UpstreamSubscriber(self._inner, self._options)
+        upstream = _UpstreamSubscriber(self._portable, self._options)
         if filter is None:
             return upstream
         return afilter(filter, upstream)
@@ -294,7 +312,7 @@ class SharedDiscovery:
     # -- pickling and repr ----------------------------------------------------
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_restore, (self._inner, dict(self._options)))
+        return (_restore, (self._portable, dict(self._options)))
 
     def __repr__(self) -> str:
         options = "".join(f", {name}={value!r}" for name, value in self._options)
@@ -339,13 +357,122 @@ class SyncSharedDiscovery(SharedDiscovery):
         self._exit_sync(exc_type, exc, traceback)
 
 
-def _restore(inner: DiscoveryLike, options: dict[str, Hashable]) -> SharedDiscovery:
+def _restore(portable: _Portable, options: dict[str, Hashable]) -> SharedDiscovery:
     """Unpickle a :class:`SharedDiscovery`: a fresh, unentered wrapper."""
-    return SharedDiscovery(inner, **options)
+    return SharedDiscovery(portable.discovery, **options)
 
 
 def _is_sync_context_manager(value: object) -> bool:
     return isinstance(value, AbstractContextManager)
+
+
+# -- what travels to another process: a recipe, never the entered discovery ---
+
+#: wool's discoveries that are rebuilt from their constructor arguments.
+_BY_CONSTRUCTOR: tuple[type, ...] = (wool.LocalDiscovery, wool.LanDiscovery)
+
+#: A discovery's recipe: ``factory(*args, **kwargs)`` rebuilds it, unentered;
+#: ``None`` when the discovery pickles by its own ``__reduce__``.
+Recipe = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]] | None
+
+
+def _recipe(inner: object) -> Recipe:
+    """How to rebuild ``inner``, unentered, in another process.
+
+    wool's ``LocalDiscovery`` and ``LanDiscovery``: their class, called with
+    the arguments they were constructed with (read back from the instance,
+    which keeps each one as an attribute named after the parameter, with a
+    leading underscore), so none of the state entering them creates (a
+    shared-memory segment, its cleanup) travels. Any other discovery pickles
+    by its own ``__reduce__`` (or ``__reduce_ex__``, or a ``copyreg``
+    reducer): only it knows what of it may travel.
+
+    :raises TypeError: naming the class and what to add, for a discovery
+        that is none of these.
+    """
+    cls = type(inner)
+    if cls in _BY_CONSTRUCTOR:
+        return _constructor_recipe(inner, cls)
+    if (
+        cls.__reduce__ is not object.__reduce__
+        or cls.__reduce_ex__ is not object.__reduce_ex__
+        or cls in copyreg.dispatch_table
+    ):
+        return None
+    raise TypeError(
+        f"SharedDiscovery cannot ship a {cls.__qualname__} to worker processes: "
+        "wool pickles a pool's subscription into every task it dispatches, and "
+        f"{cls.__qualname__} has no __reduce__, so its whole state would travel "
+        "(whatever entering it opened included); add a __reduce__ to "
+        f"{cls.__qualname__} that rebuilds it, unentered, from what it is made "
+        "of, e.g. 'def __reduce__(self): return (type(self), (self.namespace,))'"
+    )
+
+
+def _constructor_recipe(inner: object, cls: type) -> Recipe:
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    for name, parameter in inspect.signature(cls).parameters.items():
+        try:
+            value = getattr(inner, f"_{name}")
+        except AttributeError:
+            raise TypeError(
+                f"SharedDiscovery cannot read the constructor argument {name!r} "
+                f"back from {cls.__qualname__} (this wool version stores it "
+                "differently): subclass it with a __reduce__ that rebuilds it"
+            ) from None
+        if value is parameter.default or (
+            parameter.default is not inspect.Parameter.empty
+            and type(value) is type(parameter.default)
+            and value == parameter.default
+        ):
+            continue  # the default: leaving it out keeps every task smaller
+        if parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and not kwargs:
+            args.append(value)
+        else:
+            kwargs[name] = value
+    return (cls, tuple(args), kwargs)
+
+
+@final
+class _Portable:
+    """A discovery, and how another process rebuilds it: what a subscription
+    carries. Pickles as the recipe (or as the discovery's own reduction), so
+    a copy is built fresh and unentered wherever it is unpickled."""
+
+    __slots__ = ("discovery", "recipe")
+
+    def __init__(self, discovery: DiscoveryLike, recipe: Recipe) -> None:
+        self.discovery = discovery
+        self.recipe = recipe
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self.recipe is None:
+            return (_adopt, (self.discovery,))
+        factory, args, kwargs = self.recipe
+        if kwargs:
+            return (_rebuild_with, (factory, args, kwargs))
+        return (_rebuild, (factory, *args))
+
+    def __repr__(self) -> str:
+        return repr(self.discovery)
+
+
+def _adopt(discovery: DiscoveryLike) -> _Portable:
+    """Unpickle a :class:`_Portable` of a discovery that reduced itself."""
+    return _Portable(discovery, None)
+
+
+def _rebuild(factory: Callable[..., DiscoveryLike], *args: Any) -> _Portable:
+    """Unpickle a :class:`_Portable` from its recipe: a fresh, unentered discovery."""
+    return _Portable(factory(*args), (factory, args, {}))
+
+
+def _rebuild_with(
+    factory: Callable[..., DiscoveryLike], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> _Portable:
+    """:func:`_rebuild`, with keyword arguments."""
+    return _Portable(factory(*args, **kwargs), (factory, args, kwargs))
 
 
 # -- the shared upstream ------------------------------------------------------
@@ -367,8 +494,9 @@ class _Identity:
         return id(self.value)
 
 
-def _upstream_key(cls: type, inner: object, options: Options) -> Hashable:
+def _upstream_key(cls: type, portable: _Portable, options: Options) -> Hashable:
     """Key the upstream by the discovery (its identity, if unhashable) and options."""
+    inner = portable.discovery
     try:
         hash(inner)
     except TypeError:
@@ -392,9 +520,9 @@ class _UpstreamSubscriber:
 
     __slots__ = ("inner", "options")
 
-    def __init__(self, inner: DiscoveryLike, options: Options) -> None:
+    def __init__(self, inner: _Portable, options: Options) -> None:
         # Any: wool types subscribe() without the options discoveries accept.
-        self.inner: Any = inner
+        self.inner: Any = inner.discovery
         self.options = options
 
     def __aiter__(self) -> AsyncGenerator[DiscoveryEvent, None]:
