@@ -15,8 +15,11 @@ with different filters still share the upstream.
 
 from __future__ import annotations
 
+import contextlib
 import copyreg
 import inspect
+import logging
+import math
 import threading
 from collections.abc import AsyncGenerator
 from collections.abc import Awaitable
@@ -35,16 +38,22 @@ from typing import runtime_checkable
 
 import anyio
 import wool
+from anyio.streams.memory import MemoryObjectSendStream
 from wool import DiscoveryEvent
 from wool import DiscoveryLike
 from wool import DiscoveryPublisherLike
 from wool import WorkerMetadata
 
 from ._afilter import afilter
+from ._backend import EventLoop
+from ._backend import current_loop
 from ._decorator import shared_subscription
 from ._subscription import SharedSubscription
+from ._tracking import Workers
 
 __all__ = ["SharedDiscovery", "SyncSharedDiscovery"]
+
+logger = logging.getLogger("wool_pooling")
 
 #: The options passed to the inner discovery's ``subscribe``, frozen.
 Options = tuple[tuple[str, Hashable], ...]
@@ -504,6 +513,38 @@ def _upstream_key(cls: type, portable: _Portable, options: Options) -> Hashable:
     return (inner, options)
 
 
+#: Seconds a joiner's fresh scan of the inner discovery stays open after it
+#: started or last changed something: its first scan (of shared memory, or a
+#: server's snapshot) arrives within that, and two iterations overlap no
+#: longer. (Events that change nothing, such as the ``worker-updated`` with
+#: unchanged metadata ``LocalDiscovery`` repeats at every scan, do not count.)
+RESCAN_SETTLE = 0.25
+
+#: What a joiner sends the upstream to ask for a fresh scan.
+_RESCAN = object()
+
+
+@final
+class _End:
+    """A reader's last message: its inner iteration ended, or failed."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception | None) -> None:
+        self.error = error
+
+
+@final
+class _Reader:
+    """One iteration of the inner discovery, run in a task of its own."""
+
+    __slots__ = ("done", "scope")
+
+    def __init__(self) -> None:
+        self.scope = anyio.CancelScope()
+        self.done = anyio.Event()
+
+
 @shared_subscription(key=_upstream_key)
 class _UpstreamSubscriber:
     """The raw, unfiltered subscription to one inner discovery, with given options.
@@ -511,44 +552,192 @@ class _UpstreamSubscriber:
     Constructing it returns a :class:`~wool_pooling.SharedSubscription` keyed
     by (inner discovery, options), so one raw instance, and one iteration of
     it, serves every consumer of the pool. ``inner.subscribe(**options)`` is
-    called when that iteration starts, in the task that pulls it, and its
-    result is resolved the way wool's ``WorkerProxy`` resolves a subscriber
-    (a context manager is entered, a factory called, an awaitable awaited)
-    and then iterated. Closing the iteration closes the inner iterator and
-    exits whatever was entered, shielded from cancellation.
+    called when that iteration starts and its result is resolved the way
+    wool's ``WorkerProxy`` resolves a subscriber (a context manager is
+    entered, a factory called, an awaitable awaited) and then iterated, in a
+    task of its own (a reader) that hands each event to the iteration.
+
+    **Joiners see every worker that exists when they join.** A consumer
+    joining once the iteration runs (see ``__wool_pooling_joined__``) has the
+    inner discovery subscribed to once more: a second reader whose first
+    scan reports every worker that exists by then, whether or not the first
+    reader's notifications noticed it. The events of both are merged: only
+    what changes the known workers is passed on (a ``worker-added`` of a
+    worker already known with equal metadata is not repeated, one with new
+    metadata becomes ``worker-updated``, a ``worker-dropped`` of a worker not
+    known is left out), so no consumer sees a duplicate. The second reader
+    is closed :data:`RESCAN_SETTLE` seconds after it started or last changed
+    something; joiners arriving before it starts share it. Its failure is
+    logged and changes nothing; the first reader's failure or end ends the
+    iteration. Events that change nothing are left out in every case,
+    whichever reader they come from.
+
+    Closing the iteration closes every reader's inner iterator and exits
+    whatever was entered, and waits for that, shielded from cancellation.
     """
 
-    __slots__ = ("inner", "options")
+    __slots__ = ("_rescan_wanted", "_wake", "inner", "options")
 
     def __init__(self, inner: _Portable, options: Options) -> None:
         # Any: wool types subscribe() without the options discoveries accept.
         self.inner: Any = inner.discovery
         self.options = options
+        # While iterating: where a joiner asks for a fresh scan.
+        self._wake: MemoryObjectSendStream[Any] | None = None
+        self._rescan_wanted = False
+
+    def __wool_pooling_joined__(self) -> None:
+        """A consumer has joined this upstream: scan the inner discovery afresh.
+
+        Called synchronously by the consumer, once registered with the
+        fan-out. Before the iteration has started, its first scan is still
+        to come, and nothing is done; a rescan already asked for and not yet
+        started serves this joiner too.
+        """
+        wake = self._wake
+        if wake is None or self._rescan_wanted:
+            return
+        self._rescan_wanted = True
+        wake.send_nowait(_RESCAN)
 
     def __aiter__(self) -> AsyncGenerator[DiscoveryEvent, None]:
         return self._events()
 
     async def _events(self) -> AsyncGenerator[DiscoveryEvent, None]:
-        stack = AsyncExitStack()
+        send, receive = anyio.create_memory_object_stream[Any](math.inf)
+        loop = current_loop()
+        alive: set[_Reader] = set()
+        main = self._start(loop, send, alive)
+        # Rescans still open, and when each is to be closed.
+        rescans: dict[_Reader, float] = {}
+        known: Workers = {}
+        self._wake = send
         try:
-            subscriber = await _resolve(
-                self.inner.subscribe(**dict(self.options)), stack
-            )
-            iterator = aiter(cast(Any, subscriber))
-            try:
-                async for event in iterator:
-                    yield cast(DiscoveryEvent, event)
-            finally:
-                closer = getattr(iterator, "aclose", None)
-                if closer is not None:
-                    with anyio.CancelScope(shield=True):
-                        await closer()
+            while True:
+                try:
+                    item = receive.receive_nowait()
+                except anyio.WouldBlock:
+                    item = await receive.receive()
+                if item is _RESCAN:
+                    self._rescan_wanted = False
+                    reader = self._start(loop, send, alive)
+                    rescans[reader] = anyio.current_time() + RESCAN_SETTLE
+                    loop.spawn(_close_when_settled, reader, rescans)
+                    continue
+                reader, payload = item
+                if isinstance(payload, _End):
+                    if reader is main:
+                        if payload.error is not None:
+                            raise payload.error
+                        return
+                    if rescans.pop(reader, None) is not None and payload.error:
+                        logger.warning(
+                            "a rescan of %r failed: %r", self.inner, payload.error
+                        )
+                    continue
+                if reader is not main and reader not in rescans:
+                    continue  # a closed rescan: what it still had is not needed
+                event = _changes(known, payload)
+                if event is None:
+                    continue
+                if reader is not main:
+                    # A rescan that still finds something stays open longer.
+                    rescans[reader] = anyio.current_time() + RESCAN_SETTLE
+                yield event
         finally:
+            self._wake = None
+            rescans.clear()
+            readers = list(alive)
+            for reader in readers:
+                reader.scope.cancel()
             with anyio.CancelScope(shield=True):
-                await stack.aclose()
+                for reader in readers:
+                    await reader.done.wait()
+
+    def _start(
+        self, loop: EventLoop, send: MemoryObjectSendStream[Any], alive: set[_Reader]
+    ) -> _Reader:
+        reader = _Reader()
+        alive.add(reader)
+        loop.spawn(self._read, reader, send, alive)
+        return reader
+
+    async def _read(
+        self, reader: _Reader, send: MemoryObjectSendStream[Any], alive: set[_Reader]
+    ) -> None:
+        """Iterate the inner discovery once; hand ``(reader, item)`` to ``send``."""
+        error: Exception | None = None
+        try:
+            with reader.scope:
+                stack = AsyncExitStack()
+                try:
+                    subscriber = await _resolve(
+                        self.inner.subscribe(**dict(self.options)), stack
+                    )
+                    iterator = aiter(cast(Any, subscriber))
+                    try:
+                        async for event in iterator:
+                            send.send_nowait((reader, event))
+                    finally:
+                        closer = getattr(iterator, "aclose", None)
+                        if closer is not None:
+                            with anyio.CancelScope(shield=True):
+                                await closer()
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await stack.aclose()
+        except Exception as failure:
+            error = failure
+        finally:
+            alive.discard(reader)
+            reader.done.set()
+            # The iteration may be gone (closed), and its stream with it.
+            with contextlib.suppress(anyio.BrokenResourceError):
+                send.send_nowait((reader, _End(error)))
 
     def __repr__(self) -> str:
         return f"_UpstreamSubscriber({self.inner!r}, {self.options!r})"
+
+
+async def _close_when_settled(reader: _Reader, rescans: dict[_Reader, float]) -> None:
+    """Close the rescan ``reader`` once its time in ``rescans`` is up (it is
+    moved on while the rescan finds something); return early once it has
+    left ``rescans`` otherwise (it ended, or the iteration was closed)."""
+    while True:
+        until = rescans.get(reader)
+        if until is None:
+            return
+        delay = until - anyio.current_time()
+        if delay <= 0:
+            del rescans[reader]
+            reader.scope.cancel()
+            return
+        await anyio.sleep(delay)
+
+
+def _changes(known: Workers, item: object) -> Any:
+    """What ``item`` changes in ``known`` (updated), as the event to pass on.
+
+    ``None`` when it changes nothing. Items that are not discovery events
+    pass through.
+    """
+    if not isinstance(item, DiscoveryEvent):
+        return item
+    metadata = item.metadata
+    uid = metadata.uid
+    if item.type == "worker-dropped":
+        return item if known.pop(uid, None) is not None else None
+    before = known.get(uid)
+    known[uid] = metadata
+    if before is None:
+        if item.type == "worker-added":
+            return item
+        return DiscoveryEvent("worker-added", metadata=metadata)
+    if before is metadata or before == metadata:
+        return None
+    if item.type == "worker-updated":
+        return item
+    return DiscoveryEvent("worker-updated", metadata=metadata)
 
 
 async def _resolve(value: object, stack: AsyncExitStack) -> object:
