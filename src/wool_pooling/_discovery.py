@@ -19,7 +19,6 @@ import contextlib
 import copyreg
 import inspect
 import logging
-import math
 import threading
 from collections.abc import AsyncGenerator
 from collections.abc import Awaitable
@@ -598,13 +597,19 @@ class _UpstreamSubscriber:
         if wake is None or self._rescan_wanted:
             return
         self._rescan_wanted = True
-        wake.send_nowait(_RESCAN)
+        # Wakes the iteration if it waits for an event; if it does not, it
+        # sees the flag before it waits again.
+        with contextlib.suppress(anyio.WouldBlock):
+            wake.send_nowait(_RESCAN)
 
     def __aiter__(self) -> AsyncGenerator[DiscoveryEvent, None]:
         return self._events()
 
     async def _events(self) -> AsyncGenerator[DiscoveryEvent, None]:
-        send, receive = anyio.create_memory_object_stream[Any](math.inf)
+        # No buffer: a reader takes its next event from the inner discovery
+        # only once this iteration has taken the last one, so the inner
+        # discovery is read (scanned) no faster than the consumers pull.
+        send, receive = anyio.create_memory_object_stream[Any](0)
         loop = current_loop()
         alive: set[_Reader] = set()
         main = self._start(loop, send, alive)
@@ -614,17 +619,23 @@ class _UpstreamSubscriber:
         self._wake = send
         try:
             while True:
-                try:
-                    item = receive.receive_nowait()
-                except anyio.WouldBlock:
-                    item = await receive.receive()
+                item: Any
+                if self._rescan_wanted:
+                    item = _RESCAN
+                else:
+                    try:
+                        item = receive.receive_nowait()
+                    except anyio.WouldBlock:
+                        item = await receive.receive()
                 if item is _RESCAN:
+                    if not self._rescan_wanted:
+                        continue  # taken already, through the flag
                     self._rescan_wanted = False
                     reader = self._start(loop, send, alive)
                     rescans[reader] = anyio.current_time() + RESCAN_SETTLE
                     loop.spawn(_close_when_settled, reader, rescans)
                     continue
-                reader, payload = item
+                reader, payload = cast(tuple[_Reader, object], item)
                 if isinstance(payload, _End):
                     if reader is main:
                         if payload.error is not None:
@@ -647,6 +658,7 @@ class _UpstreamSubscriber:
         finally:
             self._wake = None
             rescans.clear()
+            receive.close()  # a reader handing over an event gives up
             readers = list(alive)
             for reader in readers:
                 reader.scope.cancel()
@@ -677,7 +689,7 @@ class _UpstreamSubscriber:
                     iterator = aiter(cast(Any, subscriber))
                     try:
                         async for event in iterator:
-                            send.send_nowait((reader, event))
+                            await send.send((reader, event))
                     finally:
                         closer = getattr(iterator, "aclose", None)
                         if closer is not None:
@@ -686,14 +698,16 @@ class _UpstreamSubscriber:
                 finally:
                     with anyio.CancelScope(shield=True):
                         await stack.aclose()
+        except anyio.BrokenResourceError:
+            pass  # the iteration was closed
         except Exception as failure:
             error = failure
         finally:
             alive.discard(reader)
             reader.done.set()
-            # The iteration may be gone (closed), and its stream with it.
-            with contextlib.suppress(anyio.BrokenResourceError):
-                send.send_nowait((reader, _End(error)))
+        # The iteration may be gone (closed), and its stream with it.
+        with contextlib.suppress(anyio.BrokenResourceError):
+            await send.send((reader, _End(error)))
 
     def __repr__(self) -> str:
         return f"_UpstreamSubscriber({self.inner!r}, {self.options!r})"
