@@ -10,8 +10,10 @@ Reads ``pooling-*.json`` (``pooling.py``), pyperf's ``throughput-*.json`` and
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,47 +45,121 @@ def ratio(pooled: float, raw: float, unit: str, digits: int = 1) -> str:
     return f"{value} ({pooled:,.{digits}f} / {raw:,.{digits}f}{unit})"
 
 
+def median_of(rows: list[dict[str, Any]], get: Callable[[dict[str, Any]], Any]) -> Any:
+    values = [value for value in map(get, rows) if value is not None]
+    return statistics.median(values) if values else None
+
+
+def median_ratio(
+    pooled: list[dict[str, Any]],
+    raw: list[dict[str, Any]],
+    get: Callable[[dict[str, Any]], Any],
+    unit: str,
+    digits: int = 1,
+) -> str:
+    """The median over runs of each run's pooled / raw, then both medians."""
+    raw_by_run = {row.get("run", 0): row for row in raw}
+    ratios = []
+    for row in pooled:
+        other = raw_by_run.get(row.get("run", 0))
+        if other is not None and get(row) is not None and get(other):
+            ratios.append(get(row) / get(other))
+    p, r = median_of(pooled, get), median_of(raw, get)
+    if p is None or r is None:
+        return "-"
+    value = f"{statistics.median(ratios):.2f}x" if ratios else "-"
+    return f"{value} ({p:,.{digits}f} / {r:,.{digits}f}{unit})"
+
+
+def cannot(raw: list[dict[str, Any]]) -> str | None:
+    """What a raw configuration that could not run all K consumers says."""
+    row = raw[0]
+    if not row["failed"]:
+        return None
+    reason = "inotify limit" if "inotify" in (row["error"] or "") else row["error"]
+    return f"cannot: {reason}"
+
+
 def pooling_tables(path: Path) -> list[str]:
     report = json.loads(path.read_text())
     meta, rows = report["meta"], report["rows"]
-    by: dict[tuple[str, int], dict[bool, Any]] = defaultdict(dict)
+    by: dict[tuple[str, int], dict[bool, list[Any]]] = defaultdict(
+        lambda: {True: [], False: []}
+    )
     for row in rows:
-        by[row["kind"], row["k"]][row["pooled"]] = row
+        by[row["kind"], row["k"]][row["pooled"]].append(row)
+    runs = meta.get("runs", 1)
     lines = [
         f"## Pooling: K consumers of one discovery, raw and pooled ({path.name})",
         "",
         f"`python benchmarks/pooling.py`: {meta['python'].split()[0]}, "
-        f"{meta['platform']}, {meta['cpus']} CPUs; run {meta['seconds']:.0f} s. "
-        "Each cell: pooled / raw as a ratio, then (pooled / raw).",
+        f"{meta['platform']}, {meta['cpus']} CPUs; {runs} alternating run(s), "
+        f"{meta['seconds']:.0f} s in all. Each cell: the median over the runs "
+        "of pooled / raw, then the medians (pooled / raw).",
         "",
         "Upstream subscriptions: watchdog observers open (pooled / raw), and "
         "consumers whose subscription failed to open.",
         "",
         "| discovery | K | upstream subscriptions | idle CPU (% of a core) | "
-        "RSS MB | dispatches/s | p50 ms | p99 ms |",
-        "|---|---:|---|---|---|---|---|---|",
+        "RSS MB | RSS KB per consumer |",
+        "|---|---:|---|---|---|---|",
     ]
     for (kind, k), pair in by.items():
         pooled, raw = pair[True], pair[False]
-        pd, rd = pooled["dispatch"], raw["dispatch"]
-        upstreams = f"{pooled['observers']} / {raw['observers']}"
-        for name, row in (("pooled", pooled), ("raw", raw)):
-            if row["failed"]:
-                upstreams += f"; {name}: {row['failed']:,} failed ({row['error']})"
-        failures = "".join(
-            f"; {name}: {d['failed']:,} failed ({d['error']})"
-            for name, d in (("pooled", pd), ("raw", rd))
-            if d["failed"]
-        )
+        upstreams = f"{pooled[0]['observers']} / {raw[0]['observers']}"
+        for name, group in (("pooled", pooled), ("raw", raw)):
+            if group[0]["failed"]:
+                upstreams += f"; {name}: {group[0]['failed']:,} failed"
+                upstreams += f" ({group[0]['error']})"
         lines.append(
             f"| {kind} | {k:,} | {upstreams} | "
-            f"{ratio(100 * pooled['idle_cpu'], 100 * raw['idle_cpu'], '%')} | "
-            f"{ratio(pooled['rss_mb'], raw['rss_mb'], '')} | "
-            f"{ratio(pd['per_second'], rd['per_second'], '', 0)}{failures} | "
-            f"{ratio(1e3 * pd['p50'], 1e3 * rd['p50'], '')} | "
-            f"{ratio(1e3 * pd['p99'], 1e3 * rd['p99'], '')} |"
+            + median_ratio(pooled, raw, lambda r: 100 * r["idle_cpu"], "%")
+            + " | "
+            + median_ratio(pooled, raw, lambda r: r["rss_mb"], "")
+            + " | "
+            + median_ratio(pooled, raw, lambda r: r.get("rss_kb_per_consumer"), "")
+            + " |"
         )
-    workers = list(rows[0]["converge"])
+    lines += [
+        "",
+        "Dispatch through `wool.WorkerPool(spawn=2)`, K client tasks, raw and "
+        "pooled with the same `poll_interval`: `leaf` (plain) and `nested` (a "
+        "routine dispatching `leaf` from the worker); per dispatch, the pickled "
+        "proxy wool ships with every task, the parent's time to pickle it and a "
+        "worker's to unpickle it.",
+        "",
+        "| discovery | K | leaf dispatches/s | leaf p50 ms | nested dispatches/s "
+        "| nested p50 ms | nested p99 ms | proxy bytes | parent pickle µs "
+        "| worker unpickle µs |",
+        "|---|---:|---|---|---|---|---|---|---|---|",
+    ]
+    for (kind, k), pair in by.items():
+        pooled, raw = pair[True], pair[False]
+        if pooled[0].get("dispatch") is None:
+            continue
+        leaf = "dispatch_leaf" if pooled[0].get("dispatch_leaf") else "dispatch"
+        serialise = "serialise" in pooled[0]
+        cells = [
+            median_ratio(pooled, raw, lambda r, d=leaf: r[d]["per_second"], "", 0),
+            median_ratio(pooled, raw, lambda r, d=leaf: 1e3 * r[d]["p50"], ""),
+            median_ratio(pooled, raw, lambda r: r["dispatch"]["per_second"], "", 0),
+            median_ratio(pooled, raw, lambda r: 1e3 * r["dispatch"]["p50"], ""),
+            median_ratio(pooled, raw, lambda r: 1e3 * r["dispatch"]["p99"], ""),
+        ]
+        for field in ("proxy_bytes", "parent_dumps_us", "worker_loads_us"):
+            cells.append(
+                median_ratio(pooled, raw, lambda r, f=field: r["serialise"][f], "", 0)
+                if serialise
+                else "-"
+            )
+        failures = "".join(
+            f"; {name}: {group[0]['dispatch']['failed']:,} failed "
+            f"({group[0]['dispatch']['error']})"
+            for name, group in (("pooled", pooled), ("raw", raw))
+            if group[0]["dispatch"]["failed"]
+        )
+        lines.append(f"| {kind} | {k:,} | " + " | ".join(cells) + failures + " |")
+    workers = sorted({w for row in rows for w in row["converge"]}, key=int)
     lines += [
         "",
         "Convergence: seconds from publishing the first of W workers (or drops) "
@@ -95,12 +171,66 @@ def pooling_tables(path: Path) -> list[str]:
         "|---|---:|" + "---|---|" * len(workers),
     ]
     for (kind, k), pair in by.items():
+        pooled, raw = pair[True], pair[False]
+        blocked = cannot(raw)
         cells = []
         for w in workers:
             for what in ("added", "dropped"):
-                p, r = pair[True]["converge"][w][what], pair[False]["converge"][w][what]
-                cells.append(ratio(p, r, " s", 2))
+                if w not in pooled[0]["converge"]:
+                    cells.append("-")
+                elif blocked:
+                    p = median_of(pooled, lambda r, w=w, x=what: r["converge"][w][x])
+                    cells.append(f"{p:,.2f} s; raw: {blocked}")
+                else:
+                    cells.append(
+                        median_ratio(
+                            pooled,
+                            raw,
+                            lambda r, w=w, x=what: r["converge"][w][x],
+                            " s",
+                            2,
+                        )
+                    )
         lines.append(f"| {kind} | {k:,} | " + " | ".join(cells) + " |")
+    big = [w for w in workers if int(w) >= 1000]
+    if big and "added_rate" in rows[0]["converge"][workers[0]]:
+        w = big[0]
+        fanout = meta.get("fanout", {})
+        lines += [
+            "",
+            f"Pooled delivery rate at W={int(w):,}: K x W deliveries over the "
+            "convergence time less the publisher's own time, against the "
+            f"fan-out's own rate at N={fanout.get('n', 1000):,} (the same "
+            "per-event consumer work), measured in the same process.",
+            "",
+            "| discovery | K | publisher s (add / drop) | adds/s | drops/s "
+            "| fan-out/s | adds / fan-out | drops / fan-out |",
+            "|---|---:|---|---|---|---|---|---|",
+        ]
+        for (kind, k), pair in by.items():
+            pooled = [
+                r for r in pair[True] if w in r["converge"] and r.get("fanout_rate")
+            ]
+            if not pooled:
+                continue
+            add = median_of(pooled, lambda r: r["converge"][w]["added_rate"])
+            drop = median_of(pooled, lambda r: r["converge"][w]["dropped_rate"])
+            fan = median_of(pooled, lambda r: r["fanout_rate"])
+            pub_add = median_of(pooled, lambda r: r["converge"][w]["added_publisher"])
+            pub_drop = median_of(
+                pooled, lambda r: r["converge"][w]["dropped_publisher"]
+            )
+            add_ratio = median_of(
+                pooled, lambda r: r["converge"][w]["added_rate"] / r["fanout_rate"]
+            )
+            drop_ratio = median_of(
+                pooled, lambda r: r["converge"][w]["dropped_rate"] / r["fanout_rate"]
+            )
+            lines.append(
+                f"| {kind} | {k:,} | {pub_add:.2f} / {pub_drop:.2f} | "
+                f"{human(add)} | {human(drop)} | {human(fan)} | "
+                f"{add_ratio:.2f}x | {drop_ratio:.2f}x |"
+            )
     return lines
 
 
