@@ -420,6 +420,7 @@ def _recipe(inner: object) -> Recipe:
 def _constructor_recipe(inner: object, cls: type) -> Recipe:
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
+    positional = True  # until a parameter is left out: then by keyword
     for name, parameter in inspect.signature(cls).parameters.items():
         try:
             value = getattr(inner, f"_{name}")
@@ -434,8 +435,9 @@ def _constructor_recipe(inner: object, cls: type) -> Recipe:
             and type(value) is type(parameter.default)
             and value == parameter.default
         ):
+            positional = False
             continue  # the default: leaving it out keeps every task smaller
-        if parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and not kwargs:
+        if parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and positional:
             args.append(value)
         else:
             kwargs[name] = value
