@@ -399,16 +399,25 @@ async def hold_tagged_pool(
 
 
 @pytest.mark.parametrize(
-    "options",
-    [{}, {"poll_interval": 3 * DEADLINE}],
-    ids=["notifications-only", "polling-slower-than-the-deadline"],
+    ("options", "wool_cache"),
+    [({}, False), ({"poll_interval": 3 * DEADLINE}, False), ({}, True)],
+    ids=[
+        "notifications-only",
+        "polling-slower-than-the-deadline",
+        "under-wool-s-own-subscriber-cache",
+    ],
 )
 async def test_a_pool_started_later_sees_its_own_worker(
-    options: dict[str, float],
+    options: dict[str, float], wool_cache: bool
 ) -> None:
     """Pool B, started in another task after pool A's upstream is running, on
     the same SharedDiscovery, dispatches to the worker it published after A
-    subscribed, without waiting for the inner discovery to notice it."""
+    subscribed, without waiting for the inner discovery to notice it (also
+    where wool's own per-context subscriber cache is set up around both)."""
+    if wool_cache:
+        # wool sets up its subscriber cache in this context, for every task
+        # started from it, at the first subscriber made here.
+        wool.LocalDiscovery(f"e2e-{uuid.uuid4().hex}").subscribe()
     shared = SharedDiscovery(wool.LocalDiscovery(f"e2e-{uuid.uuid4().hex}"), **options)
     pids: dict[str, int] = {}
 

@@ -16,6 +16,7 @@ with different filters still share the upstream.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copyreg
 import inspect
 import logging
@@ -42,6 +43,7 @@ from wool import DiscoveryEvent
 from wool import DiscoveryLike
 from wool import DiscoveryPublisherLike
 from wool import WorkerMetadata
+from wool.runtime.discovery import __subscriber_pool__
 
 from ._afilter import afilter
 from ._backend import EventLoop
@@ -673,7 +675,14 @@ class _UpstreamSubscriber:
     ) -> _Reader:
         reader = _Reader()
         alive.add(reader)
-        loop.spawn(self._read, reader, send, alive)
+        # wool caches its subscribers per context (one raw subscriber, and
+        # one fan-out, per key and per ``__subscriber_pool__``): a reader
+        # started in a context that has one would join the cached iteration,
+        # stale scan included, instead of scanning afresh. Each reader gets
+        # a pool of its own (wool makes it at the first subscribe).
+        context = contextvars.copy_context()
+        context.run(__subscriber_pool__.set, None)
+        loop.spawn(self._read, reader, send, alive, context=context)
         return reader
 
     async def _read(
