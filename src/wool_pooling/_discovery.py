@@ -603,7 +603,7 @@ class _UpstreamSubscriber:
         self._rescan_wanted = True
         # Wakes the iteration if it waits for an event; if it does not, it
         # sees the flag before it waits again.
-        with contextlib.suppress(anyio.WouldBlock):
+        with contextlib.suppress(anyio.WouldBlock, anyio.BrokenResourceError):
             wake.send_nowait(_RESCAN)
 
     def __aiter__(self) -> AsyncGenerator[DiscoveryEvent, None]:
@@ -616,11 +616,10 @@ class _UpstreamSubscriber:
         send, receive = anyio.create_memory_object_stream[Any](0)
         loop = current_loop()
         alive: set[_Reader] = set()
-        main = self._start(loop, send, alive)
+        main = self._start(loop, send, alive, main=True)
         # Rescans still open, and when each is to be closed.
         rescans: dict[_Reader, float] = {}
         known: Workers = {}
-        self._wake = send
         try:
             while True:
                 item: Any
@@ -671,7 +670,12 @@ class _UpstreamSubscriber:
                     await reader.done.wait()
 
     def _start(
-        self, loop: EventLoop, send: MemoryObjectSendStream[Any], alive: set[_Reader]
+        self,
+        loop: EventLoop,
+        send: MemoryObjectSendStream[Any],
+        alive: set[_Reader],
+        *,
+        main: bool = False,
     ) -> _Reader:
         reader = _Reader()
         alive.add(reader)
@@ -682,16 +686,26 @@ class _UpstreamSubscriber:
         # a pool of its own (wool makes it at the first subscribe).
         context = contextvars.copy_context()
         context.run(__subscriber_pool__.set, None)
-        loop.spawn(self._read, reader, send, alive, context=context)
+        loop.spawn(self._read, reader, send, alive, main, context=context)
         return reader
 
     async def _read(
-        self, reader: _Reader, send: MemoryObjectSendStream[Any], alive: set[_Reader]
+        self,
+        reader: _Reader,
+        send: MemoryObjectSendStream[Any],
+        alive: set[_Reader],
+        main: bool,
     ) -> None:
-        """Iterate the inner discovery once; hand ``(reader, item)`` to ``send``."""
+        """Iterate the inner discovery once; hand ``(reader, item)`` to ``send``.
+
+        The main reader opens the upstream to rescans as its first scan
+        starts: a consumer that joined before is covered by that scan.
+        """
         error: Exception | None = None
         try:
             with reader.scope:
+                if main and not reader.scope.cancel_called:
+                    self._wake = send
                 stack = AsyncExitStack()
                 try:
                     subscriber = await _resolve(
