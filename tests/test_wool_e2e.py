@@ -386,16 +386,21 @@ async def hold_tagged_pool(
     shared: SharedDiscovery,
     tag: str,
     leave: anyio.Event,
+    left: anyio.Event | None = None,
     *,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Enter ``WorkerPool(tag, spawn=1)`` on ``shared``; report its worker's pid
-    once a dispatch reached it; exit on ``leave``."""
-    async with wool.WorkerPool(tag, spawn=1, discovery=shared):
-        with anyio.fail_after(DEADLINE):
-            pid = await worker_pid()
-        task_status.started(pid)
-        await leave.wait()
+    once a dispatch reached it; exit on ``leave``; set ``left`` once exited."""
+    try:
+        async with wool.WorkerPool(tag, spawn=1, discovery=shared):
+            with anyio.fail_after(DEADLINE):
+                pid = await worker_pid()
+            task_status.started(pid)
+            await leave.wait()
+    finally:
+        if left is not None:
+            left.set()
 
 
 @pytest.mark.parametrize(
@@ -448,14 +453,16 @@ async def test_the_pool_that_entered_first_exits_while_another_dispatches() -> N
     owner = SharedDiscovery(wool.LocalDiscovery(namespace), poll_interval=POLL)
     other = SharedDiscovery(wool.LocalDiscovery(namespace), poll_interval=POLL)
     async with SubscriptionPool(), anyio.create_task_group() as tg:
-        leave = anyio.Event()
-        owner_pid = await tg.start(hold_tagged_pool, owner, "owner", leave)
+        leave, left = anyio.Event(), anyio.Event()
+        owner_pid = await tg.start(hold_tagged_pool, owner, "owner", leave, left)
         async with wool.WorkerPool("other", spawn=1, discovery=other):
             with anyio.fail_after(DEADLINE):
                 other_pid = await worker_pid()
             assert other_pid != owner_pid
             leave.set()  # the owner pool exits, unlinking the segment
-            await anyio.wait_all_tasks_blocked()
+            with anyio.fail_after(DEADLINE):
+                await left.wait()
+            assert owner.entered == 0
             with anyio.fail_after(DEADLINE):
                 for a in range(5):
                     assert await add(a, 1) == a + 1
