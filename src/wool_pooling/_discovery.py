@@ -93,6 +93,14 @@ class SharedDiscovery:
       gap and no duplicate, cancellation of one consumer never disturbing
       the others or the upstream, and the upstream closed once its last
       consumer is released.
+    - A consumer that joins once the upstream runs sees every worker that
+      exists when it joins, as a fresh raw subscriber would, whether or not
+      the running upstream noticed it: its join has ``inner`` subscribed to
+      once more, for a fresh scan merged into the stream and closed a
+      quarter of a second after it last found something new. Only events
+      that change the known workers are passed on: a repeated
+      ``worker-added`` or a ``worker-updated`` with unchanged metadata
+      (``LocalDiscovery`` repeats one per worker at every scan) is not.
     - ``subscribe_options`` are passed to ``inner.subscribe`` as keywords,
       for example ``poll_interval=0.2`` for ``wool.LocalDiscovery``. They
       must be hashable: they are part of the upstream's key.
