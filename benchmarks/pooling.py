@@ -7,29 +7,46 @@ Run from the repository root::
     python benchmarks/pooling.py --out DIR    # record into DIR
 
 For each discovery kind (today one: ``wool.LocalDiscovery``; add a row to
-``KINDS`` for another) and K = 1, 10, 100, 1,000 consumers, two
+``KINDS`` for another) and K = 1, 10, 100, 1,000 and 10,000 consumers, two
 configurations: ``raw`` (each consumer iterates a subscriber of its own,
 ``kind.make(ns).subscribe(**options)``) and ``pooled`` (every consumer
-iterates ``SharedDiscovery(kind.make(ns), **options).subscribe()``). Each
-configuration runs in a fresh process, which measures in turn:
+iterates ``SharedDiscovery(kind.make(ns), **options).subscribe()``), with
+the same options (``poll_interval=0.1``) for both. Each configuration runs
+in a fresh process; the whole set runs three times, raw and pooled
+alternating (which goes first alternates too), and the report takes
+medians. Raw at K = 10,000 is measured once: it fails at Linux's inotify
+instance limit (128 per user), as it does from K = 1,000 on; its dispatch
+figures are not measured (K client tasks are beside the point there). Each
+process measures in turn:
 
-- upstream subscriptions open once every consumer holds the first worker:
+- upstream subscriptions open once every consumer holds the first worker
+  (counted after the idle period, once a joiner's rescan has closed):
   watchdog observer threads, one per ``LocalDiscovery`` iteration, and the
   shared-memory handles open in the process;
 - idle cost while nothing changes: process CPU seconds per wall second (all
-  threads) and the resident set size (current and peak);
-- convergence: W = 10, 100, 1,000 workers published through the discovery's
-  publisher, seconds until every consumer holds all W; then the same for W
-  drops;
+  threads), the resident set size (current and peak), and the RSS the K
+  consumers added, per consumer;
+- convergence: W = 10, 100, 1,000 workers (K = 10,000: W = 1,000 only)
+  published through the discovery's publisher, seconds from the first
+  publish until every consumer holds all W; then the same for W drops. The
+  publisher's own time (the publish calls) is recorded too, and the
+  delivery rate is K x W over the convergence time less the publisher's;
+- pooled, from K = 1,000 on: the fan-out's own delivery rate, for
+  comparison in the same process: a ``wool_pooling.Fanout`` of 1,000
+  discovery events to N = 1,000 consumers doing the same per-event work as
+  the consumers above;
 - a real ``wool.WorkerPool(spawn=2, discovery=...)`` (raw: the kind's plain
-  discovery; pooled: its ``SharedDiscovery``) with K client tasks, each
-  dispatching ``nested`` (a routine that dispatches ``leaf`` from the
-  worker, so each worker unpickles the proxies) in a loop for a fixed time:
-  dispatches per second and p50/p99 latency.
+  discovery, subscribed with the same options; pooled: its
+  ``SharedDiscovery``) with K client tasks, each dispatching ``leaf`` (a
+  plain routine) and then ``nested`` (a routine that dispatches ``leaf``
+  from the worker, so each worker unpickles the proxies) in a loop for a
+  fixed time: dispatches per second and p50/p99 latency; and per dispatch,
+  the pickled size of the pool's proxy (which wool ships with every task),
+  the time to pickle it in the parent and to unpickle it in a worker.
 
 Writes ``pooling-cpython3.11.json`` (every figure, and the run's length);
-``benchmarks/report.py`` renders the table: each figure pooled / raw, plus
-both absolute figures.
+``benchmarks/report.py`` renders the table: each figure pooled / raw (the
+median over the runs of each run's ratio), plus both absolute figures.
 """
 
 from __future__ import annotations
@@ -56,11 +73,21 @@ import wool
 from watchdog.observers.api import BaseObserver
 from wool import WorkerMetadata
 
+from wool_pooling import Fanout
 from wool_pooling import SharedDiscovery
 
 RESULTS = Path(__file__).resolve().parent / "results"
-CONSUMERS, QUICK_CONSUMERS = (1, 10, 100, 1000), (1, 10)
+CONSUMERS, QUICK_CONSUMERS = (1, 10, 100, 1000, 10_000), (1, 10)
+#: Consumers from which raw cannot run (inotify): measured in the first run only.
+RAW_ONCE = 10_000
 WORKERS, QUICK_WORKERS = (10, 100, 1000), (10,)
+#: Workers for K = 10,000 (one million deliveries per 100 workers).
+WORKERS_AT_10K = (1000,)
+RUNS, QUICK_RUNS = 3, 1
+#: The fan-out comparison: N consumers of M events.
+FANOUT_N, FANOUT_M, QUICK_FANOUT_M = 1000, 1000, 100
+#: Serialisation timings: pickles of the proxy per figure (median of rounds).
+SERIALISE_LOOPS, SERIALISE_ROUNDS = 200, 5
 IDLE_SECONDS, QUICK_IDLE_SECONDS = 3.0, 0.3
 DISPATCH_SECONDS, QUICK_DISPATCH_SECONDS = 3.0, 0.3
 CAPACITY = 2048  # the namespace's bound on workers (wool's default is 128)
@@ -118,7 +145,12 @@ def fake_workers(count: int) -> list[WorkerMetadata]:
 
 
 class Views:
-    """Every consumer's view (uid -> metadata), and a wait until all have ``size``."""
+    """Every consumer's view (uid -> metadata), and a wait until all have ``size``.
+
+    Counts the consumers whose view has the target size as events arrive, so
+    that a wait costs O(1) per event, not O(K) per wake-up: the figures are
+    the pooling's, not this bookkeeping's.
+    """
 
     def __init__(self, k: int) -> None:
         self.views: list[dict[Any, Any]] = [{} for _ in range(k)]
@@ -126,31 +158,82 @@ class Views:
         #: Consumers whose subscription raised, and the first error.
         self.failed: set[int] = set()
         self.error: str | None = None
+        self.target = -1
+        self.at_target = 0
 
     def fail(self, index: int, error: Exception) -> None:
         self.failed.add(index)
+        if len(self.views[index]) == self.target:
+            self.at_target -= 1
         self.error = self.error or f"{type(error).__name__}: {error}"
         self.changed.set()
 
     def apply(self, index: int, event: Any) -> None:
+        view = self.views[index]
+        before = len(view)
         if event.type == "worker-dropped":
-            self.views[index].pop(event.metadata.uid, None)
+            view.pop(event.metadata.uid, None)
         else:
-            self.views[index][event.metadata.uid] = event.metadata
-        self.changed.set()
+            view[event.metadata.uid] = event.metadata
+        after = len(view)
+        if after != before:
+            target = self.target
+            if after == target:
+                self.at_target += 1
+                if self.at_target == len(self.views) - len(self.failed):
+                    self.changed.set()
+            elif before == target:
+                self.at_target -= 1
 
     async def wait_all(self, size: int) -> None:
+        self.target = size
+        self.at_target = sum(
+            len(view) == size
+            for index, view in enumerate(self.views)
+            if index not in self.failed
+        )
         async with asyncio.timeout(DEADLINE):
-            while any(
-                len(view) != size
-                for index, view in enumerate(self.views)
-                if index not in self.failed
-            ):
+            while self.at_target != len(self.views) - len(self.failed):
                 self.changed.clear()
                 await self.changed.wait()
 
 
-async def measure(kind_name: str, pooled: bool, k: int, quick: bool) -> dict[str, Any]:
+def make_discovery(kind: Kind, namespace: str, pooled: bool) -> Any:
+    """The discovery a pool is given: the kind's, subscribed with its options."""
+    if pooled:
+        return SharedDiscovery(kind.make(namespace), **kind.options)
+    return WithOptions(kind.make(namespace), kind.options)
+
+
+class WithOptions:
+    """A raw discovery whose subscribers get ``options`` (``poll_interval``), so
+    that raw and pooled pools poll alike; entered as the inner one is."""
+
+    def __init__(self, inner: Any, options: dict[str, Any]) -> None:
+        self.inner, self.options = inner, options
+
+    @property
+    def publisher(self) -> Any:
+        return self.inner.publisher
+
+    @property
+    def subscriber(self) -> Any:
+        return self.subscribe()
+
+    def subscribe(self, filter: Any = None) -> Any:
+        return self.inner.subscribe(filter, **self.options)
+
+    def __enter__(self) -> WithOptions:
+        self.inner.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.inner.__exit__(*exc_info)
+
+
+async def measure(
+    kind_name: str, pooled: bool, k: int, quick: bool, dispatching: bool
+) -> dict[str, Any]:
     """One configuration, in this (fresh) process."""
     kind = KINDS[kind_name]
     namespace = f"bench-{uuid.uuid4().hex[:12]}"
@@ -173,85 +256,154 @@ async def measure(kind_name: str, pooled: bool, k: int, quick: bool) -> dict[str
             except Exception as error:  # counted: no consumer fails unseen
                 views.fail(index, error)
 
+        rss_before = status_mb("VmRSS")
         tasks = [asyncio.create_task(consume(index)) for index in range(k)]
         publisher: Any = owner.publisher
         async with publisher:
             first = fake_workers(1)[0]
             await publisher.publish("worker-added", first)
             await views.wait_all(1)
-            result.update(observers=observers(), shm_handles=shared_memory_handles())
             result.update(failed=len(views.failed), error=views.error)
             idle = QUICK_IDLE_SECONDS if quick else IDLE_SECONDS
             cpu, wall = time.process_time(), time.perf_counter()
             await asyncio.sleep(idle)
             cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            result.update(observers=observers(), shm_handles=shared_memory_handles())
             result.update(idle_cpu=cpu / wall, rss_mb=status_mb("VmRSS"))
             result["max_rss_mb"] = status_mb("VmHWM")
+            result["rss_kb_per_consumer"] = (
+                1024 * (result["rss_mb"] - rss_before) / max(1, k - len(views.failed))
+            )
             result["converge"] = {}
-            for w in QUICK_WORKERS if quick else WORKERS:
+            sizes = WORKERS_AT_10K if k >= 10_000 else WORKERS
+            for w in QUICK_WORKERS if quick else sizes:
+                figures: dict[str, float] = {}
                 batch = fake_workers(w)
-                start = time.perf_counter()
-                for metadata in batch:
-                    await publisher.publish("worker-added", metadata)
-                await views.wait_all(1 + w)
-                added = time.perf_counter() - start
-                start = time.perf_counter()
-                for metadata in batch:
-                    await publisher.publish("worker-dropped", metadata)
-                await views.wait_all(1)
-                dropped = time.perf_counter() - start
-                result["converge"][str(w)] = dict(added=added, dropped=dropped)
+                for what, event in (
+                    ("added", "worker-added"),
+                    ("dropped", "worker-dropped"),
+                ):
+                    start = time.perf_counter()
+                    for metadata in batch:
+                        await publisher.publish(event, metadata)
+                    published = time.perf_counter() - start
+                    await views.wait_all(1 + w if what == "added" else 1)
+                    figures[what] = time.perf_counter() - start
+                    figures[f"{what}_publisher"] = published
+                    net = figures[what] - published
+                    deliveries = w * (k - len(views.failed))
+                    figures[f"{what}_rate"] = deliveries / net if net > 0 else 0.0
+                result["converge"][str(w)] = figures
             await publisher.publish("worker-dropped", first)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    result["dispatch"] = await dispatch(kind, pooled, k, quick)
+    result["fanout_rate"] = None
+    if pooled and (quick or k >= 1000):  # what the pooled deliveries compare with
+        result["fanout_rate"] = await fanout_rate(QUICK_FANOUT_M if quick else FANOUT_M)
+    result["dispatch"] = result["dispatch_leaf"] = None
+    if dispatching:
+        figures = await dispatch(kind, pooled, k, quick)
+        result["dispatch"], result["dispatch_leaf"] = figures["nested"], figures["leaf"]
+        result["serialise"] = figures["serialise"]
     return result
 
 
+async def fanout_rate(m: int) -> float:
+    """Deliveries per second of a ``Fanout`` of ``m`` discovery events to
+    ``FANOUT_N`` consumers applying each to a view, as the consumers above."""
+    events = [
+        wool.DiscoveryEvent("worker-added", metadata=metadata)
+        for metadata in fake_workers(m)
+    ]
+
+    async def source() -> Any:
+        for event in events:
+            yield event
+
+    fanout = Fanout(source())
+    views = Views(FANOUT_N)
+    consumers = [fanout.consumer() for _ in range(FANOUT_N)]
+
+    async def consume(index: int, consumer: Any) -> None:
+        async for event in consumer:
+            views.apply(index, event)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(consume(i, c) for i, c in enumerate(consumers)))
+    elapsed = time.perf_counter() - start
+    await fanout.aclose()
+    assert all(len(view) == m for view in views.views)
+    return FANOUT_N * m / elapsed
+
+
 async def dispatch(kind: Kind, pooled: bool, k: int, quick: bool) -> dict[str, Any]:
-    """K client tasks dispatching ``nested`` through a pool of 2 spawned workers."""
+    """K client tasks dispatching through a pool of 2 spawned workers:
+    ``leaf``, then ``nested``; and what the pool's proxy costs each task."""
+    from pooling_routines import leaf
     from pooling_routines import nested
+    from pooling_routines import unpickle_seconds
 
-    discovery: Any = kind.make(f"bench-{uuid.uuid4().hex[:12]}")
-    if pooled:
-        discovery = SharedDiscovery(discovery, **kind.options)
-    latencies: list[float] = []
-    errors: list[str] = []
+    discovery = make_discovery(kind, f"bench-{uuid.uuid4().hex[:12]}", pooled)
     seconds = QUICK_DISPATCH_SECONDS if quick else DISPATCH_SECONDS
+    figures: dict[str, Any] = {}
 
-    async def client(index: int, until: float) -> None:
-        while time.perf_counter() < until:
-            start = time.perf_counter()
-            try:
-                result = await nested(index)
-            except Exception as error:  # counted, like a wrong result
-                errors.append(f"{type(error).__name__}: {error}")
-                continue
-            if result != index + 2:
-                errors.append(f"nested returned {result!r}")
-                continue
-            latencies.append(time.perf_counter() - start)
+    async def run(routine: Any, offset: int) -> dict[str, Any]:
+        latencies: list[float] = []
+        errors: list[str] = []
+
+        async def client(index: int, until: float) -> None:
+            while time.perf_counter() < until:
+                start = time.perf_counter()
+                try:
+                    result = await routine(index)
+                except Exception as error:  # counted, like a wrong result
+                    errors.append(f"{type(error).__name__}: {error}")
+                    continue
+                if result != index + offset:
+                    errors.append(f"{routine.__name__} returned {result!r}")
+                    continue
+                latencies.append(time.perf_counter() - start)
+
+        start = time.perf_counter()
+        async with asyncio.timeout(DEADLINE):
+            await asyncio.gather(*(client(i, start + seconds) for i in range(k)))
+        wall = time.perf_counter() - start
+        latencies.sort()
+        if not latencies:
+            raise RuntimeError(f"no dispatch succeeded: {errors[:1]}")
+        return dict(
+            failed=len(errors),
+            error=errors[0] if errors else None,
+            dispatches=len(latencies),
+            per_second=len(latencies) / wall,
+            p50=statistics.median(latencies),
+            p99=latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
+        )
 
     async with wool.WorkerPool(spawn=2, discovery=discovery):
         # Warm up: every worker has served a nested dispatch once.
         async with asyncio.timeout(DEADLINE):
             await asyncio.gather(*(nested(index) for index in range(4)))
-        start = time.perf_counter()
+        figures["leaf"] = await run(leaf, 1)
+        figures["nested"] = await run(nested, 2)
+        proxy = wool.__proxy__.get()
+        serializer = wool.CloudpickleSerializer()
+        data = serializer.dumps(proxy)
+        rounds = []
+        for _ in range(SERIALISE_ROUNDS):
+            start = time.perf_counter()
+            for _ in range(SERIALISE_LOOPS):
+                serializer.dumps(proxy)
+            rounds.append((time.perf_counter() - start) / SERIALISE_LOOPS)
         async with asyncio.timeout(DEADLINE):
-            await asyncio.gather(*(client(i, start + seconds) for i in range(k)))
-        wall = time.perf_counter() - start
-    latencies.sort()
-    if not latencies:
-        raise RuntimeError(f"no dispatch succeeded: {errors[:1]}")
-    return dict(
-        failed=len(errors),
-        error=errors[0] if errors else None,
-        dispatches=len(latencies),
-        per_second=len(latencies) / wall,
-        p50=statistics.median(latencies),
-        p99=latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
-    )
+            worker = await unpickle_seconds(data, SERIALISE_LOOPS, SERIALISE_ROUNDS)
+        figures["serialise"] = dict(
+            proxy_bytes=len(data),
+            parent_dumps_us=1e6 * statistics.median(rounds),
+            worker_loads_us=1e6 * worker,
+        )
+    return figures
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -261,11 +413,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small K, short waits")
     parser.add_argument("--out", type=Path, help="results folder")
     parser.add_argument("--kind", action="append", choices=list(KINDS))
-    parser.add_argument("--configuration", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--configuration", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.configuration:  # one configuration, in a fresh process
-        kind, pooled, k = args.configuration
-        row = asyncio.run(measure(kind, pooled == "pooled", int(k), args.quick))
+        kind, pooled, k, dispatching = args.configuration
+        row = asyncio.run(
+            measure(kind, pooled == "pooled", int(k), args.quick, dispatching == "1")
+        )
         print(json.dumps(row))
         return 0
     out: Path = args.out or (
@@ -273,24 +427,36 @@ def main(argv: list[str] | None = None) -> int:
     )
     out.mkdir(parents=True, exist_ok=True)
     began, rows = time.perf_counter(), []
-    for kind in args.kind or list(KINDS):
-        for k in QUICK_CONSUMERS if args.quick else CONSUMERS:
-            for pooled in ("raw", "pooled"):
-                command = [sys.executable, __file__, "--configuration", kind, pooled]
-                command += [str(k), *(["--quick"] if args.quick else [])]
-                done = subprocess.run(command, capture_output=True, text=True)
-                if done.returncode:
-                    sys.stderr.write(done.stderr)
-                    return 1
-                rows.append(json.loads(done.stdout.splitlines()[-1]))
-                row = rows[-1]
-                print(
-                    f"{kind} {pooled} K={k}: idle {row['idle_cpu']:.1%} CPU, "
-                    f"{row['rss_mb']:.0f} MB, {row['observers']} observers, "
-                    f"{row['dispatch']['per_second']:.0f} dispatches/s "
-                    f"({time.perf_counter() - began:.0f} s)",
-                    file=sys.stderr,
-                )
+    for run in range(QUICK_RUNS if args.quick else RUNS):
+        for kind in args.kind or list(KINDS):
+            for k in QUICK_CONSUMERS if args.quick else CONSUMERS:
+                order = ("raw", "pooled") if (run + k) % 2 == 0 else ("pooled", "raw")
+                for pooled in order:
+                    if pooled == "raw" and k >= RAW_ONCE and run > 0:
+                        continue  # it cannot run: measured once is enough
+                    dispatching = k < RAW_ONCE
+                    command = [sys.executable, __file__, "--configuration", kind]
+                    command += [pooled, str(k), str(int(dispatching))]
+                    command += ["--quick"] if args.quick else []
+                    done = subprocess.run(command, capture_output=True, text=True)
+                    if done.returncode:
+                        sys.stderr.write(done.stderr)
+                        return 1
+                    row = json.loads(done.stdout.splitlines()[-1])
+                    row["run"] = run
+                    rows.append(row)
+                    rate = (
+                        f"{row['dispatch']['per_second']:.0f} dispatches/s"
+                        if row["dispatch"]
+                        else "no dispatch"
+                    )
+                    print(
+                        f"run {run} {kind} {pooled} K={k}: idle {row['idle_cpu']:.1%} "
+                        f"CPU, {row['rss_mb']:.0f} MB, {row['observers']} observers, "
+                        f"{row['failed']} failed, {rate} "
+                        f"({time.perf_counter() - began:.0f} s)",
+                        file=sys.stderr,
+                    )
     meta = dict(
         python=sys.version,
         interpreter=interpreter(),
@@ -298,6 +464,8 @@ def main(argv: list[str] | None = None) -> int:
         cpus=os.cpu_count(),
         wool=wool.__version__ if hasattr(wool, "__version__") else None,
         quick=args.quick,
+        runs=QUICK_RUNS if args.quick else RUNS,
+        fanout=dict(n=FANOUT_N, m=QUICK_FANOUT_M if args.quick else FANOUT_M),
         seconds=time.perf_counter() - began,
     )
     path = out / f"pooling-{interpreter()}.json"

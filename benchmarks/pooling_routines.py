@@ -7,6 +7,9 @@ script runs, and ``spawn`` hands it down).
 
 from __future__ import annotations
 
+import statistics
+import time
+
 import wool
 
 
@@ -20,3 +23,17 @@ async def leaf(x: int) -> int:
 async def nested(x: int) -> int:
     """Dispatch :func:`leaf` from inside a worker, through the proxy it carried."""
     return await leaf(x) + 1
+
+
+@wool.routine
+async def unpickle_seconds(data: bytes, loops: int, rounds: int) -> float:
+    """Seconds one unpickle of ``data`` (a pickled proxy) takes in this worker:
+    the median over ``rounds`` of ``loops`` unpickles each."""
+    serializer = wool.CloudpickleSerializer()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(loops):
+            serializer.loads(data)
+        times.append((time.perf_counter() - start) / loops)
+    return statistics.median(times)

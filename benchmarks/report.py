@@ -32,8 +32,10 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,18 +194,58 @@ def version(meta: dict[str, Any]) -> str:
 # -- pooling.py ----------------------------------------------------------------
 
 
-def pooling_pairs(rows: list[dict[str, Any]]) -> dict[tuple[str, int], dict[bool, Any]]:
-    by: dict[tuple[str, int], dict[bool, Any]] = defaultdict(dict)
+def pooling_pairs(
+    rows: list[dict[str, Any]],
+) -> dict[tuple[str, int], dict[bool, list[dict[str, Any]]]]:
+    """Rows by (discovery, K), pooled and raw, one row per alternating run."""
+    by: dict[tuple[str, int], dict[bool, list[dict[str, Any]]]] = defaultdict(
+        lambda: {True: [], False: []}
+    )
     for row in rows:
-        by[row["kind"], row["k"]][row["pooled"]] = row
-    return {key: two for key, two in by.items() if set(two) == {True, False}}
+        by[row["kind"], row["k"]][row["pooled"]].append(row)
+    return {key: two for key, two in by.items() if two[True] and two[False]}
 
 
-def upstreams(pooled: dict[str, Any], raw: dict[str, Any]) -> str:
-    text = f"{pooled.get('observers', '-')} / {raw.get('observers', '-')}"
-    for name, row in (("pooled", pooled), ("raw", raw)):
-        if row.get("failed"):
-            text += f"; {name}: {row['failed']:,} failed ({row.get('error')})"
+def median_of(rows: list[dict[str, Any]], get: Callable[[dict[str, Any]], Any]) -> Any:
+    values = [value for value in map(get, rows) if value is not None]
+    return statistics.median(values) if values else None
+
+
+def median_ratio(
+    pooled: list[dict[str, Any]],
+    raw: list[dict[str, Any]],
+    get: Callable[[dict[str, Any]], Any],
+    unit: str,
+    digits: int = 1,
+) -> str:
+    """The median over runs of each run's pooled / raw, then both medians."""
+    raw_by_run = {row.get("run", 0): row for row in raw}
+    ratios = []
+    for row in pooled:
+        other = raw_by_run.get(row.get("run", 0))
+        if other is not None and get(row) is not None and get(other):
+            ratios.append(get(row) / get(other))
+    p, r = median_of(pooled, get), median_of(raw, get)
+    if p is None or r is None:
+        return "-"
+    value = f"{statistics.median(ratios):.2f}x" if ratios else "-"
+    return f"{value} ({number(p, digits)} / {number(r, digits)}{unit})"
+
+
+def cannot(raw: list[dict[str, Any]]) -> str | None:
+    """What a raw configuration that could not run all K consumers says."""
+    row = raw[0]
+    if not row["failed"]:
+        return None
+    reason = "inotify limit" if "inotify" in (row["error"] or "") else row["error"]
+    return f"cannot: {reason}"
+
+
+def upstreams(pooled: list[dict[str, Any]], raw: list[dict[str, Any]]) -> str:
+    text = f"{pooled[0].get('observers', '-')} / {raw[0].get('observers', '-')}"
+    for name, group in (("pooled", pooled), ("raw", raw)):
+        if group[0].get("failed"):
+            text += f"; {name}: {group[0]['failed']:,} failed ({group[0].get('error')})"
     return text
 
 
@@ -211,73 +253,164 @@ def pooling_blocks(path: Path) -> list[Block]:
     report = load(path)
     meta, rows = report["meta"], report["rows"]
     by = pooling_pairs(rows)
+    runs = meta.get("runs", 1)
     blocks: list[Block] = [
         Heading(3, f"K consumers of one discovery, raw and pooled ({path.name})"),
         Para(
             f"`python benchmarks/pooling.py`: {version(meta)}, "
             f"{meta.get('platform', '?')}, {meta.get('cpus', '?')} CPUs, wool "
-            f"{meta.get('wool', '?')}; run {meta.get('seconds', 0):.0f} s. Each "
-            "cell: pooled / raw as a ratio, then (pooled / raw). Upstream "
+            f"{meta.get('wool', '?')}; {runs} alternating run(s), "
+            f"{meta.get('seconds', 0):.0f} s in all. Each cell: the median over "
+            "the runs of pooled / raw, then the medians (pooled / raw). Upstream "
             "subscriptions: watchdog observers open (pooled / raw), and consumers "
             "whose subscription failed to open."
         ),
     ]
     table = Table(
         ["discovery", "K", "upstream subscriptions", "idle CPU (% of a core)",
-         "RSS MB", "dispatches/s", "p50 ms", "p99 ms"],
-        "lrllllll",
+         "RSS MB", "RSS KB per consumer"],
+        "lrllll",
         [],
     )  # fmt: skip
     for (kind, k), two in by.items():
         pooled, raw = two[True], two[False]
-        pd, rd = pooled.get("dispatch"), raw.get("dispatch")
-        cells = [kind, f"{k:,}", upstreams(pooled, raw)]
-        cells.append(ratio(100 * pooled["idle_cpu"], 100 * raw["idle_cpu"], "%"))
-        cells.append(ratio(pooled["rss_mb"], raw["rss_mb"], ""))
-        if pd and rd:
-            failures = "".join(
-                f"; {name}: {d['failed']:,} failed ({d['error']})"
-                for name, d in (("pooled", pd), ("raw", rd))
-                if d.get("failed")
-            )
-            cells.append(ratio(pd["per_second"], rd["per_second"], "", 0) + failures)
-            cells.append(ratio(1e3 * pd["p50"], 1e3 * rd["p50"], ""))
-            cells.append(ratio(1e3 * pd["p99"], 1e3 * rd["p99"], ""))
-        else:
-            cells += ["-", "-", "-"]
-        table.rows.append(cells)
+        table.rows.append(
+            [
+                kind,
+                f"{k:,}",
+                upstreams(pooled, raw),
+                median_ratio(pooled, raw, lambda r: 100 * r["idle_cpu"], "%"),
+                median_ratio(pooled, raw, lambda r: r["rss_mb"], ""),
+                median_ratio(pooled, raw, lambda r: r.get("rss_kb_per_consumer"), ""),
+            ]
+        )
     blocks.append(table)
-    workers = sorted(
-        {w for two in by.values() for w in two[True].get("converge", {})}, key=int
+    blocks.append(
+        Para(
+            "Dispatch through `wool.WorkerPool(spawn=2)`, K client tasks, raw and "
+            "pooled with the same `poll_interval`: `leaf` (plain) and `nested` (a "
+            "routine dispatching `leaf` from the worker); per dispatch, the pickled "
+            "proxy wool ships with every task, the parent's time to pickle it and a "
+            "worker's to unpickle it."
+        )
     )
-    if workers:
-        blocks.append(
-            Para(
-                "Convergence: seconds from publishing the first of W workers (or "
-                "drops) until every consumer holds the full view; pooled / raw."
+    dispatch = Table(
+        ["discovery", "K", "leaf dispatches/s", "leaf p50 ms", "nested dispatches/s",
+         "nested p50 ms", "nested p99 ms", "proxy bytes", "parent pickle µs",
+         "worker unpickle µs"],
+        "lrllllllll",
+        [],
+    )  # fmt: skip
+    for (kind, k), two in by.items():
+        pooled, raw = two[True], two[False]
+        if pooled[0].get("dispatch") is None:
+            continue
+        leaf = "dispatch_leaf" if pooled[0].get("dispatch_leaf") else "dispatch"
+        cells = [
+            kind,
+            f"{k:,}",
+            median_ratio(pooled, raw, lambda r, d=leaf: r[d]["per_second"], "", 0),
+            median_ratio(pooled, raw, lambda r, d=leaf: 1e3 * r[d]["p50"], ""),
+            median_ratio(pooled, raw, lambda r: r["dispatch"]["per_second"], "", 0),
+            median_ratio(pooled, raw, lambda r: 1e3 * r["dispatch"]["p50"], ""),
+            median_ratio(pooled, raw, lambda r: 1e3 * r["dispatch"]["p99"], ""),
+        ]
+        for field in ("proxy_bytes", "parent_dumps_us", "worker_loads_us"):
+            cells.append(
+                median_ratio(pooled, raw, lambda r, f=field: r["serialise"][f], "", 0)
+                if "serialise" in pooled[0]
+                else "-"
             )
+        cells[-1] += "".join(
+            f"; {name}: {group[0]['dispatch']['failed']:,} failed "
+            f"({group[0]['dispatch']['error']})"
+            for name, group in (("pooled", pooled), ("raw", raw))
+            if group[0]["dispatch"]["failed"]
         )
-        converge = Table(
-            ["discovery", "K"]
-            + [
-                f"W={int(w):,} {what}" for w in workers for what in ("added", "dropped")
-            ],
-            "lr" + "l" * 2 * len(workers),
-            [],
+        dispatch.rows.append(cells)
+    if dispatch.rows:
+        blocks.append(dispatch)
+    workers = sorted({w for row in rows for w in row.get("converge", {})}, key=int)
+    if not workers:
+        return blocks
+    blocks.append(
+        Para(
+            "Convergence: seconds from publishing the first of W workers (or "
+            "drops) until every consumer holds the full view; pooled / raw."
         )
-        for (kind, k), two in by.items():
-            cells = [kind, f"{k:,}"]
-            for w in workers:
-                for what in ("added", "dropped"):
-                    try:
-                        p = two[True]["converge"][w][what]
-                        r = two[False]["converge"][w][what]
-                    except KeyError:
-                        cells.append("-")
-                        continue
-                    cells.append(ratio(p, r, " s", 2))
-            converge.rows.append(cells)
-        blocks.append(converge)
+    )
+    converge = Table(
+        ["discovery", "K"]
+        + [f"W={int(w):,} {what}" for w in workers for what in ("added", "dropped")],
+        "lr" + "l" * 2 * len(workers),
+        [],
+    )
+    for (kind, k), two in by.items():
+        pooled, raw = two[True], two[False]
+        blocked = cannot(raw)
+        cells = [kind, f"{k:,}"]
+        for w in workers:
+            for what in ("added", "dropped"):
+                if w not in pooled[0].get("converge", {}):
+                    cells.append("-")
+                elif blocked:
+                    p = median_of(pooled, lambda r, w=w, x=what: r["converge"][w][x])
+                    cells.append(f"{number(p, 2)} s; raw: {blocked}")
+                else:
+                    cells.append(
+                        median_ratio(
+                            pooled,
+                            raw,
+                            lambda r, w=w, x=what: r["converge"][w][x],
+                            " s",
+                            2,
+                        )
+                    )
+        converge.rows.append(cells)
+    blocks.append(converge)
+    big = [w for w in workers if int(w) >= 1000]
+    if not big or "added_rate" not in rows[0]["converge"][workers[0]]:
+        return blocks
+    w = big[0]
+    fanout = meta.get("fanout", {})
+    blocks.append(
+        Para(
+            f"Pooled delivery rate at W={int(w):,}: K x W deliveries over the "
+            "convergence time less the publisher's own time, against the "
+            f"fan-out's own rate at N={fanout.get('n', 1000):,} (the same "
+            "per-event consumer work), measured in the same process."
+        )
+    )
+    rates = Table(
+        ["discovery", "K", "publisher s (add / drop)", "adds/s", "drops/s",
+         "fan-out/s", "adds / fan-out", "drops / fan-out"],
+        "lrllllll",
+        [],
+    )  # fmt: skip
+    for (kind, k), two in by.items():
+        pooled = [r for r in two[True] if w in r["converge"] and r.get("fanout_rate")]
+        if not pooled:
+            continue
+
+        conv = [r["converge"][w] for r in pooled]
+        fan = [r["fanout_rate"] for r in pooled]
+        add = [c["added_rate"] / f for c, f in zip(conv, fan, strict=True)]
+        drop = [c["dropped_rate"] / f for c, f in zip(conv, fan, strict=True)]
+        rates.rows.append(
+            [
+                kind,
+                f"{k:,}",
+                f"{statistics.median(c['added_publisher'] for c in conv):.2f} / "
+                f"{statistics.median(c['dropped_publisher'] for c in conv):.2f}",
+                human(statistics.median(c["added_rate"] for c in conv)),
+                human(statistics.median(c["dropped_rate"] for c in conv)),
+                human(statistics.median(fan)),
+                f"{statistics.median(add):.2f}x",
+                f"{statistics.median(drop):.2f}x",
+            ]
+        )
+    if rates.rows:
+        blocks.append(rates)
     return blocks
 
 
@@ -352,17 +485,27 @@ def summary_blocks(pooling: Path | None, redis: Path | None) -> list[Block]:
         for (kind, k), two in pooling_pairs(load(pooling)["rows"]).items():
             pooled, raw = two[True], two[False]
             change = "-"
-            converge = pooled.get("converge", {})
+            converge = pooled[0].get("converge", {})
             if converge:
                 w = max(converge, key=int)
-                p, r = converge[w]["added"], raw["converge"][w]["added"]
-                change = f"{pair(p, r, 2, ' s')} ({int(w):,} workers added)"
+                p = median_of(pooled, lambda r, w=w: r["converge"][w]["added"])
+                blocked = cannot(raw)
+                if blocked:
+                    change = f"{number(p, 2)} s; raw: {blocked}"
+                else:
+                    r = median_of(raw, lambda r, w=w: r["converge"][w]["added"])
+                    change = pair(p, r, 2, " s")
+                change += f" ({int(w):,} workers added)"
             table.rows.append(
                 [
                     kind,
                     f"{k:,}",
                     upstreams(pooled, raw),
-                    pair(100 * pooled["idle_cpu"], 100 * raw["idle_cpu"], 1),
+                    pair(
+                        median_of(pooled, lambda r: 100 * r["idle_cpu"]),
+                        median_of(raw, lambda r: 100 * r["idle_cpu"]),
+                        1,
+                    ),
                     change,
                 ]
             )

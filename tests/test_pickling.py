@@ -7,6 +7,7 @@ iterated: in the same pool it shares the original's raw instance.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import subprocess
@@ -20,6 +21,10 @@ from typing import ClassVar
 import anyio
 import cloudpickle
 import pytest
+import wool
+from _redis import RedisServer
+from redis_views import fake_worker
+from redis_views import refused_on_trio
 from subscribers import NamedSubscriber
 from subscribers import announcement
 from subscribers import first_uid
@@ -27,10 +32,12 @@ from subscribers import uid_of
 from wool import DiscoveryEvent
 from wool import WorkerMetadata
 
+from wool_pooling import SharedDiscovery
 from wool_pooling import SharedSubscription
 from wool_pooling import SubscriptionPool
 from wool_pooling import afilter
 from wool_pooling import shared_subscription
+from wool_pooling.redis import RedisDiscovery
 
 # Sync tests are ignored by anyio's plugin despite this mark.
 pytestmark = pytest.mark.anyio
@@ -292,3 +299,201 @@ def test_cloudpickled_subscription_unpickles_in_a_child_process() -> None:
         "True",
         "0",
     ]
+
+
+# -- a SharedDiscovery ships a recipe, never the discovery the pools entered ----
+
+#: Run in a fresh interpreter: unpickle the file named by argv[1] with wool's
+#: deserializer, counting what the unpickling creates. The counters wrap the
+#: public classes and functions that an attach or a connection goes through.
+UNPICKLE_AND_COUNT = r"""
+import json
+import multiprocessing.resource_tracker as resource_tracker
+import multiprocessing.shared_memory as shared_memory
+import sys
+
+import redis.asyncio
+import redis.asyncio.connection
+import wool
+
+counts = dict.fromkeys(
+    ("shared_memory", "tracker_registrations", "redis_clients", "connection_pools",
+     "connections"), 0)
+
+def counting(name, function):
+    def wrapper(*args, **kwargs):
+        counts[name] += 1
+        return function(*args, **kwargs)
+    return wrapper
+
+shared_memory.SharedMemory.__init__ = counting(
+    "shared_memory", shared_memory.SharedMemory.__init__)
+resource_tracker.register = counting(
+    "tracker_registrations", resource_tracker.register)
+for cls, name in (
+    (redis.asyncio.Redis, "redis_clients"),
+    (redis.asyncio.ConnectionPool, "connection_pools"),
+    (redis.asyncio.connection.AbstractConnection, "connections"),
+):
+    cls.__init__ = counting(name, cls.__init__)
+
+with open(sys.argv[1], "rb") as data:
+    copy = wool.CloudpickleSerializer().loads(data.read())
+counts["type"] = type(copy).__qualname__
+print(json.dumps(counts))
+"""
+
+
+def unpickle_and_count(data: bytes, tmp_path: Path) -> dict[str, Any]:
+    """Unpickle ``data`` in a fresh interpreter; what its unpickling created."""
+    path = tmp_path / f"{uuid.uuid4().hex}.pickle"
+    path.write_bytes(data)
+    done = subprocess.run(
+        [sys.executable, "-c", UNPICKLE_AND_COUNT, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def proxy_bytes(discovery: Any) -> bytes:
+    """A wool proxy on ``discovery``'s subscriber, as wool pickles it into a task."""
+    proxy = wool.WorkerProxy(discovery=discovery.subscriber)
+    return wool.CloudpickleSerializer().dumps(proxy)
+
+
+NOTHING_CREATED = {
+    "shared_memory": 0,
+    "tracker_registrations": 0,
+    "redis_clients": 0,
+    "connection_pools": 0,
+    "connections": 0,
+}
+
+
+def test_entered_local_discovery_proxy_pickles_as_small_as_the_raw_one() -> None:
+    """A proxy on an entered SharedDiscovery(LocalDiscovery) pickles within 10%
+    of the raw LocalDiscovery proxy's size."""
+    namespace = f"size-{uuid.uuid4().hex}"
+    raw = wool.LocalDiscovery(namespace)
+    shared = SharedDiscovery(wool.LocalDiscovery(namespace))
+    with raw, shared:
+        raw_size = len(proxy_bytes(raw))
+        pooled_size = len(proxy_bytes(shared))
+        shared_size = len(cloudpickle.dumps(shared))
+    assert pooled_size <= raw_size * 1.1, (pooled_size, raw_size)
+    # The wrapper itself: its recipe and options, nothing entered.
+    assert shared_size <= raw_size, (shared_size, raw_size)
+
+
+def test_unpickling_an_entered_local_discovery_proxy_attaches_nothing(
+    tmp_path: Path,
+) -> None:
+    """Unpickling a proxy (and a SharedDiscovery) of an entered LocalDiscovery
+    creates no SharedMemory and registers nothing with the resource tracker."""
+    inner = wool.LocalDiscovery(f"attach-{uuid.uuid4().hex}", capacity=64)
+    shared = SharedDiscovery(inner, poll_interval=0.5)
+    with shared:
+        proxy, wrapper = proxy_bytes(shared), cloudpickle.dumps(shared)
+        assert unpickle_and_count(proxy, tmp_path) == {
+            **NOTHING_CREATED,
+            "type": "WorkerProxy",
+        }
+        assert unpickle_and_count(wrapper, tmp_path) == {
+            **NOTHING_CREATED,
+            "type": "SyncSharedDiscovery",
+        }
+        copy = cloudpickle.loads(wrapper)
+    assert copy.entered == 0
+    assert copy.inner == inner
+    assert copy.inner is not inner
+    assert copy.subscriber == shared.subscriber  # the same pool key
+    assert hash(copy.subscriber) == hash(shared.subscriber)
+
+
+def test_lan_discovery_travels_as_its_constructor_arguments() -> None:
+    """A SharedDiscovery(LanDiscovery) pickles as an equal, fresh LanDiscovery."""
+    inner = wool.LanDiscovery(f"lan-{uuid.uuid4().hex[:8]}", advertise_host="10.0.0.5")
+    shared = SharedDiscovery(inner)
+    for dumps in (cloudpickle.dumps, pickle.dumps):
+        copy = pickle.loads(dumps(shared.subscriber))
+        assert copy == shared.subscriber
+        rebuilt = pickle.loads(dumps(shared)).inner
+        assert rebuilt == inner
+        assert rebuilt is not inner
+        assert rebuilt.publisher.bind_host == inner.publisher.bind_host
+
+
+class _Entered:
+    """A discovery without a ``__reduce__``, whose entering opens something."""
+
+    publisher: Any = None
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def subscribe(self, filter: Any = None) -> Any:
+        raise NotImplementedError
+
+
+def test_a_discovery_that_cannot_be_rebuilt_fails_at_construction() -> None:
+    """SharedDiscovery(...) of a discovery with no recipe and no __reduce__
+    raises a TypeError naming the class and the __reduce__ to add."""
+    with pytest.raises(TypeError) as raised:
+        SharedDiscovery(_Entered())  # type: ignore[arg-type]
+    message = str(raised.value)
+    assert "SharedDiscovery cannot ship a _Entered to worker processes" in message
+    assert "add a __reduce__ to _Entered" in message
+
+
+def test_a_discovery_with_its_own_reduce_travels_by_it() -> None:
+    """A discovery with a __reduce__ of its own is pickled by it."""
+
+    class Reduced(_Entered):
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
+
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, Reduced) and other.name == self.name
+
+        def __hash__(self) -> int:
+            return hash(self.name)
+
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (Reduced, (self.name,))
+
+    shared = SharedDiscovery(Reduced("a"))  # type: ignore[arg-type]
+    copy = cloudpickle.loads(cloudpickle.dumps(shared.subscriber))
+    assert copy == shared.subscriber
+    assert cloudpickle.loads(cloudpickle.dumps(shared)).inner == Reduced("a")
+
+
+async def test_a_live_redis_discovery_proxy_carries_no_connection(
+    redis_server: RedisServer, anyio_backend_name: str, tmp_path: Path
+) -> None:
+    """A proxy on SharedDiscovery(RedisDiscovery), its subscription live,
+    pickles without a client or connection, and unpickles opening none."""
+    if await refused_on_trio(anyio_backend_name, redis_server.url):
+        return
+    inner = RedisDiscovery(redis_server.url, f"pickle-{uuid.uuid4().hex[:12]}")
+    shared = SharedDiscovery(inner)
+    worker = fake_worker()
+    with anyio.fail_after(20):
+        async with inner.publisher as publisher, aiter(shared.subscriber) as live:
+            await publisher.publish("worker-added", worker)
+            event = await anext(live)
+            assert event.metadata.uid == worker.uid  # the subscription is live
+            proxy, wrapper = proxy_bytes(shared), cloudpickle.dumps(shared)
+            for data in (proxy, wrapper):
+                assert b"redis.asyncio" not in data
+            counted = await anyio.to_thread.run_sync(
+                unpickle_and_count, proxy, tmp_path
+            )
+            assert counted == {**NOTHING_CREATED, "type": "WorkerProxy"}
+            copy = cloudpickle.loads(wrapper)
+    assert copy.inner == inner
+    assert copy.subscriber == shared.subscriber

@@ -167,6 +167,19 @@ class AsyncContextDiscovery(FakeDiscovery):
         await anyio.lowlevel.checkpoint()
 
 
+def assert_one_upstream(inner: FakeDiscovery) -> None:
+    """One upstream served every consumer; any other was a rescan, now closed.
+
+    Consumers started together share the first upstream; one that joins once
+    its first scan has begun (with tasks started eagerly, the next one does)
+    has the inner discovery scanned once more, for a moment.
+    """
+    first, *rescans = inner.built
+    assert first.finally_runs == 1
+    assert all(rescan.finally_runs == 1 for rescan in rescans)
+    assert len(rescans) <= 1
+
+
 async def take(
     subscription: Any, count: int, into: dict[str, list[DiscoveryEvent]], name: str
 ) -> None:
@@ -199,7 +212,8 @@ async def test_filtered_subscribers_share_one_unfiltered_upstream() -> None:
             tg.start_soon(take, shared.subscribe(), 3, got, "all again")
             tg.start_soon(take, shared.subscribe(even_pid), 2, got, "even")
             await anyio.wait_all_tasks_blocked()
-            assert inner.calls == [{"poll_interval": 0.5}]
+            assert inner.calls[0] == {"poll_interval": 0.5}
+            assert all(call == inner.calls[0] for call in inner.calls)
             assert (pool.statistics().entries, pool.statistics().consumers) == (1, 3)
             inner.built[0].push(
                 ev("worker-added", one),
@@ -210,7 +224,7 @@ async def test_filtered_subscribers_share_one_unfiltered_upstream() -> None:
     assert pairs(got["all"]) == everything
     assert pairs(got["all again"]) == everything
     assert pairs(got["even"]) == [("worker-added", two), ("worker-dropped", two)]
-    assert len(inner.built) == 1
+    assert_one_upstream(inner)
 
 
 async def test_late_filtered_subscriber_gets_the_replay() -> None:
@@ -240,7 +254,8 @@ async def test_late_filtered_subscriber_gets_the_replay() -> None:
             assert pairs([await anext(early)]) == [("worker-dropped", two)]
             await late.aclose()
             await early.aclose()
-    assert inner.calls == [{}]
+    # The late subscriber had the inner discovery scanned afresh once.
+    assert inner.calls == [{}, {}]
 
 
 async def test_upstream_is_closed_after_the_last_subscriber() -> None:
@@ -485,7 +500,7 @@ async def test_pickled_subscriptions_share_the_original_upstream() -> None:
                 ev("worker-added", meta(pid=3)), ev("worker-added", worker)
             )
     assert pairs(got["original"]) == pairs(got["copy"]) == [("worker-added", worker)]
-    assert len(inner.built) == 1
+    assert_one_upstream(inner)
 
 
 async def test_unhashable_inner_is_shared_by_identity() -> None:
@@ -518,3 +533,130 @@ def test_repr_shows_inner_options_and_enters() -> None:
     assert text.startswith("<SyncSharedDiscovery(")
     assert "poll_interval=0.5" in text
     assert text.endswith("[entered: 1]>")
+
+
+async def read(
+    iterator: AsyncIterator[DiscoveryEvent],
+    into: dict[str, list[DiscoveryEvent]],
+    name: str,
+) -> None:
+    """Read one event from a running iteration into ``into[name]``."""
+    into[name] = [await anext(iterator)]
+
+
+async def until(check: Callable[[], bool]) -> None:
+    """Wait, polling, for what a background task does in real time (a rescan
+    closing after its settle time)."""
+    with anyio.fail_after(5):
+        while not check():  # noqa: ASYNC110 - nothing to wait on: time passes
+            await anyio.sleep(0.01)
+
+
+async def test_a_joiner_sees_a_worker_the_upstream_never_reported() -> None:
+    """A consumer joining a running upstream has the inner discovery scanned
+    afresh, and gets the workers that scan finds even if the upstream's own
+    iteration never reports them; the others get them once, no duplicate."""
+    inner = FakeDiscovery()
+    shared = SharedDiscovery(inner)
+    one, two = meta(pid=1), meta(pid=2)
+    with anyio.fail_after(5):
+        async with SubscriptionPool():
+            early = aiter(shared.subscriber)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(step, early)
+                await anyio.wait_all_tasks_blocked()
+                inner.built[0].push(ev("worker-added", one))
+            # Worker two now exists; the first iteration does not notice it.
+            late = aiter(shared.subscriber)
+            assert pairs([await anext(late)]) == [("worker-added", one)]
+            got: dict[str, list[DiscoveryEvent]] = {}
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(read, late, got, "late")
+                tg.start_soon(read, early, got, "early")
+                await anyio.wait_all_tasks_blocked()
+                assert len(inner.built) == 2  # the joiner's fresh scan
+                inner.built[1].push(ev("worker-added", one), ev("worker-added", two))
+            assert pairs(got["late"]) == [("worker-added", two)]
+            assert pairs(got["early"]) == [("worker-added", two)]
+            # The first iteration catching up later repeats nothing.
+            inner.built[0].push(ev("worker-added", two), ev("worker-dropped", one))
+            assert pairs([await anext(late)]) == [("worker-dropped", one)]
+            assert pairs([await anext(early)]) == [("worker-dropped", one)]
+            # The fresh scan is closed once settled; the first iteration goes on.
+            await until(lambda: inner.built[1].finally_runs == 1)
+            assert inner.built[0].finally_runs == 0
+            await late.aclose()
+            await early.aclose()
+    assert inner.built[0].finally_runs == 1
+
+
+async def test_joiners_before_a_rescan_starts_share_it() -> None:
+    """Consumers joining together, once the upstream runs, share one rescan."""
+    inner = FakeDiscovery()
+    shared = SharedDiscovery(inner)
+    with anyio.fail_after(5):
+        async with SubscriptionPool(), anyio.create_task_group() as tg:
+            tg.start_soon(step, aiter(shared.subscriber))
+            await anyio.wait_all_tasks_blocked()
+            for _ in range(3):
+                tg.start_soon(step, aiter(shared.subscriber))
+            await anyio.wait_all_tasks_blocked()
+            assert len(inner.built) == 2
+            inner.built[0].push(ev("worker-added", meta()))
+
+
+async def test_an_event_that_changes_nothing_is_not_passed_on() -> None:
+    """A re-add with equal metadata is left out, one with new metadata is an
+    update, and a drop of an unknown worker is left out."""
+    inner = FakeDiscovery()
+    shared = SharedDiscovery(inner)
+    worker = meta(pid=1)
+    moved = WorkerMetadata(
+        uid=worker.uid, address="127.0.0.1:2", pid=1, version=worker.version
+    )
+    got: dict[str, list[DiscoveryEvent]] = {}
+    with anyio.fail_after(5):
+        async with SubscriptionPool(), anyio.create_task_group() as tg:
+            tg.start_soon(take, shared.subscriber, 3, got, "all")
+            await anyio.wait_all_tasks_blocked()
+            inner.built[0].push(
+                ev("worker-added", worker),
+                ev("worker-updated", worker),
+                ev("worker-added", worker),
+                ev("worker-dropped", meta(pid=3)),
+                ev("worker-added", moved),
+                ev("worker-dropped", moved),
+            )
+    assert pairs(got["all"]) == [
+        ("worker-added", worker),
+        ("worker-updated", moved),
+        ("worker-dropped", moved),
+    ]
+
+
+async def test_a_failing_rescan_disturbs_no_consumer() -> None:
+    """A rescan whose iteration fails is logged and dropped; the upstream goes on."""
+    inner = FakeDiscovery()
+    shared = SharedDiscovery(inner)
+    worker = meta()
+    with anyio.fail_after(5):
+        async with SubscriptionPool():
+            early = aiter(shared.subscriber)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(step, early)
+                await anyio.wait_all_tasks_blocked()
+                inner.built[0].push(ev("worker-added", meta()))
+            late = aiter(shared.subscriber)
+            await anext(late)
+            got: dict[str, list[DiscoveryEvent]] = {}
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(read, late, got, "late")
+                tg.start_soon(read, early, got, "early")
+                await anyio.wait_all_tasks_blocked()
+                inner.built[1].fail(OSError("scan failed"))
+                await anyio.wait_all_tasks_blocked()
+                inner.built[0].push(ev("worker-added", worker))
+            assert pairs(got["late"]) == [("worker-added", worker)]
+            assert pairs(got["early"]) == [("worker-added", worker)]
+            await late.aclose()
+            await early.aclose()

@@ -249,8 +249,11 @@ async def test_two_pools_share_one_upstream(worker: wool.LocalWorker) -> None:
             assert statistics() == (1, 1)
             async with pool_on(shared):
                 assert statistics() == (1, 2)
-                # One LocalDiscovery iteration in this process: one watchdog.
-                assert len(watchdog_observers()) == 1
+                # One LocalDiscovery iteration in this process: one watchdog,
+                # once the second pool's fresh scan (its join's) has closed.
+                with anyio.fail_after(DEADLINE):
+                    while len(watchdog_observers()) != 1:  # noqa: ASYNC110
+                        await anyio.sleep(0.01)
                 # The namespace was entered once, by the first of three enters.
                 assert shared.entered == 3
                 with anyio.fail_after(DEADLINE):
@@ -374,3 +377,93 @@ async def test_cancellation_and_exit_leave_no_orphaned_upstream(
                 assert await add(3, 4) == 7
         assert statistics() == (0, 0)
         assert shared.entered == 1
+
+
+# -- drop-in differences against wool's own per-context subscribers ----------
+
+
+async def hold_tagged_pool(
+    shared: SharedDiscovery,
+    tag: str,
+    leave: anyio.Event,
+    left: anyio.Event | None = None,
+    *,
+    task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Enter ``WorkerPool(tag, spawn=1)`` on ``shared``; report its worker's pid
+    once a dispatch reached it; exit on ``leave``; set ``left`` once exited."""
+    try:
+        async with wool.WorkerPool(tag, spawn=1, discovery=shared):
+            with anyio.fail_after(DEADLINE):
+                pid = await worker_pid()
+            task_status.started(pid)
+            await leave.wait()
+    finally:
+        if left is not None:
+            left.set()
+
+
+@pytest.mark.parametrize(
+    ("options", "wool_cache"),
+    [({}, False), ({"poll_interval": 3 * DEADLINE}, False), ({}, True)],
+    ids=[
+        "notifications-only",
+        "polling-slower-than-the-deadline",
+        "under-wool-s-own-subscriber-cache",
+    ],
+)
+async def test_a_pool_started_later_sees_its_own_worker(
+    options: dict[str, float], wool_cache: bool
+) -> None:
+    """Pool B, started in another task after pool A's upstream is running, on
+    the same SharedDiscovery, dispatches to the worker it published after A
+    subscribed, without waiting for the inner discovery to notice it (also
+    where wool's own per-context subscriber cache is set up around both)."""
+    if wool_cache:
+        # wool sets up its subscriber cache in this context, for every task
+        # started from it, at the first subscriber made here.
+        wool.LocalDiscovery(f"e2e-{uuid.uuid4().hex}").subscribe()
+    shared = SharedDiscovery(wool.LocalDiscovery(f"e2e-{uuid.uuid4().hex}"), **options)
+    pids: dict[str, int] = {}
+
+    async def second_pool(done: anyio.Event) -> None:
+        async with wool.WorkerPool("b", spawn=1, discovery=shared):
+            with anyio.fail_after(DEADLINE):
+                pids["b"] = await worker_pid()
+                pids["b again"] = await worker_pid()
+        done.set()
+
+    async with SubscriptionPool(), anyio.create_task_group() as tg:
+        leave = anyio.Event()
+        pids["a"] = await tg.start(hold_tagged_pool, shared, "a", leave)
+        assert statistics() == (1, 1)  # A's upstream is running
+        done = anyio.Event()
+        tg.start_soon(second_pool, done)
+        with anyio.fail_after(2 * DEADLINE):
+            await done.wait()
+        leave.set()
+    assert pids["b"] == pids["b again"] != pids["a"]
+
+
+async def test_the_pool_that_entered_first_exits_while_another_dispatches() -> None:
+    """When the pool whose discovery created the namespace's segment exits
+    first, another pool of that namespace keeps dispatching: no task carries
+    the segment it unlinked."""
+    namespace = f"e2e-{uuid.uuid4().hex}"
+    owner = SharedDiscovery(wool.LocalDiscovery(namespace), poll_interval=POLL)
+    other = SharedDiscovery(wool.LocalDiscovery(namespace), poll_interval=POLL)
+    async with SubscriptionPool(), anyio.create_task_group() as tg:
+        leave, left = anyio.Event(), anyio.Event()
+        owner_pid = await tg.start(hold_tagged_pool, owner, "owner", leave, left)
+        async with wool.WorkerPool("other", spawn=1, discovery=other):
+            with anyio.fail_after(DEADLINE):
+                other_pid = await worker_pid()
+            assert other_pid != owner_pid
+            leave.set()  # the owner pool exits, unlinking the segment
+            with anyio.fail_after(DEADLINE):
+                await left.wait()
+            assert owner.entered == 0
+            with anyio.fail_after(DEADLINE):
+                for a in range(5):
+                    assert await add(a, 1) == a + 1
+                assert await worker_pid() == other_pid

@@ -15,6 +15,11 @@ with different filters still share the upstream.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import copyreg
+import inspect
+import logging
 import threading
 from collections.abc import AsyncGenerator
 from collections.abc import Awaitable
@@ -32,16 +37,24 @@ from typing import overload
 from typing import runtime_checkable
 
 import anyio
+import wool
+from anyio.streams.memory import MemoryObjectSendStream
 from wool import DiscoveryEvent
 from wool import DiscoveryLike
 from wool import DiscoveryPublisherLike
 from wool import WorkerMetadata
+from wool.runtime.discovery import __subscriber_pool__
 
 from ._afilter import afilter
+from ._backend import EventLoop
+from ._backend import current_loop
 from ._decorator import shared_subscription
 from ._subscription import SharedSubscription
+from ._tracking import Workers
 
 __all__ = ["SharedDiscovery", "SyncSharedDiscovery"]
+
+logger = logging.getLogger("wool_pooling")
 
 #: The options passed to the inner discovery's ``subscribe``, frozen.
 Options = tuple[tuple[str, Hashable], ...]
@@ -80,6 +93,14 @@ class SharedDiscovery:
       gap and no duplicate, cancellation of one consumer never disturbing
       the others or the upstream, and the upstream closed once its last
       consumer is released.
+    - A consumer that joins once the upstream runs sees every worker that
+      exists when it joins, as a fresh raw subscriber would, whether or not
+      the running upstream noticed it: its join has ``inner`` subscribed to
+      once more, for a fresh scan merged into the stream and closed a
+      quarter of a second after it last found something new. Only events
+      that change the known workers are passed on: a repeated
+      ``worker-added`` or a ``worker-updated`` with unchanged metadata
+      (``LocalDiscovery`` repeats one per worker at every scan) is not.
     - ``subscribe_options`` are passed to ``inner.subscribe`` as keywords,
       for example ``poll_interval=0.2`` for ``wool.LocalDiscovery``. They
       must be hashable: they are part of the upstream's key.
@@ -107,17 +128,28 @@ class SharedDiscovery:
     :exc:`RuntimeError`.
 
     **Pickling.** Everything handed out pickles with cloudpickle (and with
-    plain pickle when ``inner``, the options and any filter do), so wool can
-    ship a proxy's subscription into worker processes; there the copy joins
-    the pool of the process that iterates it, so all proxies on a worker
-    share one upstream too. A ``SharedDiscovery`` pickles as
-    ``(inner, subscribe_options)``: the copy starts unentered.
+    plain pickle when the recipe of ``inner``, the options and any filter
+    do), so wool can ship a proxy's subscription into worker processes;
+    there the copy joins the pool of the process that iterates it, so all
+    proxies on a worker share one upstream too. What travels for ``inner``
+    is a recipe that rebuilds an equal, unentered discovery, never the
+    object the pools entered: for wool's ``LocalDiscovery`` and
+    ``LanDiscovery`` their class and constructor arguments (no shared-memory
+    segment, no cleanup closure), for any other discovery its own
+    ``__reduce__`` (``wool_pooling.redis.RedisDiscovery`` has one: url,
+    namespace and options, no connection). A ``SharedDiscovery`` pickles as
+    ``(recipe, subscribe_options)``: the copy starts unentered. Equality and
+    hash of a subscription (its pool key) are those of ``inner`` and the
+    options, so a copy shares the original's upstream.
 
     :param inner: The wool discovery to wrap (anything with ``publisher`` and
         ``subscribe``).
     :param subscribe_options: Keyword arguments for ``inner.subscribe``.
-    :raises TypeError: if ``inner`` has no callable ``subscribe``, or an
-        option value is not hashable.
+    :raises TypeError: if ``inner`` has no callable ``subscribe``, if an
+        option value is not hashable, or if ``inner`` cannot be rebuilt in
+        another process (neither wool's ``LocalDiscovery`` or
+        ``LanDiscovery`` nor a class with a ``__reduce__`` of its own): the
+        message names the class and the ``__reduce__`` to add.
     """
 
     __slots__ = (
@@ -126,6 +158,7 @@ class SharedDiscovery:
         "_inner",
         "_lock",
         "_options",
+        "_portable",
         "_transition",
     )
 
@@ -158,6 +191,9 @@ class SharedDiscovery:
                 f"SharedDiscovery subscribe options must be hashable, got {options!r}"
             ) from error
         self._inner = inner
+        # How a copy in another process rebuilds ``inner``, unentered: checked
+        # here, so a discovery that cannot travel fails now, not at dispatch.
+        self._portable = _Portable(inner, _recipe(inner))
         self._options: Options = options
         self._entered = 0
         self._lock = threading.Lock()
@@ -216,7 +252,7 @@ class SharedDiscovery:
         :returns: The shared upstream subscription itself when ``filter`` is
             ``None``, else an :class:`~wool_pooling.afilter` over it.
         """
-        upstream = _UpstreamSubscriber(self._inner, self._options)
+        upstream = _UpstreamSubscriber(self._portable, self._options)
         if filter is None:
             return upstream
         return afilter(filter, upstream)
@@ -294,7 +330,7 @@ class SharedDiscovery:
     # -- pickling and repr ----------------------------------------------------
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_restore, (self._inner, dict(self._options)))
+        return (_restore, (self._portable, dict(self._options)))
 
     def __repr__(self) -> str:
         options = "".join(f", {name}={value!r}" for name, value in self._options)
@@ -339,13 +375,124 @@ class SyncSharedDiscovery(SharedDiscovery):
         self._exit_sync(exc_type, exc, traceback)
 
 
-def _restore(inner: DiscoveryLike, options: dict[str, Hashable]) -> SharedDiscovery:
+def _restore(portable: _Portable, options: dict[str, Hashable]) -> SharedDiscovery:
     """Unpickle a :class:`SharedDiscovery`: a fresh, unentered wrapper."""
-    return SharedDiscovery(inner, **options)
+    return SharedDiscovery(portable.discovery, **options)
 
 
 def _is_sync_context_manager(value: object) -> bool:
     return isinstance(value, AbstractContextManager)
+
+
+# -- what travels to another process: a recipe, never the entered discovery ---
+
+#: wool's discoveries that are rebuilt from their constructor arguments.
+_BY_CONSTRUCTOR: tuple[type, ...] = (wool.LocalDiscovery, wool.LanDiscovery)
+
+#: A discovery's recipe: ``factory(*args, **kwargs)`` rebuilds it, unentered;
+#: ``None`` when the discovery pickles by its own ``__reduce__``.
+Recipe = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]] | None
+
+
+def _recipe(inner: object) -> Recipe:
+    """How to rebuild ``inner``, unentered, in another process.
+
+    wool's ``LocalDiscovery`` and ``LanDiscovery``: their class, called with
+    the arguments they were constructed with (read back from the instance,
+    which keeps each one as an attribute named after the parameter, with a
+    leading underscore), so none of the state entering them creates (a
+    shared-memory segment, its cleanup) travels. Any other discovery pickles
+    by its own ``__reduce__`` (or ``__reduce_ex__``, or a ``copyreg``
+    reducer): only it knows what of it may travel.
+
+    :raises TypeError: naming the class and what to add, for a discovery
+        that is none of these.
+    """
+    cls = type(inner)
+    if cls in _BY_CONSTRUCTOR:
+        return _constructor_recipe(inner, cls)
+    if (
+        cls.__reduce__ is not object.__reduce__
+        or cls.__reduce_ex__ is not object.__reduce_ex__
+        or cls in copyreg.dispatch_table
+    ):
+        return None
+    raise TypeError(
+        f"SharedDiscovery cannot ship a {cls.__qualname__} to worker processes: "
+        "wool pickles a pool's subscription into every task it dispatches, and "
+        f"{cls.__qualname__} has no __reduce__, so its whole state would travel "
+        "(whatever entering it opened included); add a __reduce__ to "
+        f"{cls.__qualname__} that rebuilds it, unentered, from what it is made "
+        "of, e.g. 'def __reduce__(self): return (type(self), (self.namespace,))'"
+    )
+
+
+def _constructor_recipe(inner: object, cls: type) -> Recipe:
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    positional = True  # until a parameter is left out: then by keyword
+    for name, parameter in inspect.signature(cls).parameters.items():
+        try:
+            value = getattr(inner, f"_{name}")
+        except AttributeError:
+            raise TypeError(
+                f"SharedDiscovery cannot read the constructor argument {name!r} "
+                f"back from {cls.__qualname__} (this wool version stores it "
+                "differently): subclass it with a __reduce__ that rebuilds it"
+            ) from None
+        if value is parameter.default or (
+            parameter.default is not inspect.Parameter.empty
+            and type(value) is type(parameter.default)
+            and value == parameter.default
+        ):
+            positional = False
+            continue  # the default: leaving it out keeps every task smaller
+        if parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and positional:
+            args.append(value)
+        else:
+            kwargs[name] = value
+    return (cls, tuple(args), kwargs)
+
+
+@final
+class _Portable:
+    """A discovery, and how another process rebuilds it: what a subscription
+    carries. Pickles as the recipe (or as the discovery's own reduction), so
+    a copy is built fresh and unentered wherever it is unpickled."""
+
+    __slots__ = ("discovery", "recipe")
+
+    def __init__(self, discovery: DiscoveryLike, recipe: Recipe) -> None:
+        self.discovery = discovery
+        self.recipe = recipe
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self.recipe is None:
+            return (_adopt, (self.discovery,))
+        factory, args, kwargs = self.recipe
+        if kwargs:
+            return (_rebuild_with, (factory, args, kwargs))
+        return (_rebuild, (factory, *args))
+
+    def __repr__(self) -> str:
+        return repr(self.discovery)
+
+
+def _adopt(discovery: DiscoveryLike) -> _Portable:
+    """Unpickle a :class:`_Portable` of a discovery that reduced itself."""
+    return _Portable(discovery, None)
+
+
+def _rebuild(factory: Callable[..., DiscoveryLike], *args: Any) -> _Portable:
+    """Unpickle a :class:`_Portable` from its recipe: a fresh, unentered discovery."""
+    return _Portable(factory(*args), (factory, args, {}))
+
+
+def _rebuild_with(
+    factory: Callable[..., DiscoveryLike], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> _Portable:
+    """:func:`_rebuild`, with keyword arguments."""
+    return _Portable(factory(*args, **kwargs), (factory, args, kwargs))
 
 
 # -- the shared upstream ------------------------------------------------------
@@ -367,13 +514,46 @@ class _Identity:
         return id(self.value)
 
 
-def _upstream_key(cls: type, inner: object, options: Options) -> Hashable:
+def _upstream_key(cls: type, portable: _Portable, options: Options) -> Hashable:
     """Key the upstream by the discovery (its identity, if unhashable) and options."""
+    inner = portable.discovery
     try:
         hash(inner)
     except TypeError:
         return (_Identity(inner), options)
     return (inner, options)
+
+
+#: Seconds a joiner's fresh scan of the inner discovery stays open after it
+#: started or last changed something: its first scan (of shared memory, or a
+#: server's snapshot) arrives within that, and two iterations overlap no
+#: longer. (Events that change nothing, such as the ``worker-updated`` with
+#: unchanged metadata ``LocalDiscovery`` repeats at every scan, do not count.)
+RESCAN_SETTLE = 0.25
+
+#: What a joiner sends the upstream to ask for a fresh scan.
+_RESCAN = object()
+
+
+@final
+class _End:
+    """A reader's last message: its inner iteration ended, or failed."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception | None) -> None:
+        self.error = error
+
+
+@final
+class _Reader:
+    """One iteration of the inner discovery, run in a task of its own."""
+
+    __slots__ = ("done", "scope")
+
+    def __init__(self) -> None:
+        self.scope = anyio.CancelScope()
+        self.done = anyio.Event()
 
 
 @shared_subscription(key=_upstream_key)
@@ -383,44 +563,228 @@ class _UpstreamSubscriber:
     Constructing it returns a :class:`~wool_pooling.SharedSubscription` keyed
     by (inner discovery, options), so one raw instance, and one iteration of
     it, serves every consumer of the pool. ``inner.subscribe(**options)`` is
-    called when that iteration starts, in the task that pulls it, and its
-    result is resolved the way wool's ``WorkerProxy`` resolves a subscriber
-    (a context manager is entered, a factory called, an awaitable awaited)
-    and then iterated. Closing the iteration closes the inner iterator and
-    exits whatever was entered, shielded from cancellation.
+    called when that iteration starts and its result is resolved the way
+    wool's ``WorkerProxy`` resolves a subscriber (a context manager is
+    entered, a factory called, an awaitable awaited) and then iterated, in a
+    task of its own (a reader) that hands each event to the iteration.
+
+    **Joiners see every worker that exists when they join.** A consumer
+    joining once the iteration runs (see ``__wool_pooling_joined__``) has the
+    inner discovery subscribed to once more: a second reader whose first
+    scan reports every worker that exists by then, whether or not the first
+    reader's notifications noticed it. The events of both are merged: only
+    what changes the known workers is passed on (a ``worker-added`` of a
+    worker already known with equal metadata is not repeated, one with new
+    metadata becomes ``worker-updated``, a ``worker-dropped`` of a worker not
+    known is left out), so no consumer sees a duplicate. The second reader
+    is closed :data:`RESCAN_SETTLE` seconds after it started or last changed
+    something; joiners arriving before it starts share it. Its failure is
+    logged and changes nothing; the first reader's failure or end ends the
+    iteration. Events that change nothing are left out in every case,
+    whichever reader they come from.
+
+    Closing the iteration closes every reader's inner iterator and exits
+    whatever was entered, and waits for that, shielded from cancellation.
     """
 
-    __slots__ = ("inner", "options")
+    __slots__ = ("_rescan_wanted", "_wake", "inner", "options")
 
-    def __init__(self, inner: DiscoveryLike, options: Options) -> None:
+    def __init__(self, inner: _Portable, options: Options) -> None:
         # Any: wool types subscribe() without the options discoveries accept.
-        self.inner: Any = inner
+        self.inner: Any = inner.discovery
         self.options = options
+        # While iterating: where a joiner asks for a fresh scan.
+        self._wake: MemoryObjectSendStream[Any] | None = None
+        self._rescan_wanted = False
+
+    def __wool_pooling_joined__(self) -> None:
+        """A consumer has joined this upstream: scan the inner discovery afresh.
+
+        Called synchronously by the consumer, once registered with the
+        fan-out. Before the iteration has started, its first scan is still
+        to come, and nothing is done; a rescan already asked for and not yet
+        started serves this joiner too.
+        """
+        wake = self._wake
+        if wake is None or self._rescan_wanted:
+            return
+        self._rescan_wanted = True
+        # Wakes the iteration if it waits for an event; if it does not, it
+        # sees the flag before it waits again.
+        with contextlib.suppress(anyio.WouldBlock, anyio.BrokenResourceError):
+            wake.send_nowait(_RESCAN)
 
     def __aiter__(self) -> AsyncGenerator[DiscoveryEvent, None]:
         return self._events()
 
     async def _events(self) -> AsyncGenerator[DiscoveryEvent, None]:
-        stack = AsyncExitStack()
+        # No buffer: a reader takes its next event from the inner discovery
+        # only once this iteration has taken the last one, so the inner
+        # discovery is read (scanned) no faster than the consumers pull.
+        send, receive = anyio.create_memory_object_stream[Any](0)
+        loop = current_loop()
+        alive: set[_Reader] = set()
+        main = self._start(loop, send, alive, main=True)
+        # Rescans still open, and when each is to be closed.
+        rescans: dict[_Reader, float] = {}
+        known: Workers = {}
         try:
-            subscriber = await _resolve(
-                self.inner.subscribe(**dict(self.options)), stack
-            )
-            iterator = aiter(cast(Any, subscriber))
-            try:
-                async for event in iterator:
-                    yield cast(DiscoveryEvent, event)
-            finally:
-                closer = getattr(iterator, "aclose", None)
-                if closer is not None:
-                    with anyio.CancelScope(shield=True):
-                        await closer()
+            while True:
+                item: Any
+                if self._rescan_wanted:
+                    item = _RESCAN
+                else:
+                    try:
+                        item = receive.receive_nowait()
+                    except anyio.WouldBlock:
+                        item = await receive.receive()
+                if item is _RESCAN:
+                    if not self._rescan_wanted:
+                        continue  # taken already, through the flag
+                    self._rescan_wanted = False
+                    reader = self._start(loop, send, alive)
+                    rescans[reader] = anyio.current_time() + RESCAN_SETTLE
+                    loop.spawn(_close_when_settled, reader, rescans)
+                    continue
+                reader, payload = cast(tuple[_Reader, object], item)
+                if isinstance(payload, _End):
+                    if reader is main:
+                        if payload.error is not None:
+                            raise payload.error
+                        return
+                    if rescans.pop(reader, None) is not None and payload.error:
+                        logger.warning(
+                            "a rescan of %r failed: %r", self.inner, payload.error
+                        )
+                    continue
+                if reader is not main and reader not in rescans:
+                    continue  # a closed rescan: what it still had is not needed
+                event = _changes(known, payload)
+                if event is None:
+                    continue
+                if reader is not main:
+                    # A rescan that still finds something stays open longer.
+                    rescans[reader] = anyio.current_time() + RESCAN_SETTLE
+                yield event
         finally:
+            self._wake = None
+            rescans.clear()
+            receive.close()  # a reader handing over an event gives up
+            readers = list(alive)
+            for reader in readers:
+                reader.scope.cancel()
             with anyio.CancelScope(shield=True):
-                await stack.aclose()
+                for reader in readers:
+                    await reader.done.wait()
+
+    def _start(
+        self,
+        loop: EventLoop,
+        send: MemoryObjectSendStream[Any],
+        alive: set[_Reader],
+        *,
+        main: bool = False,
+    ) -> _Reader:
+        reader = _Reader()
+        alive.add(reader)
+        # wool caches its subscribers per context (one raw subscriber, and
+        # one fan-out, per key and per ``__subscriber_pool__``): a reader
+        # started in a context that has one would join the cached iteration,
+        # stale scan included, instead of scanning afresh. Each reader gets
+        # a pool of its own (wool makes it at the first subscribe).
+        context = contextvars.copy_context()
+        context.run(__subscriber_pool__.set, None)
+        loop.spawn(self._read, reader, send, alive, main, context=context)
+        return reader
+
+    async def _read(
+        self,
+        reader: _Reader,
+        send: MemoryObjectSendStream[Any],
+        alive: set[_Reader],
+        main: bool,
+    ) -> None:
+        """Iterate the inner discovery once; hand ``(reader, item)`` to ``send``.
+
+        The main reader opens the upstream to rescans as its first scan
+        starts: a consumer that joined before is covered by that scan.
+        """
+        error: Exception | None = None
+        try:
+            with reader.scope:
+                if main and not reader.scope.cancel_called:
+                    self._wake = send
+                stack = AsyncExitStack()
+                try:
+                    subscriber = await _resolve(
+                        self.inner.subscribe(**dict(self.options)), stack
+                    )
+                    iterator = aiter(cast(Any, subscriber))
+                    try:
+                        async for event in iterator:
+                            await send.send((reader, event))
+                    finally:
+                        closer = getattr(iterator, "aclose", None)
+                        if closer is not None:
+                            with anyio.CancelScope(shield=True):
+                                await closer()
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await stack.aclose()
+        except anyio.BrokenResourceError:
+            pass  # the iteration was closed
+        except Exception as failure:
+            error = failure
+        finally:
+            alive.discard(reader)
+            reader.done.set()
+        # The iteration may be gone (closed), and its stream with it.
+        with contextlib.suppress(anyio.BrokenResourceError):
+            await send.send((reader, _End(error)))
 
     def __repr__(self) -> str:
         return f"_UpstreamSubscriber({self.inner!r}, {self.options!r})"
+
+
+async def _close_when_settled(reader: _Reader, rescans: dict[_Reader, float]) -> None:
+    """Close the rescan ``reader`` once its time in ``rescans`` is up (it is
+    moved on while the rescan finds something); return early once it has
+    left ``rescans`` otherwise (it ended, or the iteration was closed)."""
+    while True:
+        until = rescans.get(reader)
+        if until is None:
+            return
+        delay = until - anyio.current_time()
+        if delay <= 0:
+            del rescans[reader]
+            reader.scope.cancel()
+            return
+        await anyio.sleep(delay)
+
+
+def _changes(known: Workers, item: object) -> Any:
+    """What ``item`` changes in ``known`` (updated), as the event to pass on.
+
+    ``None`` when it changes nothing. Items that are not discovery events
+    pass through.
+    """
+    if not isinstance(item, DiscoveryEvent):
+        return item
+    metadata = item.metadata
+    uid = metadata.uid
+    if item.type == "worker-dropped":
+        return item if known.pop(uid, None) is not None else None
+    before = known.get(uid)
+    known[uid] = metadata
+    if before is None:
+        if item.type == "worker-added":
+            return item
+        return DiscoveryEvent("worker-added", metadata=metadata)
+    if before is metadata or before == metadata:
+        return None
+    if item.type == "worker-updated":
+        return item
+    return DiscoveryEvent("worker-updated", metadata=metadata)
 
 
 async def _resolve(value: object, stack: AsyncExitStack) -> object:

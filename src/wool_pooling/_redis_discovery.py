@@ -942,6 +942,28 @@ class RedisDiscovery:
     def __hash__(self) -> int:
         return hash((RedisDiscovery, self._key))
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle as what it is made of: url, namespace and options.
+
+        No connection, client or other state a subscription or publisher
+        opened travels: the copy is built by calling the class again.
+        """
+        import functools
+
+        rebuild = functools.partial(
+            RedisDiscovery,
+            self.url,
+            self.namespace,
+            bind_host=self.bind_host,
+            advertise_host=self.advertise_host,
+            lease=self.lease,
+            reap_interval=self._options.reap_interval,
+            connect_timeout=self.connect_timeout,
+            reconnect=self._options.reconnect,
+            shared=self.shared,
+        )
+        return (rebuild, ())
+
     def __repr__(self) -> str:
         return f"RedisDiscovery({redact(self.url)!r}, {self.namespace!r})"
 

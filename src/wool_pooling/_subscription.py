@@ -381,6 +381,11 @@ class SubscriptionConsumer(Generic[T_co]):
         self._entry = entry
         consumer = self._consumer = entry.fanout.consumer()
         self._replay = replay_events(entry.source.workers)
+        # A raw instance may want to know (SharedDiscovery's upstream rescans).
+        raw: object = entry.raw
+        joined = getattr(type(raw), "__wool_pooling_joined__", None)
+        if joined is not None:
+            joined(raw)
         if subscription.max_lag is None:
             self._view = None  # never resynchronised: no view to keep
         return consumer
