@@ -183,7 +183,7 @@ def test_soak_and_wrapper_ceiling_write_their_results_with_out(
     assert [row["wrapper"] for row in ceiling["rows"]] == [
         "coroutine",
         "async generator",
-        "task per item",
+        "one task",
         "wool_pooling.Fanout",
     ]
     assert all(row["median"] > 0 for row in ceiling["rows"])
