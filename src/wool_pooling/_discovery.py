@@ -49,6 +49,7 @@ from ._afilter import afilter
 from ._backend import EventLoop
 from ._backend import current_loop
 from ._decorator import shared_subscription
+from ._iterators import aclose_iterator
 from ._subscription import SharedSubscription
 from ._tracking import Workers
 
@@ -724,10 +725,8 @@ class _UpstreamSubscriber:
                         async for event in iterator:
                             await send.send((reader, event))
                     finally:
-                        closer = getattr(iterator, "aclose", None)
-                        if closer is not None:
-                            with anyio.CancelScope(shield=True):
-                                await closer()
+                        with anyio.CancelScope(shield=True):
+                            await aclose_iterator(iterator)
                 finally:
                     with anyio.CancelScope(shield=True):
                         await stack.aclose()
