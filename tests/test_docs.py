@@ -203,16 +203,15 @@ def test_readme_demo_output_holds_under_trio_up_to_the_order_of_proxies() -> Non
 
 
 def test_readme_explains_each_part_of_the_demo_output() -> None:
-    """The bullets under the demo's output explain the raw lines, the pool
+    """The text under the demo's output explains the raw lines, the pool
     statistics, the proxies' lines and the replay."""
     explanation = _section(README, "## Install and try it")
     explanation = explanation[explanation.index("raw subscribers built: 1\n```") :]
     for shown in (
-        "The shared upstream",
-        "`[raw]`",
-        "`pool: PoolStatistics(...)`",
-        "`proxy-a <- ...`",
-        "The replay",
+        "`[raw]` lines come from the raw subscriber",
+        "`pool:` is `SubscriptionPool.statistics()`",
+        "reaches every proxy once, in order",
+        "proxy-c, joining late",
     ):
         assert shown in explanation, shown
 
