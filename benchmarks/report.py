@@ -793,6 +793,44 @@ def soak_blocks(paths: list[Path]) -> list[Block]:
     return [Heading(3, "Soak: consumers joining and leaving at random"), table]
 
 
+def soak_redis_blocks(path: Path) -> list[Block]:
+    """``soak_redis.py``: a fleet of processes on one server, through faults."""
+    r = load(path)
+    reconnects = r.get("reconnects_per_process") or [0]
+    table = Table(
+        ["processes x consumers", "duration", "publishes", "server restarts",
+         "connections killed", "processes SIGKILLed", "events delivered",
+         "reconnects per process", "views equal to the truth", "duplicates",
+         "missed", "result"],
+        "lrrrrrrrlrrl",
+        [[
+            f"{r['processes']} x {r['consumers_per_process']}",
+            f"{r['elapsed_seconds']:.1f} s",
+            f"{r['publishes']:,} ({r.get('failed_publishes', 0)} failed)",
+            f"{r['restarts']:,}",
+            f"{r['client_kills']:,} ({r.get('client_kill_rounds', 0)} rounds)",
+            f"{r['sigkilled']}",
+            f"{r['events_received']:,}",
+            f"{statistics.median(reconnects):.0f}",
+            f"{r['views_equal_truth']} / {r['views']} ({r['final_workers']:,} workers)",
+            f"{r['duplicates']}",
+            f"{r['missed']}",
+            "OK" if r.get("ok") else "**FAILED**",
+        ]],
+    )  # fmt: skip
+    return [
+        Heading(3, f"Redis fleet soak ({path.name})"),
+        Para(
+            f"`python benchmarks/soak_redis.py`: CPython {r.get('python', '?')}; "
+            "processes of consumers on one `redis-server` while publishers churn "
+            "workers, the server is restarted, `CLIENT KILL` cuts connections at "
+            "random and one publisher process is SIGKILLed; then every view is "
+            "checked against the published truth."
+        ),
+        table,
+    ]
+
+
 def wrapper_blocks(paths: list[Path]) -> list[Block]:
     table = Table(
         ["file", "backend", "wrapper", "items/s vs the raw source"], "lllr", []
@@ -977,11 +1015,14 @@ def render(folder: Path, images: bool = True) -> list[Block]:
         for path in memories:
             blocks += memory_blocks(path)
     soaks = sorted(folder.glob("soak-*.json"))
+    fleet = sorted(folder.glob("soak_redis*.json"))
     ceilings = sorted(folder.glob("wrapper_ceiling-*.json"))
-    if soaks or ceilings:
+    if soaks or fleet or ceilings:
         blocks.append(Heading(2, "Checks and limits"))
         if soaks:
             blocks += soak_blocks(soaks)
+        for path in fleet:
+            blocks += soak_redis_blocks(path)
         if ceilings:
             blocks += wrapper_blocks(ceilings)
     blocks += run_time_blocks(folder)
