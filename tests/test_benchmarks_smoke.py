@@ -307,7 +307,6 @@ def test_throughput_plot_shows_ratios_to_wool_per_backend_with_the_limit() -> No
     one line per implementation at its items/s over wool's ``Fanout`` in the
     same run, the wake-up limit as its own line, and the legend outside the
     axes."""
-    pytest.importorskip("matplotlib")
     import matplotlib
 
     matplotlib.use("Agg")
