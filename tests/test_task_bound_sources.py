@@ -108,6 +108,30 @@ async def read_all(consumer: AsyncIterator[Any], into: list[Any]) -> None:
         into.append(item)
 
 
+async def read_everything(
+    via: str,
+    factory: SourceFactory,
+    ending: type[BaseException] | tuple[type[BaseException], ...] = (),
+) -> tuple[list[list[Any]], list[BaseException]]:
+    """``CONSUMERS`` consumers of ``factory()`` through ``via``, each read to
+    its end in a task of its own: what each received, and the errors of
+    type ``ending`` they ended with (any other error fails the test)."""
+    received: list[list[Any]] = [[] for _ in range(CONSUMERS)]
+    errors: list[BaseException] = []
+
+    async def read(consumer: AsyncIterator[Any], into: list[Any]) -> None:
+        try:
+            await read_all(consumer, into)
+        except ending as error:
+            errors.append(error)
+
+    with anyio.fail_after(TIMEOUT):
+        async with Shared(via, factory) as consumers, anyio.create_task_group() as tg:
+            for consumer, into in zip(consumers, received, strict=True):
+                tg.start_soon(read, consumer, into)
+    return received, errors
+
+
 class Record:
     """Which tasks ran the source's steps."""
 
@@ -146,11 +170,7 @@ async def test_a_source_with_a_task_group_feeding_it_serves_every_consumer(
                     yield item
         record.step()
 
-    received: list[list[Any]] = [[] for _ in range(CONSUMERS)]
-    with anyio.fail_after(TIMEOUT):
-        async with Shared(via, source) as consumers, anyio.create_task_group() as tg:
-            for consumer, into in zip(consumers, received, strict=True):
-                tg.start_soon(read_all, consumer, into)
+    received, _ = await read_everything(via, source)
     assert [numbers(items) for items in received] == [list(range(ITEMS))] * CONSUMERS
     assert record.one_task()
     assert len(record.tasks) == ITEMS + 2
@@ -173,11 +193,7 @@ async def test_a_source_keeping_a_cancel_scope_open_across_yields(via: str) -> N
         assert scope.cancelled_caught
         record.step()
 
-    received: list[list[Any]] = [[] for _ in range(CONSUMERS)]
-    with anyio.fail_after(TIMEOUT):
-        async with Shared(via, source) as consumers, anyio.create_task_group() as tg:
-            for consumer, into in zip(consumers, received, strict=True):
-                tg.start_soon(read_all, consumer, into)
+    received, _ = await read_everything(via, source)
     assert stuck.is_set()
     assert [numbers(items) for items in received] == [list(range(ITEMS))] * CONSUMERS
     assert record.one_task()
@@ -200,21 +216,7 @@ async def test_a_source_keeping_an_asyncio_timeout_open_across_yields(
             timeout.reschedule(asyncio.get_running_loop().time() + 0.01)
             await asyncio.sleep(TIMEOUT)  # until the deadline
 
-    outcomes: list[BaseException | None] = []
-
-    async def read(consumer: AsyncIterator[Any], into: list[Any]) -> None:
-        try:
-            await read_all(consumer, into)
-        except TimeoutError as error:
-            outcomes.append(error)
-        else:
-            outcomes.append(None)
-
-    received: list[list[Any]] = [[] for _ in range(CONSUMERS)]
-    with anyio.fail_after(TIMEOUT):
-        async with Shared(via, source) as consumers, anyio.create_task_group() as tg:
-            for consumer, into in zip(consumers, received, strict=True):
-                tg.start_soon(read, consumer, into)
+    received, outcomes = await read_everything(via, source, TimeoutError)
     assert [numbers(items) for items in received] == [list(range(ITEMS))] * CONSUMERS
     assert len(outcomes) == CONSUMERS
     assert all(isinstance(outcome, TimeoutError) for outcome in outcomes)
@@ -246,19 +248,7 @@ async def test_a_failing_background_task_of_the_source_reaches_every_consumer(
                     yield item
             await anyio.sleep_forever()  # the failure cancels this
 
-    errors: list[BaseException] = []
-
-    async def read(consumer: AsyncIterator[Any], into: list[Any]) -> None:
-        try:
-            await read_all(consumer, into)
-        except BaseExceptionGroup as group:
-            errors.append(group)
-
-    received: list[list[Any]] = [[] for _ in range(CONSUMERS)]
-    with anyio.fail_after(TIMEOUT):
-        async with Shared(via, source) as consumers, anyio.create_task_group() as tg:
-            for consumer, into in zip(consumers, received, strict=True):
-                tg.start_soon(read, consumer, into)
+    received, errors = await read_everything(via, source, BaseExceptionGroup)
     assert [numbers(items) for items in received] == [list(range(ITEMS))] * CONSUMERS
     assert len(errors) == CONSUMERS
     for error in errors:
