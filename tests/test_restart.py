@@ -264,7 +264,7 @@ async def test_unreported_worker_dropped_after_settle_on_silent_stream() -> None
         for events in (one, two):
             assert pairs(events[2:]) == [("worker-dropped", a), ("worker-dropped", b)]
             assert apply({}, events) == {}
-        assert entry_of(pool, sub).source.workers == {}
+        assert entry_of(pool, sub).source.known.workers == {}
         assert script.started == 2
 
 
@@ -285,6 +285,41 @@ async def test_partial_rereport_drops_only_the_missing() -> None:
         assert apply({}, events) == state(c)
 
 
+async def test_consumer_left_behind_by_the_settle_drops_resyncs_exactly() -> None:
+    """The settle timer's drops are logged outside any pull, and recorded: a
+    consumer they leave behind the bound is rebuilt at its place (a drop
+    left out of the record would lose b from it) and resynchronised exactly."""
+    a, b, c, d = meta(), meta(), meta(), meta()
+    a2 = meta(a.uid, pid=2)
+    script = Script([added(a), added(b), added(c), FAIL], [added(a2), added(d)])
+    cls = shared_subscription(restart=fast(), max_lag=3)(type("Raw", (Raw,), {}))
+    sub = cast(SharedSubscription, cls(script))
+    async with SubscriptionPool() as pool:
+        quick = aiter(sub)
+        assert pairs(await take(quick, 2)) == [("worker-added", a), ("worker-added", b)]
+        slow = aiter(sub)  # joins at item 2, with a and b replayed
+        assert len(await take(slow, 2)) == 2
+        # c; after the restart a2 (updated) and d; then the settle timer's
+        # drop of b leaves slow 4 items behind: one more than max_lag.
+        events = await take(quick, 5)
+        assert pairs(events) == [
+            ("worker-added", c),
+            ("worker-updated", a2),
+            ("worker-added", d),
+            ("worker-dropped", b),
+            ("worker-dropped", c),
+        ]
+        assert entry_of(pool, sub).source.known.workers == state(a2, d)
+        resync = await take(slow, 3)
+        assert pairs(resync) == [
+            ("worker-updated", a2),
+            ("worker-added", d),
+            ("worker-dropped", b),
+        ]
+        assert apply(state(a, b), resync) == state(a2, d)
+        assert script.started == 2
+
+
 async def test_no_error_reaches_consumers_and_views_match_new_state() -> None:
     """Across restarts consumers see no error and end with the new stream's state."""
     a, b, c, d = meta(), meta(), meta(), meta()
@@ -303,7 +338,7 @@ async def test_no_error_reaches_consumers_and_views_match_new_state() -> None:
             for view, it in zip(views, (first, second), strict=True):
                 while view != expected:
                     apply(view, [await anext(it)])
-        assert entry_of(pool, sub).source.workers == expected
+        assert entry_of(pool, sub).source.known.workers == expected
         assert script.started == 3
 
 

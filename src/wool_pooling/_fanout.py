@@ -27,11 +27,13 @@ that names the node it covers.
 from __future__ import annotations
 
 import contextvars
+import logging
 import sys
 import types
 import weakref
 from collections.abc import AsyncIterable
 from collections.abc import AsyncIterator
+from collections.abc import Callable
 from typing import Any
 from typing import Generic
 from typing import Literal
@@ -53,6 +55,8 @@ from ._iterators import throw_into
 __all__ = ["Fanout", "FanoutConsumer", "FanoutStatistics", "LagPolicy", "Lagged"]
 
 T = TypeVar("T")
+
+logger = logging.getLogger("wool_pooling")
 
 #: What to do when a consumer falls ``max_lag`` items behind.
 LagPolicy = Literal["wait", "error"]
@@ -365,6 +369,8 @@ class _FanoutState(Generic[T]):
                     trap = _Trap(kept, oldest, _LAGGED, oldest - seq)
                     if consumer._node is node:
                         consumer._node = trap
+                        if consumer._on_skip is not None:
+                            consumer._skipped_from(seq)
                 seq = oldest
             if seq < slowest:
                 slowest = seq
@@ -792,15 +798,26 @@ class Fanout(Generic[T]):
         self._state = _FanoutState(source, max_lag, on_lag == "error")
         self._state.handle = weakref.ref(self)
 
-    def consumer(self) -> FanoutConsumer[T]:
+    def consumer(
+        self, *, on_skip: Callable[[int], object] | None = None
+    ) -> FanoutConsumer[T]:
         """Register a new consumer that receives every item pulled from now on.
 
+        :param on_skip: (``on_lag="error"``) called as the consumer falls
+            behind the bound and is moved past items it has not read, with
+            the number of items logged before the first it misses
+            (:attr:`FanoutStatistics.pulled` at that point): once per
+            :exc:`Lagged` it will raise, synchronously, in the step that logs
+            the item that left it behind, while what it missed is still
+            known to whoever tracks the log. It must not block; an exception
+            it raises is logged (logger ``wool_pooling``) and ignored. It is
+            dropped when the consumer ends.
         :raises ~anyio.ClosedResourceError: if the fan-out was closed.
         """
         state = self._state
         if state.closed:
             raise anyio.ClosedResourceError("this fan-out is closed")
-        consumer = FanoutConsumer(state, state.tail)
+        consumer = FanoutConsumer(state, state.tail, on_skip)
         state.consumers += 1
         registry = state.registry
         registry.add(weakref.ref(consumer, registry.discard))
@@ -888,9 +905,14 @@ class FanoutConsumer(Generic[T]):
     consumer never affects the source or the others.
     """
 
-    __slots__ = ("__weakref__", "_busy", "_node", "_state", "_task")
+    __slots__ = ("__weakref__", "_busy", "_node", "_on_skip", "_state", "_task")
 
-    def __init__(self, state: _FanoutState[T], node: _Node) -> None:
+    def __init__(
+        self,
+        state: _FanoutState[T],
+        node: _Node,
+        on_skip: Callable[[int], object] | None = None,
+    ) -> None:
         # The shared state while this consumer is registered; once it ends,
         # a placeholder: an ended consumer pins nothing of its fan-out.
         self._state: _FanoutState[Any] = state
@@ -901,6 +923,7 @@ class FanoutConsumer(Generic[T]):
         # The last task found to run in the fan-out's loop (see
         # _FanoutState.wait_readable): the loop is checked once per task.
         self._task: object = None
+        self._on_skip = on_skip
 
     def __aiter__(self) -> FanoutConsumer[T]:
         return self
@@ -985,6 +1008,16 @@ class FanoutConsumer(Generic[T]):
         else:
             await anyio.lowlevel.checkpoint()
 
+    def _skipped_from(self, position: int) -> None:
+        """Tell ``on_skip`` that this consumer now misses the items from
+        ``position`` on; what it raises is logged."""
+        on_skip = self._on_skip
+        assert on_skip is not None
+        try:
+            on_skip(position)
+        except Exception:
+            logger.exception("on_skip of %r raised", self)
+
     def skip_buffered(self) -> int:
         """Drop everything this consumer has yet to read and resume at the
         log's end (a :exc:`Lagged` pending is dropped too).
@@ -1006,6 +1039,7 @@ class FanoutConsumer(Generic[T]):
         if self._node is not _ENDED:
             self._node = _ENDED
             self._task = None
+            self._on_skip = None
             state = self._state
             self._state = _ended_state()
             state.leave()

@@ -249,11 +249,14 @@ class SubscriptionPool:
         if entry is None:
             raw = build()
             source: Tracking
+            # Undo records for as far back as a consumer can be left behind:
+            # one item beyond the bound (see _FanoutState.drop_beyond_lag).
+            history = None if config.max_lag is None else config.max_lag + 1
             if config.restart is None:
-                source = TrackedSource(raw)
+                source = TrackedSource(raw, history)
                 fanout = Fanout(source, max_lag=config.max_lag, on_lag="error")
             else:
-                restarting = source = RestartingSource(raw, config.restart)
+                restarting = source = RestartingSource(raw, config.restart, history)
                 fanout = Fanout(source, max_lag=config.max_lag, on_lag="error")
                 restarting.deliver_to(fanout.inject)
             entry = Entry(self, key, raw, source, fanout, config.ttl, loop)

@@ -21,8 +21,7 @@ from ._backend import current_loop
 from ._iterators import aclose_iterator
 from ._iterators import throw_into
 from ._tracking import BrokenSubscriber
-from ._tracking import Workers
-from ._tracking import apply_event
+from ._tracking import KnownWorkers
 from ._tracking import open_iterator
 
 __all__ = ["RestartPolicy", "RestartingSource"]
@@ -177,16 +176,19 @@ class RestartingSource:
         "_raw",
         "_reported",
         "_settling",
-        "untracked",
-        "workers",
+        "known",
     )
 
-    def __init__(self, raw: AsyncIterable[Any], policy: RestartPolicy) -> None:
+    def __init__(
+        self,
+        raw: AsyncIterable[Any],
+        policy: RestartPolicy,
+        history: int | None = None,
+    ) -> None:
         self._raw = raw
         self._policy = policy
         self._iterator: AsyncIterator[Any] | None = None
-        self.workers: Workers = {}
-        self.untracked = False
+        self.known = KnownWorkers(history)
         # Consecutive restarts without an event in between.
         self._failures = 0
         # After a restart: the workers the new stream has reported so far,
@@ -240,10 +242,7 @@ class RestartingSource:
             self._failures = 0
             event = self._translate(event)
             if event is not None:
-                if isinstance(event, DiscoveryEvent):
-                    apply_event(self.workers, event)
-                else:
-                    self.untracked = True
+                self.known.record(event)
                 return event
 
     async def _restart_after(self, error: BaseException, policy: RestartPolicy) -> None:
@@ -288,12 +287,13 @@ class RestartingSource:
         self._reported = None
         stale = [
             DiscoveryEvent("worker-dropped", metadata=metadata)
-            for uid, metadata in self.workers.items()
+            for uid, metadata in self.known.workers.items()
             if uid not in reported
         ]
         deliver = self._deliver() if self._deliver is not None else None
         for event in stale:
-            apply_event(self.workers, event)
+            # Recorded and logged together: the record counts the log's items.
+            self.known.record(event)
             if deliver is not None:
                 deliver(event)
 
@@ -304,7 +304,7 @@ class RestartingSource:
             return event
         metadata = event.metadata
         uid = metadata.uid
-        known = self.workers.get(uid)
+        known = self.known.workers.get(uid)
         if event.type == "worker-dropped":
             reported.discard(uid)
             return event if known is not None else None

@@ -29,8 +29,8 @@ from ._pool import Entry
 from ._pool import attach
 from ._pool import current_pool
 from ._restart import RestartPolicy
+from ._tracking import KnownWorkers
 from ._tracking import Workers
-from ._tracking import apply_event
 from ._tracking import diff_events
 from ._tracking import replay_events
 
@@ -267,6 +267,14 @@ class SubscriptionConsumer(Generic[T_co]):
     instead of losing them silently, and its next ``__anext__`` returns the
     oldest item still held (``max_lag=None`` never lags).
 
+    **Memory.** A consumer keeps no view of the workers of its own: what it
+    has seen is the shared known workers as they stood at its place in the
+    log, and the entry keeps undo records of the last ``max_lag + 1``
+    events to rebuild that view when the consumer falls behind. A delivery
+    costs no bookkeeping; a consumer that fell behind holds the view it had
+    seen (shared with those that fell behind at the same event) until its
+    resync.
+
     **Cancellation.** Cancelling a pending ``__anext__`` (a timeout around
     ``async for event in consumer``, say) ends this consumer and releases its
     reference at once, so an abandoned iteration never keeps the shared
@@ -296,18 +304,21 @@ class SubscriptionConsumer(Generic[T_co]):
         "_ended",
         "_entry",
         "_replay",
+        "_seen",
         "_subscription",
-        "_view",
     )
 
     def __init__(self, subscription: SharedSubscription[T_co]) -> None:
         self._subscription = subscription
         self._entry: Entry | None = None
         self._consumer: FanoutConsumer[Any] | None = None
+        # Events to return before reading the log: the join's replay, or a
+        # resync's diff.
         self._replay: deque[DiscoveryEvent] | None = None
-        # The workers this consumer has been told about, for resyncs (only
-        # with a lag bound: without one, it is never resynchronised).
-        self._view: Workers | None = {}
+        # Where the view this consumer has seen is rebuilt when it falls
+        # behind, for its resync (only with a lag bound: without one, it is
+        # never resynchronised).
+        self._seen: _Seen | None = None
         self._ended = False
 
     @property
@@ -326,12 +337,13 @@ class SubscriptionConsumer(Generic[T_co]):
             consumer = self._join()
         while True:
             replay = self._replay
-            if replay and not consumer.closed:
+            if replay is not None and not consumer.closed:
                 event = replay.popleft()
-                break
+                if not replay:
+                    self._replay = None
+                return cast(T_co, event)
             try:
-                event = await consumer.__anext__()
-                break
+                return await consumer.__anext__()
             except Lagged:
                 if not self._resync(consumer):
                     raise  # items that are not discovery events were skipped
@@ -347,25 +359,26 @@ class SubscriptionConsumer(Generic[T_co]):
                 # consumer ends (released meanwhile, it ends all the same).
                 await self._release()
                 raise
-        if self._view is not None:
-            apply_event(self._view, event)
-        return cast(T_co, event)
 
     def _resync(self, consumer: FanoutConsumer[Any]) -> bool:
         """Replace the events this consumer missed by a diff to the current state.
 
         The entry's known workers describe the log's end, so the consumer
         moves there and first receives, for each worker, what changed
-        between its own view and that state. Returns ``False``, changing
-        nothing, when the stream carried items that are not discovery
-        events: no diff can stand for those.
+        between what it has seen and that state. Returns ``False`` when the
+        stream carried items that are not discovery events: no diff can
+        stand for those, and the consumer stays where it is.
         """
         entry = self._entry
+        seen = self._seen
         assert entry is not None
-        assert self._view is not None  # kept wherever Lagged can be raised
-        if entry.source.untracked:
+        assert seen is not None
+        assert seen.workers is not None  # see _Seen
+        known = entry.source.known
+        workers, seen.workers = seen.workers, None
+        if known.untracked:
             return False
-        self._replay = diff_events(self._view, entry.source.workers)
+        self._replay = diff_events(workers, known.workers) or None
         consumer.skip_buffered()
         return True
 
@@ -379,15 +392,18 @@ class SubscriptionConsumer(Generic[T_co]):
             repr(subscription),
         )
         self._entry = entry
-        consumer = self._consumer = entry.fanout.consumer()
-        self._replay = replay_events(entry.source.workers)
+        known = entry.source.known
+        seen = None
+        if subscription.max_lag is not None:
+            seen = self._seen = _Seen(known)
+        # Registered and replayed in one step: no gap, no duplicate.
+        consumer = self._consumer = entry.fanout.consumer(on_skip=seen)
+        self._replay = replay_events(known.workers) or None
         # A raw instance may want to know (SharedDiscovery's upstream rescans).
         raw: object = entry.raw
         joined = getattr(type(raw), "__wool_pooling_joined__", None)
         if joined is not None:
             joined(raw)
-        if subscription.max_lag is None:
-            self._view = None  # never resynchronised: no view to keep
         return consumer
 
     async def aclose(self) -> None:
@@ -408,6 +424,7 @@ class SubscriptionConsumer(Generic[T_co]):
         if consumer is None:
             return
         consumer.close()
+        self._seen = None
         entry, self._entry = self._entry, None  # an ended consumer pins nothing
         assert entry is not None
         await entry.release()
@@ -432,3 +449,30 @@ class SubscriptionConsumer(Generic[T_co]):
         else:
             state = f"ACTIVE, replay: {len(self._replay or ())}"
         return f"<SubscriptionConsumer [{state}] of {self._subscription!r}>"
+
+
+@final
+class _Seen:
+    """What a :class:`SubscriptionConsumer` has been told of the workers, kept
+    only from the moment it falls behind the lag bound until its resync.
+
+    Otherwise nothing is kept (a delivery costs no bookkeeping): what a
+    consumer has seen, its replay (the join's, or a resync's diff) and the
+    log up to its position, is exactly the entry's known workers as they
+    stood at that position. When the consumer falls behind, the fan-out
+    calls this object with that position, while the entry's undo records
+    still reach it, and the view there is rebuilt
+    (:meth:`~wool_pooling._tracking.KnownWorkers.at`, shared by the
+    consumers left behind at the same item, read only). Memory held: that
+    view, while lagging; else nothing.
+    """
+
+    __slots__ = ("known", "workers")
+
+    def __init__(self, known: KnownWorkers) -> None:
+        self.known = known
+        #: The view it has seen, from its fall behind the bound to its resync.
+        self.workers: Workers | None = None
+
+    def __call__(self, position: int) -> None:
+        self.workers = self.known.at(position)

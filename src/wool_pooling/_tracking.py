@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import itertools
 import uuid
 from collections import deque
 from collections.abc import AsyncIterable
@@ -20,6 +21,7 @@ from ._iterators import throw_into
 
 __all__ = [
     "BrokenSubscriber",
+    "KnownWorkers",
     "TrackedSource",
     "Tracking",
     "Workers",
@@ -118,16 +120,102 @@ def replay_events(workers: Workers) -> deque[DiscoveryEvent]:
     )
 
 
-class Tracking(Protocol):
-    """A pool entry's source: it iterates the raw subscriber and keeps
-    :attr:`workers` up to date, once per event, before the event is logged."""
+#: An undo record: the uid an item changed and its metadata before (``None``:
+#: it was not known), or ``None`` for an item that changed nothing tracked.
+_Undo = tuple[uuid.UUID, WorkerMetadata | None] | None
 
-    #: The workers known at the log's end.
-    workers: Workers
-    #: Whether an item that is not a discovery event has passed: the
-    #: workers then do not describe the whole stream, and a lagging
-    #: consumer cannot be resynchronised from them.
-    untracked: bool
+
+@final
+class KnownWorkers:
+    """The workers a stream has made known, and how to go back a few events.
+
+    :meth:`record` is called once per item the stream logs, in log order, so
+    that :attr:`count` is the log's length. Known workers are those added or
+    updated and not dropped since, each with its latest metadata, in the
+    order they were first seen.
+
+    With ``history`` (the shared log's lag bound), the last ``history`` items
+    also leave an undo record, so that :meth:`at` can rebuild the workers as
+    they stood a few items back: that is what a consumer that fell behind has
+    seen, so no consumer keeps a view of its own while it reads the log.
+    Memory held: one metadata per known worker, plus at most ``history`` undo
+    records.
+    """
+
+    __slots__ = ("_at", "_undo", "count", "untracked", "workers")
+
+    def __init__(self, history: int | None = None) -> None:
+        #: The workers known at the log's end.
+        self.workers: Workers = {}
+        #: Whether an item that is not a discovery event has passed: the
+        #: workers then do not describe the whole stream, and a lagging
+        #: consumer cannot be resynchronised from them.
+        self.untracked = False
+        #: Items recorded so far.
+        self.count = 0
+        self._undo: deque[_Undo] | None = (
+            None if history is None else deque(maxlen=history)
+        )
+        # The last view :meth:`at` built, while no item followed: consumers
+        # that fell behind at the same item share it.
+        self._at: tuple[int, int, Workers] | None = None
+
+    def record(self, item: object) -> None:
+        """Apply ``item`` (a discovery event, or an untracked item) as the next."""
+        self.count += 1
+        undo: _Undo = None
+        if isinstance(item, DiscoveryEvent):
+            metadata = item.metadata
+            uid = metadata.uid
+            workers = self.workers
+            if item.type == "worker-dropped":
+                undo = (uid, workers.pop(uid, None))
+            else:
+                undo = (uid, workers.get(uid))
+                workers[uid] = metadata
+        else:
+            self.untracked = True
+        if self._undo is not None:
+            self._undo.append(undo)
+
+    def at(self, count: int) -> Workers:
+        """The known workers as they stood after the first ``count`` items.
+
+        Treat the result as read-only: it may be shared with the next call.
+
+        :raises ValueError: if ``count`` is ahead of :attr:`count`, or
+            further back than the history kept.
+        """
+        back = self.count - count
+        undo = self._undo
+        if back < 0 or back > (0 if undo is None else len(undo)):
+            raise ValueError(
+                f"cannot rebuild the workers after item {count}: "
+                f"{self.count} recorded, history of {len(undo or ())}"
+            )
+        cached = self._at
+        if cached is not None and cached[:2] == (self.count, count):
+            return cached[2]
+        view = dict(self.workers)
+        if undo is not None:
+            for record in itertools.islice(reversed(undo), back):
+                if record is None:
+                    continue
+                uid, before = record
+                if before is None:
+                    view.pop(uid, None)
+                else:
+                    view[uid] = before
+        self._at = (self.count, count, view)
+        return view
+
+
+class Tracking(Protocol):
+    """A pool entry's source: it iterates the raw subscriber and records each
+    item it returns in :attr:`known`, before the item is logged."""
+
+    #: The workers known at the log's end, and how they stood a few items back.
+    known: KnownWorkers
 
     def __aiter__(self) -> AsyncIterator[Any]: ...
 
@@ -141,26 +229,24 @@ class TrackedSource:
     """The raw subscriber's iteration, recording which workers are known.
 
     This is the source a pool entry's :class:`~wool_pooling.Fanout` pulls
-    from, so the state is updated exactly once per source event, in the pull,
-    before any consumer sees the event. A consumer that registers with the
-    fan-out and takes the replay of :attr:`workers` in the same synchronous
+    from, so the state (:attr:`known`) is updated exactly once per source
+    event, in the pull, before any consumer sees the event. A consumer that
+    registers with the fan-out and takes the replay of the known workers in
+    the same synchronous
     step therefore sees every known worker once, then exactly the events
     after that point: no gap, no duplicate.
 
-    Known workers are those added or updated and not dropped since, each with
-    its latest metadata, in the order they were first seen. Items that are not
-    discovery events pass through untracked (and set :attr:`untracked`).
-    Memory held: one metadata per
-    known worker. (Restarts are :class:`~wool_pooling._restart.RestartingSource`'s.)
+    Items that are not discovery events pass through untracked (and set
+    ``known.untracked``). Memory held: see :class:`KnownWorkers`. (Restarts
+    are :class:`~wool_pooling._restart.RestartingSource`'s.)
     """
 
-    __slots__ = ("_iterator", "_raw", "untracked", "workers")
+    __slots__ = ("_iterator", "_raw", "known")
 
-    def __init__(self, raw: AsyncIterable[Any]) -> None:
+    def __init__(self, raw: AsyncIterable[Any], history: int | None = None) -> None:
         self._raw = raw
         self._iterator: AsyncIterator[Any] | None = None
-        self.workers: Workers = {}
-        self.untracked = False
+        self.known = KnownWorkers(history)
 
     def __aiter__(self) -> TrackedSource:
         return self
@@ -178,10 +264,7 @@ class TrackedSource:
         return self._track(await throw_into(self._iterator, error))
 
     def _track(self, event: Any) -> Any:
-        if isinstance(event, DiscoveryEvent):
-            apply_event(self.workers, event)
-        else:
-            self.untracked = True
+        self.known.record(event)
         return event
 
     async def aclose(self) -> None:
