@@ -34,15 +34,20 @@ process measures in turn:
 - pooled, from K = 1,000 on: the fan-out's own delivery rate, for
   comparison in the same process: a ``wool_pooling.Fanout`` of 1,000
   discovery events to N = 1,000 consumers doing the same per-event work as
-  the consumers above;
-- a real ``wool.WorkerPool(spawn=2, discovery=...)`` (raw: the kind's plain
-  discovery, subscribed with the same options; pooled: its
-  ``SharedDiscovery``) with K client tasks, each dispatching ``leaf`` (a
-  plain routine) and then ``nested`` (a routine that dispatches ``leaf``
-  from the worker, so each worker unpickles the proxies) in a loop for a
-  fixed time: dispatches per second and p50/p99 latency; and per dispatch,
-  the pickled size of the pool's proxy (which wool ships with every task),
-  the time to pickle it in the parent and to unpickle it in a worker.
+  the consumers above (the median of three measurements: one is as noisy
+  as the machine).
+
+Then, for K < 10,000, one more fresh process measures dispatch, raw and
+pooled side by side: two real ``wool.WorkerPool(spawn=2,
+discovery=...)`` open at once (raw: the kind's plain discovery,
+subscribed with the same options; pooled: its ``SharedDiscovery``), K
+client tasks each dispatching ``leaf`` (a plain routine) and then
+``nested`` (a routine that dispatches ``leaf`` from the worker, so each
+worker unpickles the proxies) in a loop, in twelve alternating bursts
+per pool (6 s in all), so that a drift of the shared machine meets both
+alike: dispatches per second and p50/p99 latency; and per dispatch, the
+pickled size of each pool's proxy (which wool ships with every task),
+the time to pickle it in the parent and to unpickle it in a worker.
 
 Writes ``pooling-cpython3.11.json`` (every figure, and the run's length);
 ``benchmarks/report.py`` renders the table: each figure pooled / raw (the
@@ -53,6 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import os
 import platform
@@ -89,7 +95,11 @@ FANOUT_N, FANOUT_M, QUICK_FANOUT_M = 1000, 1000, 100
 #: Serialisation timings: pickles of the proxy per figure (median of rounds).
 SERIALISE_LOOPS, SERIALISE_ROUNDS = 200, 5
 IDLE_SECONDS, QUICK_IDLE_SECONDS = 3.0, 0.3
-DISPATCH_SECONDS, QUICK_DISPATCH_SECONDS = 3.0, 0.3
+DISPATCH_SECONDS, QUICK_DISPATCH_SECONDS = 6.0, 0.3
+#: Alternating bursts each configuration's dispatch time is cut into.
+DISPATCH_BURSTS = 12
+#: Measurements of the fan-out's own rate per process (the median is used).
+FANOUT_REPEATS = 3
 CAPACITY = 2048  # the namespace's bound on workers (wool's default is 128)
 DEADLINE = 300.0  # bound on any one wait
 
@@ -231,9 +241,7 @@ class WithOptions:
         self.inner.__exit__(*exc_info)
 
 
-async def measure(
-    kind_name: str, pooled: bool, k: int, quick: bool, dispatching: bool
-) -> dict[str, Any]:
+async def measure(kind_name: str, pooled: bool, k: int, quick: bool) -> dict[str, Any]:
     """One configuration, in this (fresh) process."""
     kind = KINDS[kind_name]
     namespace = f"bench-{uuid.uuid4().hex[:12]}"
@@ -300,12 +308,11 @@ async def measure(
         await asyncio.gather(*tasks, return_exceptions=True)
     result["fanout_rate"] = None
     if pooled and (quick or k >= 1000):  # what the pooled deliveries compare with
-        result["fanout_rate"] = await fanout_rate(QUICK_FANOUT_M if quick else FANOUT_M)
+        m = QUICK_FANOUT_M if quick else FANOUT_M
+        rates = [await fanout_rate(m) for _ in range(FANOUT_REPEATS)]
+        result["fanout_rates"] = rates
+        result["fanout_rate"] = statistics.median(rates)
     result["dispatch"] = result["dispatch_leaf"] = None
-    if dispatching:
-        figures = await dispatch(kind, pooled, k, quick)
-        result["dispatch"], result["dispatch_leaf"] = figures["nested"], figures["leaf"]
-        result["serialise"] = figures["serialise"]
     return result
 
 
@@ -337,22 +344,36 @@ async def fanout_rate(m: int) -> float:
     return FANOUT_N * m / elapsed
 
 
-async def dispatch(kind: Kind, pooled: bool, k: int, quick: bool) -> dict[str, Any]:
-    """K client tasks dispatching through a pool of 2 spawned workers:
-    ``leaf``, then ``nested``; and what the pool's proxy costs each task."""
+async def dispatch(kind: Kind, k: int, quick: bool) -> dict[str, Any]:
+    """K client tasks dispatching through two pools of 2 spawned workers each,
+    raw and pooled, open side by side in this process: ``leaf``, then
+    ``nested``, in alternating bursts (which pool goes first alternates too),
+    so that both meet the same machine; and what each pool's proxy costs a
+    task. Returns ``{"raw": figures, "pooled": figures}``."""
     from pooling_routines import leaf
     from pooling_routines import nested
     from pooling_routines import unpickle_seconds
 
-    discovery = make_discovery(kind, f"bench-{uuid.uuid4().hex[:12]}", pooled)
     seconds = QUICK_DISPATCH_SECONDS if quick else DISPATCH_SECONDS
-    figures: dict[str, Any] = {}
+    burst = seconds / DISPATCH_BURSTS
+    stop = asyncio.Event()
 
-    async def run(routine: Any, offset: int) -> dict[str, Any]:
+    async def hold(pooled: bool, ready: asyncio.Future[contextvars.Context]) -> None:
+        """Keep a pool open; hand over a context in which routines dispatch to it."""
+        namespace = f"bench-{uuid.uuid4().hex[:12]}"
+        async with wool.WorkerPool(
+            spawn=2, discovery=make_discovery(kind, namespace, pooled)
+        ):
+            ready.set_result(contextvars.copy_context())
+            await stop.wait()
+
+    async def run(
+        routine: Any, offset: int, until: float
+    ) -> tuple[list[float], list[str]]:
         latencies: list[float] = []
         errors: list[str] = []
 
-        async def client(index: int, until: float) -> None:
+        async def client(index: int) -> None:
             while time.perf_counter() < until:
                 start = time.perf_counter()
                 try:
@@ -365,44 +386,78 @@ async def dispatch(kind: Kind, pooled: bool, k: int, quick: bool) -> dict[str, A
                     continue
                 latencies.append(time.perf_counter() - start)
 
-        start = time.perf_counter()
-        async with asyncio.timeout(DEADLINE):
-            await asyncio.gather(*(client(i, start + seconds) for i in range(k)))
-        wall = time.perf_counter() - start
-        latencies.sort()
-        if not latencies:
-            raise RuntimeError(f"no dispatch succeeded: {errors[:1]}")
-        return dict(
-            failed=len(errors),
-            error=errors[0] if errors else None,
-            dispatches=len(latencies),
-            per_second=len(latencies) / wall,
-            p50=statistics.median(latencies),
-            p99=latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
-        )
+        await asyncio.gather(*(client(i) for i in range(k)))
+        return latencies, errors
 
-    async with wool.WorkerPool(spawn=2, discovery=discovery):
-        # Warm up: every worker has served a nested dispatch once.
+    async def warm_up() -> None:
+        await asyncio.gather(*(nested(index) for index in range(4)))
+
+    loop = asyncio.get_running_loop()
+    contexts: dict[str, contextvars.Context] = {}
+    holders = []
+    for name in ("raw", "pooled"):
+        ready: asyncio.Future[contextvars.Context] = loop.create_future()
+        holders.append(asyncio.create_task(hold(name == "pooled", ready)))
         async with asyncio.timeout(DEADLINE):
-            await asyncio.gather(*(nested(index) for index in range(4)))
-        figures["leaf"] = await run(leaf, 1)
-        figures["nested"] = await run(nested, 2)
-        proxy = wool.__proxy__.get()
-        serializer = wool.CloudpickleSerializer()
-        data = serializer.dumps(proxy)
-        rounds = []
-        for _ in range(SERIALISE_ROUNDS):
-            start = time.perf_counter()
-            for _ in range(SERIALISE_LOOPS):
-                serializer.dumps(proxy)
-            rounds.append((time.perf_counter() - start) / SERIALISE_LOOPS)
+            contexts[name] = await ready
+
+    def within(name: str, coroutine: Any) -> asyncio.Task[Any]:
+        return asyncio.create_task(coroutine, context=contexts[name])
+
+    figures: dict[str, dict[str, Any]] = {"raw": {}, "pooled": {}}
+    try:
         async with asyncio.timeout(DEADLINE):
-            worker = await unpickle_seconds(data, SERIALISE_LOOPS, SERIALISE_ROUNDS)
-        figures["serialise"] = dict(
-            proxy_bytes=len(data),
-            parent_dumps_us=1e6 * statistics.median(rounds),
-            worker_loads_us=1e6 * worker,
-        )
+            for name in contexts:  # every worker has served a nested dispatch
+                await within(name, warm_up())
+        for routine, offset in ((leaf, 1), (nested, 2)):
+            latencies: dict[str, list[float]] = {"raw": [], "pooled": []}
+            errors: dict[str, list[str]] = {"raw": [], "pooled": []}
+            walls = {"raw": 0.0, "pooled": 0.0}
+            for index in range(DISPATCH_BURSTS):
+                order = ("raw", "pooled") if index % 2 == 0 else ("pooled", "raw")
+                for name in order:
+                    start = time.perf_counter()
+                    async with asyncio.timeout(DEADLINE):
+                        got, failed = await within(
+                            name, run(routine, offset, start + burst)
+                        )
+                    walls[name] += time.perf_counter() - start
+                    latencies[name] += got
+                    errors[name] += failed
+            for name in contexts:
+                times = sorted(latencies[name])
+                if not times:
+                    raise RuntimeError(f"no dispatch succeeded: {errors[name][:1]}")
+                figures[name][routine.__name__] = dict(
+                    failed=len(errors[name]),
+                    error=errors[name][0] if errors[name] else None,
+                    dispatches=len(times),
+                    per_second=len(times) / walls[name],
+                    p50=statistics.median(times),
+                    p99=times[min(len(times) - 1, int(len(times) * 0.99))],
+                )
+        for name, context in contexts.items():
+            proxy = context.run(wool.__proxy__.get)
+            serializer = wool.CloudpickleSerializer()
+            data = serializer.dumps(proxy)
+            rounds = []
+            for _ in range(SERIALISE_ROUNDS):
+                start = time.perf_counter()
+                for _ in range(SERIALISE_LOOPS):
+                    serializer.dumps(proxy)
+                rounds.append((time.perf_counter() - start) / SERIALISE_LOOPS)
+            async with asyncio.timeout(DEADLINE):
+                worker = await within(
+                    name, unpickle_seconds(data, SERIALISE_LOOPS, SERIALISE_ROUNDS)
+                )
+            figures[name]["serialise"] = dict(
+                proxy_bytes=len(data),
+                parent_dumps_us=1e6 * statistics.median(rounds),
+                worker_loads_us=1e6 * worker,
+            )
+    finally:
+        stop.set()
+        await asyncio.gather(*holders)
     return figures
 
 
@@ -413,50 +468,71 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small K, short waits")
     parser.add_argument("--out", type=Path, help="results folder")
     parser.add_argument("--kind", action="append", choices=list(KINDS))
-    parser.add_argument("--configuration", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--configuration", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--dispatch", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.configuration:  # one configuration, in a fresh process
-        kind, pooled, k, dispatching = args.configuration
-        row = asyncio.run(
-            measure(kind, pooled == "pooled", int(k), args.quick, dispatching == "1")
-        )
+        kind, pooled, k = args.configuration
+        row = asyncio.run(measure(kind, pooled == "pooled", int(k), args.quick))
         print(json.dumps(row))
+        return 0
+    if args.dispatch:  # both configurations' dispatch, in a fresh process
+        kind, k = args.dispatch
+        print(json.dumps(asyncio.run(dispatch(KINDS[kind], int(k), args.quick))))
         return 0
     out: Path = args.out or (
         Path(tempfile.mkdtemp(prefix="wool-pooling-bench-")) if args.quick else RESULTS
     )
     out.mkdir(parents=True, exist_ok=True)
     began, rows = time.perf_counter(), []
+
+    def child(*arguments: str) -> Any:
+        command = [sys.executable, __file__, *arguments]
+        command += ["--quick"] if args.quick else []
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode:
+            sys.stderr.write(done.stderr)
+            raise SystemExit(1)
+        return json.loads(done.stdout.splitlines()[-1])
+
     for run in range(QUICK_RUNS if args.quick else RUNS):
         for kind in args.kind or list(KINDS):
             for k in QUICK_CONSUMERS if args.quick else CONSUMERS:
                 order = ("raw", "pooled") if (run + k) % 2 == 0 else ("pooled", "raw")
+                measured: dict[str, dict[str, Any]] = {}
                 for pooled in order:
                     if pooled == "raw" and k >= RAW_ONCE and run > 0:
                         continue  # it cannot run: measured once is enough
-                    dispatching = k < RAW_ONCE
-                    command = [sys.executable, __file__, "--configuration", kind]
-                    command += [pooled, str(k), str(int(dispatching))]
-                    command += ["--quick"] if args.quick else []
-                    done = subprocess.run(command, capture_output=True, text=True)
-                    if done.returncode:
-                        sys.stderr.write(done.stderr)
-                        return 1
-                    row = json.loads(done.stdout.splitlines()[-1])
+                    row = measured[pooled] = child(
+                        "--configuration", kind, pooled, str(k)
+                    )
                     row["run"] = run
                     rows.append(row)
-                    rate = (
-                        f"{row['dispatch']['per_second']:.0f} dispatches/s"
-                        if row["dispatch"]
-                        else "no dispatch"
-                    )
                     print(
                         f"run {run} {kind} {pooled} K={k}: idle {row['idle_cpu']:.1%} "
                         f"CPU, {row['rss_mb']:.0f} MB, {row['observers']} observers, "
-                        f"{row['failed']} failed, {rate} "
-                        f"({time.perf_counter() - began:.0f} s)",
+                        f"{row['failed']} failed ({time.perf_counter() - began:.0f} s)",
                         file=sys.stderr,
                     )
+                if k >= RAW_ONCE:
+                    continue  # K client tasks are beside the point there
+                paired = child("--dispatch", kind, str(k))
+                for pooled, row in measured.items():
+                    figures = paired[pooled]
+                    row["dispatch"], row["dispatch_leaf"] = (
+                        figures["nested"],
+                        figures["leaf"],
+                    )
+                    row["serialise"] = figures["serialise"]
+                print(
+                    f"run {run} {kind} K={k} dispatch: leaf "
+                    f"{paired['pooled']['leaf']['per_second']:.0f} / "
+                    f"{paired['raw']['leaf']['per_second']:.0f}, nested "
+                    f"{paired['pooled']['nested']['per_second']:.0f} / "
+                    f"{paired['raw']['nested']['per_second']:.0f} dispatches/s "
+                    f"pooled / raw ({time.perf_counter() - began:.0f} s)",
+                    file=sys.stderr,
+                )
     meta = dict(
         python=sys.version,
         interpreter=interpreter(),

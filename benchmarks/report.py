@@ -288,7 +288,9 @@ def pooling_blocks(path: Path) -> list[Block]:
     blocks.append(
         Para(
             "Dispatch through `wool.WorkerPool(spawn=2)`, K client tasks, raw and "
-            "pooled with the same `poll_interval`: `leaf` (plain) and `nested` (a "
+            "pooled with the same `poll_interval`, both pools open side by side in "
+            "one process and measured in alternating bursts: `leaf` (plain) and "
+            "`nested` (a "
             "routine dispatching `leaf` from the worker); per dispatch, the pickled "
             "proxy wool ships with every task, the parent's time to pickle it and a "
             "worker's to unpickle it."
