@@ -25,7 +25,6 @@ __all__ = [
     "TrackedSource",
     "Tracking",
     "Workers",
-    "apply_event",
     "diff_events",
     "open_iterator",
     "replay_events",
@@ -82,16 +81,6 @@ def _short(value: object) -> str:
     return text if len(text) <= 80 else f"{text[:77]}..."
 
 
-def apply_event(workers: Workers, event: object) -> None:
-    """Record in ``workers`` what a discovery event says; ignore other items."""
-    if isinstance(event, DiscoveryEvent):
-        metadata = event.metadata
-        if event.type == "worker-dropped":
-            workers.pop(metadata.uid, None)
-        else:
-            workers[metadata.uid] = metadata
-
-
 def diff_events(seen: Workers, current: Workers) -> deque[DiscoveryEvent]:
     """The events that turn the view ``seen`` into ``current``.
 
@@ -138,8 +127,8 @@ class KnownWorkers:
     also leave an undo record, so that :meth:`at` can rebuild the workers as
     they stood a few items back: that is what a consumer that fell behind has
     seen, so no consumer keeps a view of its own while it reads the log.
-    Memory held: one metadata per known worker, plus at most ``history`` undo
-    records.
+    Memory held: one metadata per known worker, at most ``history`` undo
+    records, and the last view :meth:`at` rebuilt.
     """
 
     __slots__ = ("_at", "_undo", "count", "untracked", "workers")
