@@ -187,6 +187,8 @@ class Bell:
 
     The ringer swaps in a fresh event, sets the old one, and waits until all
     N consumers have taken the item (one more wake-up per item: its own).
+    Its consumers start behind the same gate as every implementation's
+    (``gated``), so their tasks suspend through as many frames.
     """
 
     def __init__(self, n: int, counts: list[int]) -> None:
@@ -268,7 +270,7 @@ async def one_run(implementation: str, backend: str, source: str, m: int, n: int
             bell = Bell(n, counts)
             group.start_soon(gated, gate, bell.ring, iterator)
             for index in range(n):
-                group.start_soon(bell.consume, index)
+                group.start_soon(gated, gate, bell.consume, index)
         if implementation == "pump + streams":
             group.start_soon(gated, gate, pump)
         for index, consumer in enumerate(consumers):

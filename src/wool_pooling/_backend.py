@@ -89,12 +89,17 @@ class EventLoop:
     is gone instead of keeping it alive.
     """
 
-    __slots__ = ("__weakref__", "_loop_ref", "thread")
+    __slots__ = ("__weakref__", "_loop_ref", "running_here", "thread")
 
     #: ``"asyncio"`` or ``"trio"``.
     backend: ClassVar[str]
     #: The thread the loop runs in.
     thread: int
+    #: The backend's own function returning the loop (asyncio) or run token
+    #: (trio) running in the calling thread, raising :exc:`RuntimeError` if
+    #: there is none: the cheapest test a per-wait check can make (compare
+    #: its result with one that :meth:`check_current` accepted).
+    running_here: Callable[[], object]
 
     def __init__(self, loop: object) -> None:
         self.thread = threading.get_ident()
@@ -102,7 +107,10 @@ class EventLoop:
 
     def running(self) -> object | None:
         """The loop (asyncio) or run token (trio) running in this thread, if any."""
-        raise NotImplementedError
+        try:
+            return self.running_here()
+        except RuntimeError:
+            return None
 
     def current_task(self) -> object:
         """The calling task, if the caller runs in a task of this backend.
@@ -178,18 +186,16 @@ class AsyncioLoop(EventLoop):
     __slots__ = ()
     backend = "asyncio"
 
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self.running_here = asyncio.get_running_loop
+
     def _loop(self) -> asyncio.AbstractEventLoop:
         loop = self._loop_ref()
         if loop is None:
             raise RuntimeError("the event loop is gone")
         assert isinstance(loop, asyncio.AbstractEventLoop)
         return loop
-
-    def running(self) -> object | None:
-        try:
-            return asyncio.get_running_loop()
-        except RuntimeError:
-            return None
 
     def current_task(self) -> object:
         task = asyncio.current_task()
@@ -334,12 +340,7 @@ class TrioLoop(EventLoop):
     def __init__(self, token: object) -> None:
         super().__init__(token)
         self._trio: Any = sys.modules["trio"]
-
-    def running(self) -> object | None:
-        try:
-            return self._trio.lowlevel.current_trio_token()
-        except RuntimeError:
-            return None
+        self.running_here = self._trio.lowlevel.current_trio_token
 
     def current_task(self) -> object:
         return self._trio.lowlevel.current_task()

@@ -450,14 +450,15 @@ class _FanoutState(Generic[T]):
         loop = self.loop
         if loop is None:
             loop = self.bind()
-        # A task runs in one loop only: the loop is checked once per task.
+        # The loop is checked in full once per consumer and running loop;
+        # after that, one call of the backend's own (C, on asyncio) tells it.
         try:
-            task = loop.current_task()
+            here = loop.running_here()
         except RuntimeError:
-            task = None
-        if task is None or task is not consumer._task:
+            here = None
+        if here is None or here is not consumer._here:
             loop.check_current("this fan-out")
-            consumer._task = task
+            consumer._here = here
         consumer._busy = True
         try:
             while consumer._node is self.tail and self.end is None:
@@ -544,7 +545,7 @@ class _FanoutState(Generic[T]):
             for consumer in self.live():
                 consumer._node = _ENDED
                 consumer._state = _ended_state()
-                consumer._task = None
+                consumer._here = None
             self.registry = set()
             self.wake_all()
         source, self.source = self.source, _NO_SOURCE
@@ -905,7 +906,7 @@ class FanoutConsumer(Generic[T]):
     consumer never affects the source or the others.
     """
 
-    __slots__ = ("__weakref__", "_busy", "_node", "_on_skip", "_state", "_task")
+    __slots__ = ("__weakref__", "_busy", "_here", "_node", "_on_skip", "_state")
 
     def __init__(
         self,
@@ -920,9 +921,9 @@ class FanoutConsumer(Generic[T]):
         self._node: _Node = node
         # Whether a task is waiting in __anext__.
         self._busy = False
-        # The last task found to run in the fan-out's loop (see
-        # _FanoutState.wait_readable): the loop is checked once per task.
-        self._task: object = None
+        # The fan-out's loop (or trio run token), once a wait found it
+        # running in the caller's thread (see _FanoutState.wait_readable).
+        self._here: object = None
         self._on_skip = on_skip
 
     def __aiter__(self) -> FanoutConsumer[T]:
@@ -1038,7 +1039,7 @@ class FanoutConsumer(Generic[T]):
         """End this consumer and free the items it held. Idempotent."""
         if self._node is not _ENDED:
             self._node = _ENDED
-            self._task = None
+            self._here = None
             self._on_skip = None
             state = self._state
             self._state = _ended_state()
