@@ -43,9 +43,9 @@ discovery=...)`` open at once (raw: the kind's plain discovery,
 subscribed with the same options; pooled: its ``SharedDiscovery``), K
 client tasks each dispatching ``leaf`` (a plain routine) and then
 ``nested`` (a routine that dispatches ``leaf`` from the worker, so each
-worker unpickles the proxies) in a loop, in twelve alternating bursts
-per pool (6 s in all), so that a drift of the shared machine meets both
-alike: dispatches per second and p50/p99 latency; and per dispatch, the
+worker unpickles the proxies) in a loop, in 24 alternating bursts of
+0.5 s per pool (12 s in all), so that a drift of the shared machine meets
+both alike: dispatches per second and p50/p99 latency; and per dispatch, the
 pickled size of each pool's proxy (which wool ships with every task),
 the time to pickle it in the parent and to unpickle it in a worker.
 
@@ -95,9 +95,9 @@ FANOUT_N, FANOUT_M, QUICK_FANOUT_M = 1000, 1000, 100
 #: Serialisation timings: pickles of the proxy per figure (median of rounds).
 SERIALISE_LOOPS, SERIALISE_ROUNDS = 200, 5
 IDLE_SECONDS, QUICK_IDLE_SECONDS = 3.0, 0.3
-DISPATCH_SECONDS, QUICK_DISPATCH_SECONDS = 6.0, 0.3
+DISPATCH_SECONDS, QUICK_DISPATCH_SECONDS = 12.0, 0.3
 #: Alternating bursts each configuration's dispatch time is cut into.
-DISPATCH_BURSTS = 12
+DISPATCH_BURSTS = 24
 #: Measurements of the fan-out's own rate per process (the median is used).
 FANOUT_REPEATS = 3
 CAPACITY = 2048  # the namespace's bound on workers (wool's default is 128)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import pickle
 import weakref
@@ -128,10 +129,19 @@ class SharedSubscription(Generic[T_co]):
         return hash((self._cls, self._key))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        cloud = _pickling_with_cloudpickle()
-        if cloud not in self._checked:
-            _check_picklable(self._cls, self._args, self._kwargs, cloud)
-            self._checked.add(cloud)
+        checked = self._checked
+        if len(checked) < 2:  # once checked with both, which one runs is moot
+            cloud = _pickling_with_cloudpickle()
+            if cloud not in checked:
+                _check_picklable(self._cls, self._args, self._kwargs, cloud)
+                checked.add(cloud)
+                if cloud:
+                    # Most subscriptions pickle with plain pickle too: checked
+                    # now, quietly, they skip the look at the stack above at
+                    # every later pickling (wool pickles one into every task).
+                    with contextlib.suppress(TypeError):
+                        _check_picklable(self._cls, self._args, self._kwargs, False)
+                        checked.add(False)
         return (_construct, (self._cls, self._args, self._kwargs))
 
     def __repr__(self) -> str:
