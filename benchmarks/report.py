@@ -548,7 +548,12 @@ def load_throughput(path: Path) -> tuple[dict[str, Any], dict[str, float]]:
     import pyperf
 
     suite = pyperf.BenchmarkSuite.load(str(path))
-    rates = {bench.get_name(): 1 / bench.median() for bench in suite.get_benchmarks()}
+    # The fastest value: the others carry what the shared machine's other
+    # processes took (see docs/benchmarks.rst), the same way for every case.
+    rates = {
+        bench.get_name(): 1 / min(bench.get_values())
+        for bench in suite.get_benchmarks()
+    }
     return suite.get_metadata(), rates
 
 
@@ -636,9 +641,9 @@ def throughput_blocks(
     blocks: list[Block] = [
         Heading(3, f"Throughput, {meta.get('python_version', '?')} ({path.name})"),
         Para(
-            "Delivered items/s (median of pyperf's values), N consumers each taking "
-            "every item; then as a multiple of wool's `Fanout` (trio rows: of its "
-            "asyncio figure), of the wake-up limit and of the raw source at N = 1."
+            "Delivered items/s (the fastest of pyperf's values), N consumers each "
+            "taking every item; then as a multiple of wool's `Fanout` (trio rows: of "
+            "its asyncio figure), of the wake-up limit and of the raw source at N = 1."
         ),
     ]
     for (backend, source), group in cases(rates).items():
