@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import pickle
 import threading
+import uuid
 import warnings
 from collections.abc import AsyncIterator
 from collections.abc import Iterator
@@ -436,6 +437,46 @@ def test_a_subscription_is_checked_once_per_pickler(
         pickle.dumps(subscription)
         cloudpickle.dumps(subscription)
     assert checks == [False, True]
+
+
+def test_a_subscription_that_pickles_with_both_picklers_is_checked_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once cloudpickle's and pickle's checks have passed, pickling a
+    subscription again (wool pickles one into every task) looks no further
+    than the subscription: the pickler in use is not looked up again."""
+    from subscribers import NamedSubscriber
+
+    from wool_pooling import _subscription
+
+    looked_up: list[bool] = []
+    find = _subscription._pickling_with_cloudpickle
+
+    def counted() -> bool:
+        looked_up.append(find())
+        return looked_up[-1]
+
+    monkeypatch.setattr(_subscription, "_pickling_with_cloudpickle", counted)
+    sub = NamedSubscriber(f"a-{uuid.uuid4()}")
+
+    copies = [cloudpickle.loads(cloudpickle.dumps(sub)) for _ in range(3)]
+    copies.append(pickle.loads(pickle.dumps(sub)))
+
+    assert looked_up == [True]
+    assert all(copy == sub for copy in copies)
+
+
+def test_plain_pickle_still_names_a_cloudpickle_only_argument() -> None:
+    """An argument only cloudpickle can pickle: cloudpickle pickles the
+    subscription, and plain pickle still fails naming the argument, every time."""
+    from subscribers import NamedSubscriber
+
+    sub = NamedSubscriber(lambda: 1)
+
+    for _ in range(2):
+        assert cloudpickle.loads(cloudpickle.dumps(sub)).args[0]() == 1
+        with pytest.raises(TypeError, match="pickles only with cloudpickle"):
+            pickle.dumps(sub)
 
 
 def test_without_a_python_level_cloudpickle_dump_pickling_is_taken_as_cloudpickle(

@@ -33,7 +33,6 @@ from subscribers import uid_of
 from wool import DiscoveryEvent
 from wool import WorkerMetadata
 
-import wool_pooling._subscription
 from wool_pooling import SharedDiscovery
 from wool_pooling import SharedSubscription
 from wool_pooling import SubscriptionPool
@@ -175,44 +174,6 @@ def test_unpicklable_keyword_argument_raises_type_error_naming_the_class() -> No
 
     with pytest.raises(TypeError, match="NamedSubscriber"):
         cloudpickle.dumps(sub)
-
-
-def test_a_subscription_that_pickles_with_both_picklers_is_checked_once(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Once cloudpickle's and pickle's checks have passed, pickling a
-    subscription again (wool pickles one into every task) looks no further
-    than the subscription: the pickler in use is not looked up again."""
-    looked_up: list[bool] = []
-    find = wool_pooling._subscription._pickling_with_cloudpickle
-
-    def counted() -> bool:
-        looked_up.append(find())
-        return looked_up[-1]
-
-    monkeypatch.setattr(
-        wool_pooling._subscription, "_pickling_with_cloudpickle", counted
-    )
-    sub = NamedSubscriber(f"a-{uuid.uuid4()}")
-
-    copies = [cloudpickle.loads(cloudpickle.dumps(sub)) for _ in range(3)]
-    copies.append(pickle.loads(pickle.dumps(sub)))
-
-    assert looked_up == [True]
-    assert all(copy == sub for copy in copies)
-
-
-def test_plain_pickle_names_a_cloudpickle_only_argument_after_cloudpickle_passed() -> (
-    None
-):
-    """An argument only cloudpickle can pickle: cloudpickle pickles the
-    subscription, and plain pickle still fails naming the argument, every time."""
-    sub = NamedSubscriber(lambda: 1)
-
-    for _ in range(2):
-        assert cloudpickle.loads(cloudpickle.dumps(sub)).args[0]() == 1
-        with pytest.raises(TypeError, match="pickles only with cloudpickle"):
-            pickle.dumps(sub)
 
 
 async def test_copy_in_a_fresh_pool_builds_its_own_raw_instance() -> None:

@@ -135,7 +135,7 @@ class SharedSubscription(Generic[T_co]):
             if cloud not in checked:
                 _check_picklable(self._cls, self._args, self._kwargs, cloud)
                 checked.add(cloud)
-                if cloud:
+                if cloud and False not in checked:
                     # Most subscriptions pickle with plain pickle too: checked
                     # now, quietly, they skip the look at the stack above at
                     # every later pickling (wool pickles one into every task).
