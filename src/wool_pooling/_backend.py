@@ -95,10 +95,8 @@ class EventLoop:
     backend: ClassVar[str]
     #: The thread the loop runs in.
     thread: int
-    #: The backend's own function returning the loop (asyncio) or run token
-    #: (trio) running in the calling thread, raising :exc:`RuntimeError` if
-    #: there is none: the cheapest test a per-wait check can make (compare
-    #: its result with one that :meth:`check_current` accepted).
+    #: The backend's own call for the loop (trio: run token) running in the
+    #: calling thread, :exc:`RuntimeError` if none: the cheapest per-wait check.
     running_here: Callable[[], object]
 
     def __init__(self, loop: object) -> None:

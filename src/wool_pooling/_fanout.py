@@ -27,6 +27,7 @@ that names the node it covers.
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
 import sys
 import types
@@ -132,8 +133,7 @@ class FanoutStatistics:
     waiting: int
     #: Whether a pull from the source is in flight.
     pulling: bool
-    #: Items logged so far: pulled from the source, or added by
-    #: :meth:`Fanout.inject`.
+    #: Items logged so far: pulled, or added by :meth:`Fanout.inject`.
     pulled: int
 
 
@@ -144,8 +144,7 @@ class _End:
     error: BaseException | None = None
     traceback: types.TracebackType | None = None
     closed: bool = False
-    #: The task iterating the source was cancelled from outside (its event
-    #: loop shut down, say): a wait from another loop raises as ever.
+    #: The pump was cancelled from outside (its event loop shut down, say).
     cancelled: bool = False
 
 
@@ -176,21 +175,19 @@ class _Pump:
 
     def __init__(self, loop: EventLoop) -> None:
         self.loop = loop
-        # Where the task waits between pulls for the next demand, while it does.
+        # Where the task waits for the next demand, while it does; the region
+        # its pulls run in (stop() interrupts it); woken once the task ended.
         self.parking: Waiters | None = None
-        # The region its pulls run in: stop() interrupts a pull in flight.
         self.interruptible: Interruptible = loop.interruptible()
-        # Woken when the task has closed the source and ended.
         self.done: Waiters = loop.waiters()
-        # Whether the task awaits the source.
+        # Whether the task awaits the source, is to close it and end, and has.
         self.pulling = False
-        # Whether the task is to close the source and end, and has.
         self.stopping = False
         self.finished = False
-        # What the source's aclose() raised, for Fanout.aclose() to raise.
+        # What the source's aclose() raised, for Fanout.aclose() to raise; the
+        # task, from its first step on.
         self.close_error: BaseException | None = None
         self.finalizer: weakref.finalize[Any, Any] | None = None
-        # The task, from its first step on.
         self.task: object = None
 
     def stop(self) -> None:
@@ -235,29 +232,25 @@ class _FanoutState(Generic[T]):
     def __init__(
         self, source: AsyncIterable[T], max_lag: int | None, drop_lagging: bool
     ) -> None:
-        # What the pump iterates (released when the fan-out is closed).
+        # What the pump iterates (released when the fan-out is closed); the
+        # log's end, the empty node the next item fills (seq: items logged).
         self.source: AsyncIterable[T] = source
-        # The log's end: the empty node the next item fills. Its seq is the
-        # number of items logged so far.
         self.tail: _Node = [None, None, 0]
-        # Consumers registered and not ended, and weak references to them,
-        # for what needs their positions: the lag bound, statistics, closing
-        # (see live()). Weak: a dropped consumer is collected.
+        # Consumers registered and not ended, and weak references to them
+        # for the lag bound, statistics and closing (see live()).
         self.consumers = 0
         self.registry: set[weakref.ref[FanoutConsumer[T]]] = set()
         self.max_lag = max_lag
         self.drop_lagging = drop_lagging
         # on_lag="wait" with a bound: a pull may have to wait for room.
         self.holds_back = max_lag is not None and not drop_lagging
-        # A lower bound on every consumer's seq (positions only move forward;
-        # newcomers start at the end).
+        # A lower bound on every consumer's seq (positions only move forward).
         self.slowest = 0
         self.lag_check_at = (
             max_lag + 1 if max_lag is not None and drop_lagging else _NEVER
         )
         self.end: _End | None = None
-        # Bound at the first wait: the loop, and the context the pump runs in
-        # (a copy of the first waiting consumer's).
+        # Bound at the first wait: the loop, and a copy of the waiter's context.
         self.loop: EventLoop | None = None
         self.context: contextvars.Context | None = None
         # Consumers waiting for the item after the log's end (woken when it
@@ -265,14 +258,12 @@ class _FanoutState(Generic[T]):
         self.arrival: Waiters | None = None
         self.waiting = 0
         self.space: Waiters | None = None
-        # Whether a pull is in flight (asked of the pump, not yet logged),
-        # and the pump, once the first demand started it.
+        # Whether a pull is in flight (asked, not yet logged); the pump, from
+        # the first demand on; what it holds of this state; the Fanout object
+        # over it, held weakly (consumers hold the state, not the fan-out).
         self.pulling = False
         self.pump: _Pump | None = None
-        # What the pump holds of this state.
         self.ref = weakref.ref(self)
-        # The Fanout object over this state, held weakly (consumers hold the
-        # state, not the fan-out object).
         self.handle: weakref.ref[Fanout[T]] | None = None
 
     @property
@@ -561,8 +552,7 @@ class _FanoutState(Generic[T]):
         if not pump.finished:
             loop = pump.loop
             if not loop.is_current():
-                # The pump closes the source in its own loop; this caller
-                # cannot wait for it there.
+                # The pump closes the source in its own loop: no wait here.
                 loop.run_soon(pump.stop)
                 loop.check_current("this fan-out")
             pump.stop()
@@ -673,13 +663,12 @@ async def _iterate(ref: weakref.ref[_FanoutState[Any]], pump: _Pump) -> None:
                     pump.close_error = error
 
 
+@functools.cache
 def _ended_state() -> _FanoutState[Any]:
     """The state every ended consumer points to: closed, holding nothing."""
-    if not _ENDED_STATES:
-        state: _FanoutState[Any] = _FanoutState(_NO_SOURCE, None, False)
-        state.end = _CLOSED_END
-        _ENDED_STATES.append(state)
-    return _ENDED_STATES[0]
+    state: _FanoutState[Any] = _FanoutState(_NO_SOURCE, None, False)
+    state.end = _CLOSED_END
+    return state
 
 
 class _NoSource:
@@ -693,7 +682,6 @@ class _NoSource:
 
 
 _NO_SOURCE: Any = _NoSource()
-_ENDED_STATES: list[_FanoutState[Any]] = []
 
 
 @final
@@ -917,12 +905,10 @@ class FanoutConsumer(Generic[T]):
         # The shared state while this consumer is registered; once it ends,
         # a placeholder: an ended consumer pins nothing of its fan-out.
         self._state: _FanoutState[Any] = state
-        # The node of the next item to read (or a trap over it).
+        # The next node to read (or a trap over it); a task waits in __anext__.
         self._node: _Node = node
-        # Whether a task is waiting in __anext__.
         self._busy = False
-        # The fan-out's loop (or trio run token), once a wait found it
-        # running in the caller's thread (see _FanoutState.wait_readable).
+        # The loop a wait found the caller running in, once accepted.
         self._here: object = None
         self._on_skip = on_skip
 
