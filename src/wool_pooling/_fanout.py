@@ -908,7 +908,7 @@ class FanoutConsumer(Generic[T]):
         # The next node to read (or a trap over it); a task waits in __anext__.
         self._node: _Node = node
         self._busy = False
-        # The loop a wait found the caller running in, once accepted.
+        # The loop (trio: run token) a wait found running, once accepted.
         self._here: object = None
         self._on_skip = on_skip
 
