@@ -60,6 +60,8 @@ class RedisServer:
         self.port = free_port()
         self.directory = Path(tempfile.mkdtemp(prefix="wool-pooling-redis-"))
         self.process: subprocess.Popen[bytes] | None = None
+        self.returncode: int | None = None
+        self.started_once = False
 
     @property
     def url(self) -> str:
@@ -71,6 +73,21 @@ class RedisServer:
         return self.directory / "redis.sock"
 
     def start(self) -> None:
+        """Start the server and wait until it answers on its own unix socket
+        (never a stranger's port). At the first start, a port another process
+        took since :func:`free_port` chose it is replaced by a fresh one (CI
+        runs two interpreters' suites side by side); a later start keeps it.
+        """
+        for _ in range(5):
+            if self._started():
+                self.started_once = True
+                return
+            if self.started_once:
+                break
+            self.port = free_port()
+        raise RuntimeError(f"redis-server exited with {self.returncode}")
+
+    def _started(self) -> bool:
         self.process = subprocess.Popen(
             [
                 self.executable,
@@ -96,15 +113,17 @@ class RedisServer:
         deadline = time.monotonic() + 20
         while True:
             if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"redis-server exited with {self.process.returncode}"
-                )
+                self.returncode = self.process.returncode
+                self.process = None
+                return False
             try:
-                with socket.create_connection(("127.0.0.1", self.port), 0.2) as sock:
+                with socket.socket(socket.AF_UNIX) as sock:
+                    sock.settimeout(0.2)
+                    sock.connect(str(self.socket_path))
                     sock.sendall(b"PING\r\n")
                     reply = sock.recv(64)
                     if reply.startswith((b"+PONG", b"-NOAUTH")):
-                        return
+                        return True
             except OSError:
                 pass
             if time.monotonic() > deadline:
@@ -155,9 +174,7 @@ class SentinelSet:
     def __init__(self, executable: str) -> None:
         self.executable = executable
         self.master = RedisServer(executable)
-        self.replica = RedisServer(
-            executable, "--replicaof", "127.0.0.1", str(self.master.port)
-        )
+        self.replica = RedisServer(executable)
         self.sentinel_ports = [free_port() for _ in range(3)]
         self.directory = Path(tempfile.mkdtemp(prefix="wool-pooling-sentinel-"))
         self.sentinels: list[subprocess.Popen[bytes]] = []
@@ -169,6 +186,7 @@ class SentinelSet:
 
     def start(self) -> None:
         self.master.start()
+        self.replica.extra = ("--replicaof", "127.0.0.1", str(self.master.port))
         self.replica.start()
         for port in self.sentinel_ports:
             config = self.directory / f"sentinel-{port}.conf"
