@@ -43,11 +43,13 @@ discovery=...)`` open at once (raw: the kind's plain discovery,
 subscribed with the same options; pooled: its ``SharedDiscovery``), K
 client tasks each dispatching ``leaf`` (a plain routine) and then
 ``nested`` (a routine that dispatches ``leaf`` from the worker, so each
-worker unpickles the proxies) in a loop, in 24 alternating bursts of
-0.5 s per pool (12 s in all), so that a drift of the shared machine meets
-both alike: dispatches per second and p50/p99 latency; and per dispatch, the
-pickled size of each pool's proxy (which wool ships with every task),
-the time to pickle it in the parent and to unpickle it in a worker.
+worker unpickles the proxies) in a loop, in 32 alternating bursts of
+0.5 s per pool (16 s in all), so that a drift of the shared machine meets
+both alike (which pool opens first, and so spawns its workers first,
+alternates from run to run): dispatches per second and p50/p99
+latency; and per dispatch, the pickled size of each pool's proxy (which
+wool ships with every task), the time to pickle it in the parent and to
+unpickle it in a worker.
 
 Writes ``pooling-cpython3.11.json`` (every figure, and the run's length);
 ``benchmarks/report.py`` renders the table: each figure pooled / raw (the
@@ -97,7 +99,7 @@ SERIALISE_LOOPS, SERIALISE_ROUNDS = 200, 5
 IDLE_SECONDS, QUICK_IDLE_SECONDS = 3.0, 0.3
 DISPATCH_SECONDS, QUICK_DISPATCH_SECONDS = 12.0, 0.3
 #: Alternating bursts each configuration's dispatch time is cut into.
-DISPATCH_BURSTS = 24
+DISPATCH_BURSTS = 32
 #: Measurements of the fan-out's own rate per process (the median is used).
 FANOUT_REPEATS = 3
 CAPACITY = 2048  # the namespace's bound on workers (wool's default is 128)
@@ -344,12 +346,12 @@ async def fanout_rate(m: int) -> float:
     return FANOUT_N * m / elapsed
 
 
-async def dispatch(kind: Kind, k: int, quick: bool) -> dict[str, Any]:
+async def dispatch(kind: Kind, k: int, quick: bool, first: str) -> dict[str, Any]:
     """K client tasks dispatching through two pools of 2 spawned workers each,
-    raw and pooled, open side by side in this process: ``leaf``, then
-    ``nested``, in alternating bursts (which pool goes first alternates too),
-    so that both meet the same machine; and what each pool's proxy costs a
-    task. Returns ``{"raw": figures, "pooled": figures}``."""
+    raw and pooled, open side by side in this process (``first`` opens
+    first): ``leaf``, then ``nested``, in alternating bursts (which pool goes
+    first alternates too), so that both meet the same machine; and what each
+    pool's proxy costs a task. Returns ``{"raw": figures, "pooled": figures}``."""
     from pooling_routines import leaf
     from pooling_routines import nested
     from pooling_routines import unpickle_seconds
@@ -395,7 +397,7 @@ async def dispatch(kind: Kind, k: int, quick: bool) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     contexts: dict[str, contextvars.Context] = {}
     holders = []
-    for name in ("raw", "pooled"):
+    for name in (first, "pooled" if first == "raw" else "raw"):
         ready: asyncio.Future[contextvars.Context] = loop.create_future()
         holders.append(asyncio.create_task(hold(name == "pooled", ready)))
         async with asyncio.timeout(DEADLINE):
@@ -469,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="results folder")
     parser.add_argument("--kind", action="append", choices=list(KINDS))
     parser.add_argument("--configuration", nargs=3, help=argparse.SUPPRESS)
-    parser.add_argument("--dispatch", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--dispatch", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.configuration:  # one configuration, in a fresh process
         kind, pooled, k = args.configuration
@@ -477,8 +479,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row))
         return 0
     if args.dispatch:  # both configurations' dispatch, in a fresh process
-        kind, k = args.dispatch
-        print(json.dumps(asyncio.run(dispatch(KINDS[kind], int(k), args.quick))))
+        kind, k, first = args.dispatch
+        if first not in ("raw", "pooled"):
+            parser.error("--dispatch KIND K FIRST: FIRST is raw or pooled")
+        row = asyncio.run(dispatch(KINDS[kind], int(k), args.quick, first))
+        print(json.dumps(row))
         return 0
     out: Path = args.out or (
         Path(tempfile.mkdtemp(prefix="wool-pooling-bench-")) if args.quick else RESULTS
@@ -516,7 +521,8 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 if k >= RAW_ONCE:
                     continue  # K client tasks are beside the point there
-                paired = child("--dispatch", kind, str(k))
+                first = "raw" if run % 2 == 0 else "pooled"
+                paired = child("--dispatch", kind, str(k), first)
                 for pooled, row in measured.items():
                     figures = paired[pooled]
                     row["dispatch"], row["dispatch_leaf"] = (
@@ -524,6 +530,7 @@ def main(argv: list[str] | None = None) -> int:
                         figures["leaf"],
                     )
                     row["serialise"] = figures["serialise"]
+                    row["dispatch_opened_first"] = first
                 print(
                     f"run {run} {kind} K={k} dispatch: leaf "
                     f"{paired['pooled']['leaf']['per_second']:.0f} / "
