@@ -60,7 +60,6 @@ class RedisServer:
         self.port = free_port()
         self.directory = Path(tempfile.mkdtemp(prefix="wool-pooling-redis-"))
         self.process: subprocess.Popen[bytes] | None = None
-        self.returncode: int | None = None
         self.started_once = False
 
     @property
@@ -78,16 +77,19 @@ class RedisServer:
         took since :func:`free_port` chose it is replaced by a fresh one (CI
         runs two interpreters' suites side by side); a later start keeps it.
         """
+        exited: int | None = None
         for _ in range(5):
-            if self._started():
+            exited = self._start_once()
+            if exited is None:
                 self.started_once = True
                 return
             if self.started_once:
                 break
             self.port = free_port()
-        raise RuntimeError(f"redis-server exited with {self.returncode}")
+        raise RuntimeError(f"redis-server exited with {exited}")
 
-    def _started(self) -> bool:
+    def _start_once(self) -> int | None:
+        """``None`` once the server answers, its exit code if it exits first."""
         self.process = subprocess.Popen(
             [
                 self.executable,
@@ -112,10 +114,10 @@ class RedisServer:
         )
         deadline = time.monotonic() + 20
         while True:
-            if self.process.poll() is not None:
-                self.returncode = self.process.returncode
+            exited = self.process.poll()
+            if exited is not None:
                 self.process = None
-                return False
+                return exited
             try:
                 with socket.socket(socket.AF_UNIX) as sock:
                     sock.settimeout(0.2)
@@ -123,7 +125,7 @@ class RedisServer:
                     sock.sendall(b"PING\r\n")
                     reply = sock.recv(64)
                     if reply.startswith((b"+PONG", b"-NOAUTH")):
-                        return True
+                        return None
             except OSError:
                 pass
             if time.monotonic() > deadline:
