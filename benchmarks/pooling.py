@@ -30,26 +30,31 @@ process measures in turn:
   published through the discovery's publisher, seconds from the first
   publish until every consumer holds all W; then the same for W drops. The
   publisher's own time (the publish calls) is recorded too, and the
-  delivery rate is K x W over the convergence time less the publisher's;
+  delivery rate is K x W over the convergence time less the publisher's.
+  Below K = 10,000 each W is added and dropped three times and each figure
+  is the median of the three (K = 10,000: once; a round takes minutes);
 - pooled, from K = 1,000 on: the fan-out's own delivery rate, for
   comparison in the same process: a ``wool_pooling.Fanout`` of 1,000
   discovery events to N = 1,000 consumers doing the same per-event work as
   the consumers above (the median of three measurements: one is as noisy
   as the machine).
 
-Then, for K < 10,000, one more fresh process measures dispatch, raw and
+Then, for K < 10,000, two more fresh processes measure dispatch, raw and
 pooled side by side: two real ``wool.WorkerPool(spawn=2,
 discovery=...)`` open at once (raw: the kind's plain discovery,
 subscribed with the same options; pooled: its ``SharedDiscovery``), K
 client tasks each dispatching ``leaf`` (a plain routine) and then
 ``nested`` (a routine that dispatches ``leaf`` from the worker, so each
-worker unpickles the proxies) in a loop, in 32 alternating bursts of
-0.5 s per pool (16 s in all), so that a drift of the shared machine meets
-both alike (which pool opens first, and so spawns its workers first,
-alternates from run to run): dispatches per second and p50/p99
-latency; and per dispatch, the pickled size of each pool's proxy (which
-wool ships with every task), the time to pickle it in the parent and to
-unpickle it in a worker.
+worker unpickles the proxies) in a loop, in 16 alternating bursts of
+0.375 s per pool (6 s per pool and routine), so that a drift of the shared
+machine meets both alike. Which pool opens first, and so spawns its
+workers first, is a difference of its own (a few percent either way), so
+one process opens raw first and the other pooled first, and the run's
+figures pool both: dispatches per second over both processes' time, p50/p99
+latency over all their dispatches. Per dispatch too, the pickled size of
+each pool's proxy (which wool ships with every task), the time to pickle it
+in the parent and to unpickle it in a worker (the mean of the two
+processes).
 
 Writes ``pooling-cpython3.11.json`` (every figure, and the run's length);
 ``benchmarks/report.py`` renders the table: each figure pooled / raw (the
@@ -92,16 +97,23 @@ WORKERS, QUICK_WORKERS = (10, 100, 1000), (10,)
 #: Workers for K = 10,000 (one million deliveries per 100 workers).
 WORKERS_AT_10K = (1000,)
 RUNS, QUICK_RUNS = 3, 1
+#: Which pool opens first in a run's dispatch processes: both, one each.
+DISPATCH_ORDERS = ("raw", "pooled")
 #: The fan-out comparison: N consumers of M events.
 FANOUT_N, FANOUT_M, QUICK_FANOUT_M = 1000, 1000, 100
 #: Serialisation timings: pickles of the proxy per figure (median of rounds).
 SERIALISE_LOOPS, SERIALISE_ROUNDS = 200, 5
 IDLE_SECONDS, QUICK_IDLE_SECONDS = 3.0, 0.3
-DISPATCH_SECONDS, QUICK_DISPATCH_SECONDS = 12.0, 0.3
+#: Dispatch seconds per pool and routine in one dispatch process; each run
+#: has two such processes, one per opening order (see ``dispatch``).
+DISPATCH_SECONDS, QUICK_DISPATCH_SECONDS = 6.0, 0.3
 #: Alternating bursts each configuration's dispatch time is cut into.
-DISPATCH_BURSTS = 32
+DISPATCH_BURSTS = 16
 #: Measurements of the fan-out's own rate per process (the median is used).
 FANOUT_REPEATS = 3
+#: Add-and-drop rounds per W below K = 10,000, as many as the fan-out's own
+#: rate gets (each figure is the median over the rounds).
+CONVERGE_REPEATS = FANOUT_REPEATS
 CAPACITY = 2048  # the namespace's bound on workers (wool's default is 128)
 DEADLINE = 300.0  # bound on any one wait
 
@@ -286,24 +298,31 @@ async def measure(kind_name: str, pooled: bool, k: int, quick: bool) -> dict[str
             )
             result["converge"] = {}
             sizes = WORKERS_AT_10K if k >= 10_000 else WORKERS
+            repeats = 1 if k >= RAW_ONCE else CONVERGE_REPEATS
             for w in QUICK_WORKERS if quick else sizes:
-                figures: dict[str, float] = {}
-                batch = fake_workers(w)
-                for what, event in (
-                    ("added", "worker-added"),
-                    ("dropped", "worker-dropped"),
-                ):
-                    start = time.perf_counter()
-                    for metadata in batch:
-                        await publisher.publish(event, metadata)
-                    published = time.perf_counter() - start
-                    await views.wait_all(1 + w if what == "added" else 1)
-                    figures[what] = time.perf_counter() - start
-                    figures[f"{what}_publisher"] = published
-                    net = figures[what] - published
-                    deliveries = w * (k - len(views.failed))
-                    figures[f"{what}_rate"] = deliveries / net if net > 0 else 0.0
-                result["converge"][str(w)] = figures
+                rounds: list[dict[str, float]] = []
+                for _ in range(repeats):
+                    figures: dict[str, float] = {}
+                    batch = fake_workers(w)
+                    for what, event in (
+                        ("added", "worker-added"),
+                        ("dropped", "worker-dropped"),
+                    ):
+                        start = time.perf_counter()
+                        for metadata in batch:
+                            await publisher.publish(event, metadata)
+                        published = time.perf_counter() - start
+                        await views.wait_all(1 + w if what == "added" else 1)
+                        figures[what] = time.perf_counter() - start
+                        figures[f"{what}_publisher"] = published
+                        net = figures[what] - published
+                        deliveries = w * (k - len(views.failed))
+                        figures[f"{what}_rate"] = deliveries / net if net > 0 else 0.0
+                    rounds.append(figures)
+                result["converge"][str(w)] = {
+                    name: statistics.median(r[name] for r in rounds)
+                    for name in rounds[0]
+                } | {"rounds": rounds}
             await publisher.publish("worker-dropped", first)
         for task in tasks:
             task.cancel()
@@ -351,7 +370,8 @@ async def dispatch(kind: Kind, k: int, quick: bool, first: str) -> dict[str, Any
     raw and pooled, open side by side in this process (``first`` opens
     first): ``leaf``, then ``nested``, in alternating bursts (which pool goes
     first alternates too), so that both meet the same machine; and what each
-    pool's proxy costs a task. Returns ``{"raw": figures, "pooled": figures}``."""
+    pool's proxy costs a task. Returns ``{"raw": figures, "pooled": figures}``,
+    every latency included (``merge_dispatches`` pools two such processes)."""
     from pooling_routines import leaf
     from pooling_routines import nested
     from pooling_routines import unpickle_seconds
@@ -431,12 +451,9 @@ async def dispatch(kind: Kind, k: int, quick: bool, first: str) -> dict[str, Any
                 if not times:
                     raise RuntimeError(f"no dispatch succeeded: {errors[name][:1]}")
                 figures[name][routine.__name__] = dict(
-                    failed=len(errors[name]),
-                    error=errors[name][0] if errors[name] else None,
-                    dispatches=len(times),
-                    per_second=len(times) / walls[name],
-                    p50=statistics.median(times),
-                    p99=times[min(len(times) - 1, int(len(times) * 0.99))],
+                    dispatch_figures(times, walls[name], errors[name]),
+                    latencies=times,
+                    errors=errors[name],
                 )
         for name, context in contexts.items():
             proxy = context.run(wool.__proxy__.get)
@@ -461,6 +478,44 @@ async def dispatch(kind: Kind, k: int, quick: bool, first: str) -> dict[str, Any
         stop.set()
         await asyncio.gather(*holders)
     return figures
+
+
+def dispatch_figures(
+    times: list[float], wall: float, errors: list[str]
+) -> dict[str, Any]:
+    """Rate and latency of one pool's dispatches (``times``: sorted latencies)."""
+    return dict(
+        failed=len(errors),
+        error=errors[0] if errors else None,
+        dispatches=len(times),
+        wall=wall,
+        per_second=len(times) / wall,
+        p50=statistics.median(times),
+        p99=times[min(len(times) - 1, int(len(times) * 0.99))],
+    )
+
+
+def merge_dispatches(children: list[dict[str, Any]]) -> dict[str, Any]:
+    """One run's dispatch figures from its processes (one per opening order):
+    per pool and routine, every dispatch over the processes' summed wall time,
+    latency percentiles over all latencies; serialisation, the mean."""
+    merged: dict[str, Any] = {}
+    for name in ("raw", "pooled"):
+        merged[name] = {}
+        for routine in ("leaf", "nested"):
+            parts = [child[name][routine] for child in children]
+            times = sorted(t for part in parts for t in part["latencies"])
+            errors = [e for part in parts for e in part["errors"]]
+            merged[name][routine] = dispatch_figures(
+                times, sum(part["wall"] for part in parts), errors
+            ) | {"per_order": [part["per_second"] for part in parts]}
+        merged[name]["serialise"] = {
+            field: statistics.mean(
+                child[name]["serialise"][field] for child in children
+            )
+            for field in children[0][name]["serialise"]
+        }
+    return merged
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -521,8 +576,10 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 if k >= RAW_ONCE:
                     continue  # K client tasks are beside the point there
-                first = "raw" if run % 2 == 0 else "pooled"
-                paired = child("--dispatch", kind, str(k), first)
+                firsts = DISPATCH_ORDERS if run % 2 == 0 else DISPATCH_ORDERS[::-1]
+                paired = merge_dispatches(
+                    [child("--dispatch", kind, str(k), first) for first in firsts]
+                )
                 for pooled, row in measured.items():
                     figures = paired[pooled]
                     row["dispatch"], row["dispatch_leaf"] = (
@@ -530,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
                         figures["leaf"],
                     )
                     row["serialise"] = figures["serialise"]
-                    row["dispatch_opened_first"] = first
+                    row["dispatch_opened_first"] = list(firsts)
                 print(
                     f"run {run} {kind} K={k} dispatch: leaf "
                     f"{paired['pooled']['leaf']['per_second']:.0f} / "

@@ -289,7 +289,8 @@ def pooling_blocks(path: Path) -> list[Block]:
         Para(
             "Dispatch through `wool.WorkerPool(spawn=2)`, K client tasks, raw and "
             "pooled with the same `poll_interval`, both pools open side by side in "
-            "one process and measured in alternating bursts: `leaf` (plain) and "
+            "one process and measured in alternating bursts, in two processes per "
+            "run (one opens raw first, the other pooled first): `leaf` (plain) and "
             "`nested` (a "
             "routine dispatching `leaf` from the worker); per dispatch, the pickled "
             "proxy wool ships with every task, the parent's time to pickle it and a "
@@ -338,7 +339,8 @@ def pooling_blocks(path: Path) -> list[Block]:
     blocks.append(
         Para(
             "Convergence: seconds from publishing the first of W workers (or "
-            "drops) until every consumer holds the full view; pooled / raw."
+            "drops) until every consumer holds the full view (below K = 10,000, "
+            "the median of three rounds per process); pooled / raw."
         )
     )
     converge = Table(
