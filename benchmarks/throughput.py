@@ -580,9 +580,9 @@ def main() -> None:
         return
     import pyperf
 
-    # Four processes, not two: each process's memory layout moves a case of its
-    # own accord (trio, waiting source, N = 100: per-process fastest values of
-    # the wake-up limit from 3.1 to 5.7 µs over ten processes).
+    # Four processes, not two: a case's speed differs from process to process
+    # (trio, waiting source, N = 100: per-process fastest values of the
+    # wake-up limit from 3.1 to 5.7 µs over ten processes).
     runner = pyperf.Runner(
         processes=4,
         values=2,
