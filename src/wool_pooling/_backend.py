@@ -30,7 +30,7 @@ from typing import final
 
 import anyio
 
-__all__ = ["EventLoop", "Interruptible", "Waiters", "current_loop"]
+__all__ = ["EventLoop", "Interruptible", "Waiters", "current_loop", "ready"]
 
 logger = logging.getLogger("wool_pooling")
 
@@ -48,10 +48,16 @@ class Waiters(Protocol):
     that lands anywhere (a garbage-collection callback in the middle of a
     wait's own setup, say) is never lost."""
 
-    def wait(self) -> Awaitable[None]:
+    def wait(self, here: object = None) -> Awaitable[None]:
         """Register the calling task, and return what it awaits, at once,
         until :meth:`wake` is called; cancellable. A wait given up (by
-        cancellation) is :meth:`withdraw`-n."""
+        cancellation) is :meth:`withdraw`-n. ``here``, if given, is what
+        :meth:`EventLoop.here` returned in the calling task (the backend
+        then need not look the task up again)."""
+        ...
+
+    def count(self) -> int:
+        """How many tasks wait now."""
         ...
 
     def withdraw(self, waiting: Awaitable[None]) -> None:
@@ -89,15 +95,18 @@ class EventLoop:
     is gone instead of keeping it alive.
     """
 
-    __slots__ = ("__weakref__", "_loop_ref", "running_here", "thread")
+    __slots__ = ("__weakref__", "_loop_ref", "here", "thread")
 
     #: ``"asyncio"`` or ``"trio"``.
     backend: ClassVar[str]
     #: The thread the loop runs in.
     thread: int
-    #: The backend's own call for the loop (trio: run token) running in the
-    #: calling thread, :exc:`RuntimeError` if none: the cheapest per-wait check.
-    running_here: Callable[[], object]
+    #: The backend's own (cheapest) call for where the caller runs, raising
+    #: :exc:`RuntimeError` outside any loop: asyncio, the running loop; trio,
+    #: the current task, which belongs to one run for its whole life. So a
+    #: caller that saw this loop current and the same value since is still
+    #: in it: the per-wait check.
+    here: Callable[[], object]
 
     def __init__(self, loop: object) -> None:
         self.thread = threading.get_ident()
@@ -105,10 +114,7 @@ class EventLoop:
 
     def running(self) -> object | None:
         """The loop (asyncio) or run token (trio) running in this thread, if any."""
-        try:
-            return self.running_here()
-        except RuntimeError:
-            return None
+        raise NotImplementedError
 
     def current_task(self) -> object:
         """The calling task, if the caller runs in a task of this backend.
@@ -186,7 +192,7 @@ class AsyncioLoop(EventLoop):
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(loop)
-        self.running_here = asyncio.get_running_loop
+        self.here = asyncio.get_running_loop
 
     def _loop(self) -> asyncio.AbstractEventLoop:
         loop = self._loop_ref()
@@ -194,6 +200,12 @@ class AsyncioLoop(EventLoop):
             raise RuntimeError("the event loop is gone")
         assert isinstance(loop, asyncio.AbstractEventLoop)
         return loop
+
+    def running(self) -> object | None:
+        try:
+            return asyncio.get_running_loop()
+        except RuntimeError:
+            return None
 
     def current_task(self) -> object:
         task = asyncio.current_task()
@@ -249,9 +261,9 @@ class _FutureWaiters:
         self._futures: list[asyncio.Future[None]] = []
         self._woken = False
 
-    def wait(self) -> Awaitable[None]:
+    def wait(self, here: object = None) -> Awaitable[None]:
         if self._woken:
-            return _ready()
+            return ready()
         future = self._loop.create_future()
         self._futures.append(future)
         return future
@@ -259,6 +271,9 @@ class _FutureWaiters:
     def withdraw(self, waiting: Awaitable[None]) -> None:
         with contextlib.suppress(ValueError):  # woken meanwhile
             self._futures.remove(waiting)  # pyright: ignore[reportArgumentType]
+
+    def count(self) -> int:
+        return len(self._futures)
 
     def wake(self) -> None:
         self._woken = True
@@ -312,7 +327,7 @@ class _TaskInterruptible:
         task.cancel()
 
 
-async def _ready() -> None:
+async def ready() -> None:
     """A wait that is over before it starts."""
 
 
@@ -338,7 +353,13 @@ class TrioLoop(EventLoop):
     def __init__(self, token: object) -> None:
         super().__init__(token)
         self._trio: Any = sys.modules["trio"]
-        self.running_here = self._trio.lowlevel.current_trio_token
+        self.here = self._trio.lowlevel.current_task
+
+    def running(self) -> object | None:
+        try:
+            return self._trio.lowlevel.current_trio_token()
+        except RuntimeError:
+            return None
 
     def current_task(self) -> object:
         return self._trio.lowlevel.current_task()
@@ -383,11 +404,11 @@ class _TrioWaiters:
         self._tasks: dict[Any, None] = {}
         self._woken = False
 
-    def wait(self) -> Awaitable[None]:
+    def wait(self, here: object = None) -> Awaitable[None]:
         if self._woken:
-            return _ready()
+            return ready()
         lowlevel = self._lowlevel
-        task = lowlevel.current_task()
+        task = here if here is not None else lowlevel.current_task()
         tasks = self._tasks
         tasks[task] = None
 
@@ -399,6 +420,9 @@ class _TrioWaiters:
 
     def withdraw(self, waiting: Awaitable[None]) -> None:
         pass  # the abort function has forgotten the task
+
+    def count(self) -> int:
+        return len(self._tasks)
 
     def wake(self) -> None:
         self._woken = True

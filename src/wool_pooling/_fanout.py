@@ -1,7 +1,7 @@
 """Demand-driven multicast of one async iterator: a shared log, one cursor per consumer.
 
 The data path, top to bottom: a consumer with nothing buffered waits
-(:meth:`_FanoutState.wait_readable`) and, if no pull is in flight, asks the
+(:meth:`_FanoutState.wait`) and, if no pull is in flight, asks the
 fan-out's pump for one (:meth:`_FanoutState.demand`). The pump
 (:func:`_pump`) is one task per fan-out, started by the first demand: it
 calls ``aiter()`` on the source, every ``__anext__()`` and, at the end, the
@@ -34,6 +34,7 @@ import types
 import weakref
 from collections.abc import AsyncIterable
 from collections.abc import AsyncIterator
+from collections.abc import Awaitable
 from collections.abc import Callable
 from typing import Any
 from typing import Generic
@@ -50,6 +51,7 @@ from ._backend import EventLoop
 from ._backend import Interruptible
 from ._backend import Waiters
 from ._backend import current_loop
+from ._backend import ready
 from ._iterators import aclose_iterator
 from ._iterators import throw_into
 
@@ -226,7 +228,6 @@ class _FanoutState(Generic[T]):
         "source",
         "space",
         "tail",
-        "waiting",
     )
 
     def __init__(
@@ -254,9 +255,8 @@ class _FanoutState(Generic[T]):
         self.loop: EventLoop | None = None
         self.context: contextvars.Context | None = None
         # Consumers waiting for the item after the log's end (woken when it
-        # lands, or when the fan-out ends), and how many; a wait for room.
+        # lands, or when the fan-out ends); a wait for room.
         self.arrival: Waiters | None = None
-        self.waiting = 0
         self.space: Waiters | None = None
         # Whether a pull is in flight (asked, not yet logged); the pump, from
         # the first demand on; what it holds of this state; the Fanout object
@@ -296,7 +296,6 @@ class _FanoutState(Generic[T]):
         arrival = self.arrival
         if arrival is not None:
             self.arrival = None
-            self.waiting = 0
             arrival.wake()
 
     def live(self) -> list[FanoutConsumer[T]]:
@@ -400,7 +399,6 @@ class _FanoutState(Generic[T]):
         arrival = self.arrival
         if arrival is not None:
             self.arrival = None
-            self.waiting = 0
             arrival.wake()
         self.wake_space()
 
@@ -426,63 +424,56 @@ class _FanoutState(Generic[T]):
             loop.check_current("this fan-out")
         return loop
 
-    async def wait_readable(self, consumer: FanoutConsumer[T]) -> None:
-        """Wait until ``consumer`` has something to read: an item, a trap,
-        or the end; ask for a pull if none is in flight and nothing holds it
-        back. Cancelling this wait withdraws only this consumer's demand,
-        never the pull in flight.
+    def wait(self, consumer: FanoutConsumer[T]) -> Awaitable[None]:
+        """Register ``consumer``'s task for one wake-up that may give it
+        something to read (an item, a trap, the end), and return what it
+        awaits; ask for a pull if none is in flight and nothing holds it
+        back. Call only while ``consumer`` is at the log's end and the
+        fan-out runs. A wake-up may be for another consumer: the caller
+        looks again, and waits again if need be.
+
+        The caller awaits the result in its own frame (a coroutine per wait
+        would cost a frame on every delivery), then sets ``consumer._busy``
+        back to ``None``; if the await raises (cancellation), it first
+        withdraws the wait (:meth:`FanoutConsumer._withdraw`), which
+        abandons only this consumer's demand, never the pull in flight.
 
         :raises ~anyio.BusyResourceError: if another task waits on
             ``consumer`` already.
         :raises RuntimeError: if the fan-out is bound to another event loop.
         """
-        if consumer._busy:
+        if consumer._busy is not None:
             raise anyio.BusyResourceError("receiving from")
         loop = self.loop
         if loop is None:
             loop = self.bind()
-        # The loop is checked in full once per consumer and running loop;
-        # after that, one call of the backend's own (C, on asyncio) tells it.
+        # Checked in full once per consumer and task (asyncio: loop); after
+        # that, one call of the backend's own tells it.
         try:
-            here = loop.running_here()
+            here = loop.here()
         except RuntimeError:
             here = None
         if here is None or here is not consumer._here:
             loop.check_current("this fan-out")
             consumer._here = here
-        consumer._busy = True
-        try:
-            while consumer._node is self.tail and self.end is None:
-                if self.holds_back and self.log_is_full():
-                    space = self.space
-                    if space is None:
-                        space = self.space = loop.waiters()
-                    self.watch_slowest()
-                    waiting = space.wait()
-                    try:
-                        await waiting
-                    finally:
-                        space.withdraw(waiting)
-                    continue
-                if not self.pulling:
-                    self.demand(loop)
-                    # An eager task factory runs the pump's first step in
-                    # this call: it may have logged an item already.
-                    if consumer._node is not self.tail or self.end is not None:
-                        break
-                arrival = self.arrival
-                if arrival is None:
-                    arrival = self.arrival = loop.waiters()
-                self.waiting += 1
-                waiting = arrival.wait()
-                try:
-                    await waiting
-                finally:
-                    if self.arrival is arrival:  # not woken: withdraw the demand
-                        self.waiting -= 1
-                        arrival.withdraw(waiting)
-        finally:
-            consumer._busy = False
+        if self.holds_back and self.log_is_full():
+            waiters = self.space
+            if waiters is None:
+                waiters = self.space = loop.waiters()
+            self.watch_slowest()
+        else:
+            if not self.pulling:
+                self.demand(loop)
+                # An eager task factory runs the pump's first step in this
+                # call: it may have logged an item already.
+                if consumer._node is not self.tail or self.end is not None:
+                    return ready()
+            waiters = self.arrival
+            if waiters is None:
+                waiters = self.arrival = loop.waiters()
+        waiting = waiters.wait(here)
+        consumer._busy = waiters
+        return waiting
 
     def demand(self, loop: EventLoop) -> None:
         """Ask the pump for the next item, starting the pump at the first demand."""
@@ -835,7 +826,7 @@ class Fanout(Generic[T]):
         return FanoutStatistics(
             consumers=state.consumers,
             buffered=state.buffered(),
-            waiting=state.waiting,
+            waiting=state.arrival.count() if state.arrival is not None else 0,
             pulling=state.pulling,
             pulled=state.tail[2],
         )
@@ -905,9 +896,10 @@ class FanoutConsumer(Generic[T]):
         # The shared state while this consumer is registered; once it ends,
         # a placeholder: an ended consumer pins nothing of its fan-out.
         self._state: _FanoutState[Any] = state
-        # The next node to read (or a trap over it); a task waits in __anext__.
+        # The next node to read (or a trap over it).
         self._node: _Node = node
-        self._busy = False
+        # The waiters its task is registered in, while one waits on it.
+        self._busy: Waiters | None = None
         # The loop (trio: run token) a wait found running, once accepted.
         self._here: object = None
         self._on_skip = on_skip
@@ -929,7 +921,7 @@ class FanoutConsumer(Generic[T]):
         :raises Exception: the source's error, once, with its traceback;
             then the consumer ends.
         """
-        if self._busy:
+        if self._busy is not None:
             raise anyio.BusyResourceError("receiving from")
         node = self._node
         while type(node) is _Trap:  # step onto the node it covers
@@ -967,7 +959,14 @@ class FanoutConsumer(Generic[T]):
                 return node[0]
             state = self._state
             if node is state.tail and state.end is None:  # nothing yet: wait
-                await state.wait_readable(self)
+                waiting = state.wait(self)
+                try:
+                    await waiting
+                except BaseException:
+                    self._withdraw(waiting)
+                    raise
+                finally:
+                    self._busy = None
                 continue
             del node, following, state  # a traceback must not pin the log
             try:
@@ -987,13 +986,25 @@ class FanoutConsumer(Generic[T]):
         :raises ~anyio.BusyResourceError: if another task is waiting already.
         :raises RuntimeError: if the fan-out is bound to another event loop.
         """
-        if self._busy:
+        if self._busy is not None:
             raise anyio.BusyResourceError("receiving from")
-        node = self._node
-        if node[1] is None and type(node) is not _Trap and node is not _ENDED:
-            await self._state.wait_readable(self)
-        else:
+        state = self._state
+        if self._node is not state.tail or state.end is not None:
             await anyio.lowlevel.checkpoint()
+        while self._node is state.tail and state.end is None:
+            waiting = state.wait(self)
+            try:
+                await waiting
+            except BaseException:
+                self._withdraw(waiting)
+                raise
+            finally:
+                self._busy = None
+
+    def _withdraw(self, waiting: Awaitable[None]) -> None:
+        """A wait given up before its wake-up: forget it (a no-op if woken)."""
+        if self._busy is not None:
+            self._busy.withdraw(waiting)
 
     def _skipped_from(self, position: int) -> None:
         """Tell ``on_skip`` that this consumer now misses the items from
@@ -1030,7 +1041,7 @@ class FanoutConsumer(Generic[T]):
             state = self._state
             self._state = _ended_state()
             state.leave()
-            if self._busy:
+            if self._busy is not None:
                 state.wake_all()  # let its wait see the end
 
     async def aclose(self) -> None:
