@@ -78,6 +78,7 @@ async def test_cancelling_the_pulling_consumer_mid_pull(probe: Probe) -> None:
             assert fanout.statistics().pulled == 0
             assert fanout.statistics().pulling is True
             assert fanout.statistics().consumers == 2
+            assert fanout.statistics().waiting == 1  # A's wait was withdrawn
             assert b_items == []
 
             probe.feed(0)
@@ -120,6 +121,7 @@ async def test_cancelling_one_consumer_at_any_point_leaves_the_others_intact() -
                     scopes[victim].cancel()
                     await settle()
                     assert probe.active == 1  # the pull survived the cancellation
+                    assert fanout.statistics().waiting == n_consumers - 1
                     probe.feed(*range(k, n_items))
                     probe.end()
                 for i in range(n_consumers):

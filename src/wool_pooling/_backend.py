@@ -56,10 +56,6 @@ class Waiters(Protocol):
         then need not look the task up again)."""
         ...
 
-    def count(self) -> int:
-        """How many tasks wait now."""
-        ...
-
     def withdraw(self, waiting: Awaitable[None]) -> None:
         """Forget ``waiting``, given up before :meth:`wake`."""
         ...
@@ -112,10 +108,6 @@ class EventLoop:
         self.thread = threading.get_ident()
         self._loop_ref = weakref.ref(loop)
 
-    def running(self) -> object | None:
-        """The loop (asyncio) or run token (trio) running in this thread, if any."""
-        raise NotImplementedError
-
     def current_task(self) -> object:
         """The calling task, if the caller runs in a task of this backend.
 
@@ -125,8 +117,7 @@ class EventLoop:
 
     def is_current(self) -> bool:
         """Whether this is the loop running in the calling thread."""
-        loop = self._loop_ref()
-        return loop is not None and self.running() is loop
+        raise NotImplementedError
 
     def check_current(self, what: str) -> None:
         """Raise unless this is the loop running in the calling thread.
@@ -201,11 +192,11 @@ class AsyncioLoop(EventLoop):
         assert isinstance(loop, asyncio.AbstractEventLoop)
         return loop
 
-    def running(self) -> object | None:
+    def is_current(self) -> bool:
         try:
-            return asyncio.get_running_loop()
+            return asyncio.get_running_loop() is self._loop_ref()
         except RuntimeError:
-            return None
+            return False
 
     def current_task(self) -> object:
         task = asyncio.current_task()
@@ -271,9 +262,6 @@ class _FutureWaiters:
     def withdraw(self, waiting: Awaitable[None]) -> None:
         with contextlib.suppress(ValueError):  # woken meanwhile
             self._futures.remove(waiting)  # pyright: ignore[reportArgumentType]
-
-    def count(self) -> int:
-        return len(self._futures)
 
     def wake(self) -> None:
         self._woken = True
@@ -355,11 +343,11 @@ class TrioLoop(EventLoop):
         self._trio: Any = sys.modules["trio"]
         self.here = self._trio.lowlevel.current_task
 
-    def running(self) -> object | None:
+    def is_current(self) -> bool:
         try:
-            return self._trio.lowlevel.current_trio_token()
+            return self._trio.lowlevel.current_trio_token() is self._loop_ref()
         except RuntimeError:
-            return None
+            return False
 
     def current_task(self) -> object:
         return self._trio.lowlevel.current_task()
@@ -420,9 +408,6 @@ class _TrioWaiters:
 
     def withdraw(self, waiting: Awaitable[None]) -> None:
         pass  # the abort function has forgotten the task
-
-    def count(self) -> int:
-        return len(self._tasks)
 
     def wake(self) -> None:
         self._woken = True

@@ -149,6 +149,11 @@ class _End:
     #: The pump was cancelled from outside (its event loop shut down, say).
     cancelled: bool = False
 
+    def __str__(self) -> str:
+        return (
+            "CLOSED" if self.closed else "EXHAUSTED" if self.error is None else "FAILED"
+        )
+
 
 _CLOSED_END = _End(closed=True)
 
@@ -359,8 +364,12 @@ class _FanoutState(Generic[T]):
                     trap = _Trap(kept, oldest, _LAGGED, oldest - seq)
                     if consumer._node is node:
                         consumer._node = trap
-                        if consumer._on_skip is not None:
-                            consumer._skipped_from(seq)
+                        on_skip = consumer._on_skip
+                        if on_skip is not None:
+                            try:
+                                on_skip(seq)
+                            except Exception:
+                                logger.exception("on_skip of %r raised", consumer)
                 seq = oldest
             if seq < slowest:
                 slowest = seq
@@ -411,32 +420,17 @@ class _FanoutState(Generic[T]):
 
     # -- waiting and pulling -------------------------------------------------
 
-    def bind(self) -> EventLoop:
-        """The loop this fan-out runs on, bound at its first wait.
-
-        :raises RuntimeError: if called under another event loop.
-        """
-        loop = self.loop
-        if loop is None:
-            loop = self.loop = current_loop()
-            self.context = contextvars.copy_context()
-        else:
-            loop.check_current("this fan-out")
-        return loop
-
     def wait(self, consumer: FanoutConsumer[T]) -> Awaitable[None]:
         """Register ``consumer``'s task for one wake-up that may give it
-        something to read (an item, a trap, the end), and return what it
-        awaits; ask for a pull if none is in flight and nothing holds it
-        back. Call only while ``consumer`` is at the log's end and the
-        fan-out runs. A wake-up may be for another consumer: the caller
-        looks again, and waits again if need be.
+        something to read (an item, a trap, the end), asking for a pull if
+        none is in flight and nothing holds it back; return what to await.
 
-        The caller awaits the result in its own frame (a coroutine per wait
-        would cost a frame on every delivery), then sets ``consumer._busy``
-        back to ``None``; if the await raises (cancellation), it first
-        withdraws the wait (:meth:`FanoutConsumer._withdraw`), which
-        abandons only this consumer's demand, never the pull in flight.
+        Call only while ``consumer`` is at the log's end and the fan-out
+        runs. The caller awaits in its own frame (a coroutine per wait costs
+        a frame per delivery), then sets ``consumer._busy`` back to ``None``
+        and looks again (the wake-up may have been for another consumer). If
+        the await raises, it first withdraws the wait from ``consumer._busy``
+        (a no-op once woken): only this consumer's demand is abandoned.
 
         :raises ~anyio.BusyResourceError: if another task waits on
             ``consumer`` already.
@@ -445,8 +439,9 @@ class _FanoutState(Generic[T]):
         if consumer._busy is not None:
             raise anyio.BusyResourceError("receiving from")
         loop = self.loop
-        if loop is None:
-            loop = self.bind()
+        if loop is None:  # bound at the first wait
+            loop = self.loop = current_loop()
+            self.context = contextvars.copy_context()
         # Checked in full once per consumer and task (asyncio: loop); after
         # that, one call of the backend's own tells it.
         try:
@@ -823,10 +818,13 @@ class Fanout(Generic[T]):
     def statistics(self) -> FanoutStatistics:
         """Return a snapshot of consumers, buffered items and pull state."""
         state = self._state
+        arrival = state.arrival  # (a wait for room is not counted)
         return FanoutStatistics(
             consumers=state.consumers,
             buffered=state.buffered(),
-            waiting=state.arrival.count() if state.arrival is not None else 0,
+            waiting=0
+            if arrival is None
+            else sum(consumer._busy is arrival for consumer in state.live()),
             pulling=state.pulling,
             pulled=state.tail[2],
         )
@@ -847,15 +845,7 @@ class Fanout(Generic[T]):
         await self._state.close()
 
     def __repr__(self) -> str:
-        end = self._state.end
-        if end is None:
-            state = "OPEN"
-        elif end.closed:
-            state = "CLOSED"
-        elif end.error is not None:
-            state = "FAILED"
-        else:
-            state = "EXHAUSTED"
+        state = self._state.end or "OPEN"
         return (
             f"<Fanout [{state}, consumers: {self._state.consumers}, "
             f"buffered: {self._state.buffered()}] of {self._state.source!r}>"
@@ -963,7 +953,8 @@ class FanoutConsumer(Generic[T]):
                 try:
                     await waiting
                 except BaseException:
-                    self._withdraw(waiting)
+                    if self._busy is not None:  # not woken: withdraw the demand
+                        self._busy.withdraw(waiting)
                     raise
                 finally:
                     self._busy = None
@@ -996,25 +987,11 @@ class FanoutConsumer(Generic[T]):
             try:
                 await waiting
             except BaseException:
-                self._withdraw(waiting)
+                if self._busy is not None:  # not woken: withdraw the demand
+                    self._busy.withdraw(waiting)
                 raise
             finally:
                 self._busy = None
-
-    def _withdraw(self, waiting: Awaitable[None]) -> None:
-        """A wait given up before its wake-up: forget it (a no-op if woken)."""
-        if self._busy is not None:
-            self._busy.withdraw(waiting)
-
-    def _skipped_from(self, position: int) -> None:
-        """Tell ``on_skip`` that this consumer now misses the items from
-        ``position`` on; what it raises is logged."""
-        on_skip = self._on_skip
-        assert on_skip is not None
-        try:
-            on_skip(position)
-        except Exception:
-            logger.exception("on_skip of %r raised", self)
 
     def skip_buffered(self) -> int:
         """Drop everything this consumer has yet to read and resume at the
