@@ -595,3 +595,119 @@ def test_random_programs_match_the_reference_model(
             assert fanout.statistics().buffered == 0
 
     run_on_backend(body, backend)
+
+
+# -- wait_readable(): waiting for an item without taking it ----------------------
+
+
+async def test_wait_readable_starts_a_pull_and_leaves_the_item_to_read() -> None:
+    with Probe() as probe:
+        fanout = Fanout(probe)
+        consumer, other = fanout.consumer(), fanout.consumer()
+        with pytest.raises(anyio.WouldBlock):
+            consumer.receive_nowait()
+        readable = anyio.Event()
+
+        async def wait() -> None:
+            await consumer.wait_readable()
+            readable.set()
+
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(wait)
+                await settle()
+                assert (probe.pulls, probe.active) == (1, 1)  # its wait pulls
+                assert fanout.statistics().waiting == 1
+                assert not readable.is_set()
+                probe.feed(7)
+                await readable.wait()
+        assert consumer.receive_nowait() == 7
+        assert other.receive_nowait() == 7
+        assert probe.pulls == 1  # nothing pulled ahead of the next demand
+        with pytest.raises(anyio.WouldBlock):
+            consumer.receive_nowait()
+        await fanout.aclose()
+
+
+async def test_wait_readable_returns_at_once_when_an_item_or_the_end_is_there() -> None:
+    fanout = Fanout(counting_source(1))
+    consumer, reader = fanout.consumer(), fanout.consumer()
+    with anyio.fail_after(5):
+        assert await anext(reader) == 0
+        await consumer.wait_readable()  # item 0 is buffered
+        assert fanout.statistics().pulled == 1
+        assert consumer.receive_nowait() == 0
+        await consumer.wait_readable()  # pulls: the source ends
+        with pytest.raises(anyio.EndOfStream):
+            consumer.receive_nowait()
+        await consumer.wait_readable()  # ended
+    assert consumer.closed
+    await fanout.aclose()
+
+
+async def test_cancelled_wait_readable_withdraws_only_its_own_demand() -> None:
+    with Probe() as probe:
+        fanout = Fanout(probe)
+        consumer, other = fanout.consumer(), fanout.consumer()
+        scope, got = anyio.CancelScope(), list[int]()
+
+        async def wait() -> None:
+            with scope:
+                await consumer.wait_readable()
+
+        async def read() -> None:
+            got.append(await anext(other))
+
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(wait)
+                tg.start_soon(read)
+                await settle()
+                assert fanout.statistics().waiting == 2
+                scope.cancel()
+                await settle()
+                assert scope.cancelled_caught
+                assert fanout.statistics().waiting == 1
+                assert probe.active == 1  # the pull it started goes on
+                probe.feed(3)
+            assert got == [3]
+            assert consumer.receive_nowait() == 3  # nothing lost
+            probe.feed(4)
+            await consumer.wait_readable()  # a new wait after a cancelled one
+            assert consumer.receive_nowait() == 4
+            assert probe.pulls == 2
+        await fanout.aclose()
+
+
+async def test_wait_readable_while_another_task_waits_is_busy() -> None:
+    with Probe() as probe:
+        fanout = Fanout(probe)
+        consumer = fanout.consumer()
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(consumer.wait_readable)
+                await settle()
+                with pytest.raises(anyio.BusyResourceError):
+                    await consumer.wait_readable()
+                with pytest.raises(anyio.BusyResourceError):
+                    await anext(consumer)
+                with pytest.raises(anyio.BusyResourceError):
+                    consumer.receive_nowait()
+                probe.feed(1)
+        assert consumer.receive_nowait() == 1
+        await fanout.aclose()
+
+
+async def test_wait_readable_returns_when_its_consumer_is_closed() -> None:
+    with Probe() as probe:
+        fanout = Fanout(probe)
+        consumer = fanout.consumer()
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(consumer.wait_readable)
+                await settle()
+                consumer.close()
+        assert fanout.statistics().waiting == 0
+        with pytest.raises(anyio.EndOfStream):
+            consumer.receive_nowait()
+        await fanout.aclose()

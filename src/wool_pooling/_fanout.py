@@ -429,8 +429,8 @@ class _FanoutState(Generic[T]):
         runs. The caller awaits in its own frame (a coroutine per wait costs
         a frame per delivery), then sets ``consumer._busy`` back to ``None``
         and looks again (the wake-up may have been for another consumer). If
-        the await raises, it first withdraws the wait from ``consumer._busy``
-        (a no-op once woken): only this consumer's demand is abandoned.
+        the await raises, it calls ``consumer._give_up()`` instead: only this
+        consumer's demand is abandoned, never the pull in flight.
 
         :raises ~anyio.BusyResourceError: if another task waits on
             ``consumer`` already.
@@ -953,11 +953,9 @@ class FanoutConsumer(Generic[T]):
                 try:
                     await waiting
                 except BaseException:
-                    if self._busy is not None:  # not woken: withdraw the demand
-                        self._busy.withdraw(waiting)
+                    self._give_up(waiting)
                     raise
-                finally:
-                    self._busy = None
+                self._busy = None
                 continue
             del node, following, state  # a traceback must not pin the log
             try:
@@ -987,11 +985,16 @@ class FanoutConsumer(Generic[T]):
             try:
                 await waiting
             except BaseException:
-                if self._busy is not None:  # not woken: withdraw the demand
-                    self._busy.withdraw(waiting)
+                self._give_up(waiting)
                 raise
-            finally:
-                self._busy = None
+            self._busy = None
+
+    def _give_up(self, waiting: Awaitable[None]) -> None:
+        """The wait ``waiting`` raised (cancellation): withdraw its demand,
+        unless it was woken, and let another wait start."""
+        if self._busy is not None:
+            self._busy.withdraw(waiting)
+            self._busy = None
 
     def skip_buffered(self) -> int:
         """Drop everything this consumer has yet to read and resume at the
