@@ -21,10 +21,27 @@ from wool import DiscoveryEvent
 from wool import WorkerMetadata
 from wool import protocol
 
+from wool_pooling import RestartPolicy
 from wool_pooling.redis import RedisDiscovery
 
 #: Bound on any single wait.
 DEADLINE = 20
+#: A short lease and quick reconnects, so that faults show within a test.
+LEASE = 1.0
+FAST = RestartPolicy(attempts=None, backoff=0.02, max_backoff=0.2, jitter=0.2)
+
+
+def namespace() -> str:
+    """A namespace no other test uses."""
+    return f"prod-{uuid.uuid4().hex[:12]}"
+
+
+def discovery(url: str, name: str | None = None, **options: Any) -> RedisDiscovery:
+    """A discovery of ``name`` (a fresh namespace if none) with :data:`LEASE`
+    and :data:`FAST` unless ``options`` say otherwise."""
+    options.setdefault("lease", LEASE)
+    options.setdefault("reconnect", FAST)
+    return RedisDiscovery(url, name or namespace(), **options)
 
 
 def fake_worker(port: int = 1, pid: int = 0, tag: str = "") -> WorkerMetadata:
