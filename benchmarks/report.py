@@ -744,11 +744,12 @@ def memory_blocks(path: Path) -> list[Block]:
             f"discovery events over 100 workers ({path.name})",
         ),
         Para(
-            f"{version(meta)}, asyncio, each case in a fresh process. Peak = growth "
-            "of the peak RSS until the reader is done; buffered = what the fan-out "
-            "still holds for the stalled consumer; held = buffered x one event's "
-            "size; on resume, a bounded subscription gives the stalled consumer the "
-            "difference between the workers it had and the current ones."
+            f"{version(meta)}, asyncio, each case in fresh processes. Peak = growth "
+            "of the peak RSS until the reader is done, the median run's (in "
+            "brackets, every run's where there were several); buffered = what the "
+            "fan-out still holds for the stalled consumer; held = buffered x one "
+            "event's size; on resume, a bounded subscription gives the stalled "
+            "consumer the difference between the workers it had and the current ones."
         ),
     ]
     table = Table(
@@ -769,8 +770,11 @@ def memory_blocks(path: Path) -> list[Block]:
         buffered = "-" if row.get("buffered") is None else f"{row['buffered']:,}"
         held = "-" if row.get("held_mb") is None else f"{row['held_mb']:.2f} MB"
         equal = {None: "-", True: "yes", False: "**no**"}[row.get("view_equal")]
+        peak = f"{row['peak_mb']:.2f}"
+        if len(row.get("peak_mb_runs", ())) > 1:
+            peak += f" ({', '.join(f'{run:.2f}' for run in row['peak_mb_runs'])})"
         table.rows.append(
-            [row["case"], f"{row['peak_mb']:.2f}",
+            [row["case"], peak,
              f"{row['peak_mb'] * 1e6 / row['events']:.1f}", buffered, held, resume,
              equal]
         )  # fmt: skip

@@ -146,6 +146,9 @@ def test_throughput_quick_run_measures_every_case_quietly(
     assert all(
         row["view_equal"] is True for case, row in rows.items() if case != "raw source"
     )
+    for row in rows.values():  # the median of MEMORY_RUNS fresh processes
+        assert len(row["peak_mb_runs"]) == 3
+        assert row["peak_mb"] == sorted(row["peak_mb_runs"])[1]
 
 
 def test_pooling_quick_run_counts_one_upstream_when_pooled(
