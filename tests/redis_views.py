@@ -99,6 +99,20 @@ def admin(url: str) -> Any:
     return redis.Redis.from_url(url)
 
 
+def add_user(url: str, name: str, password: str) -> None:
+    """Add ACL user ``name`` with ``password`` and every right."""
+    server = admin(url)
+    server.acl_setuser(
+        name,
+        enabled=True,
+        passwords=[f"+{password}"],
+        keys=["*"],
+        channels=["*"],
+        commands=["+@all"],
+    )
+    server.close()
+
+
 def connections(url: str, role: str, namespace: str) -> int:
     """How many connections named ``wool-pooling:<role>:<namespace>:...`` exist."""
     prefix = f"wool-pooling:{role}:{namespace}:"

@@ -18,6 +18,7 @@ from _redis import RedisServer
 from _redis import free_port
 from redis.credentials import UsernamePasswordCredentialProvider
 from redis_views import View
+from redis_views import add_user
 from redis_views import admin
 from redis_views import discovery
 from redis_views import eventually
@@ -154,16 +155,7 @@ async def test_client_options_reach_redis_py_and_the_url_wins_over_them(
     over the one in the options; a reserved option is refused."""
     if await refused_on_trio(anyio_backend_name, redis_server.url):
         return
-    server = admin(redis_server.url)
-    server.acl_setuser(
-        "erin",
-        enabled=True,
-        passwords=["+opt-pw"],
-        keys=["*"],
-        channels=["*"],
-        commands=["+@all"],
-    )
-    server.close()
+    add_user(redis_server.url, "erin", "opt-pw")
     url = f"redis://erin@127.0.0.1:{redis_server.port}/0"
     options = {"password": "opt-pw", "health_check_interval": 1}
     redis_discovery = discovery(url, client_options=options)

@@ -28,6 +28,7 @@ import anyio
 import pytest
 from _redis import RedisServer
 from redis_views import View
+from redis_views import add_user
 from redis_views import admin
 from redis_views import connections
 from redis_views import eventually
@@ -513,15 +514,8 @@ async def test_a_refusing_server_names_the_url_without_the_password(
     naming the URL, without the password, at once (no reconnect loop)."""
     if await refused_on_trio(anyio_backend_name, redis_server.url):
         return
+    add_user(redis_server.url, "alice", "right")
     server = admin(redis_server.url)
-    server.acl_setuser(
-        "alice",
-        enabled=True,
-        passwords=["+right"],
-        keys=["*"],
-        channels=["*"],
-        commands=["+@all"],
-    )
     server.acl_setuser(
         "bob",
         enabled=True,

@@ -18,6 +18,7 @@ import anyio
 import pytest
 from _redis import RedisServer
 from redis_views import View
+from redis_views import add_user
 from redis_views import admin
 from redis_views import discovery
 from redis_views import eventually
@@ -291,16 +292,7 @@ async def test_a_password_in_the_query_string_is_redacted_everywhere(
     appears in ``redact()``, ``repr``, errors or log lines."""
     if await refused_on_trio(anyio_backend_name, redis_server.url):
         return
-    server = admin(redis_server.url)
-    server.acl_setuser(
-        "carol",
-        enabled=True,
-        passwords=["+s3cr3t-pw"],
-        keys=["*"],
-        channels=["*"],
-        commands=["+@all"],
-    )
-    server.close()
+    add_user(redis_server.url, "carol", "s3cr3t-pw")
     url = f"unix://{redis_server.socket_path}?db=0&username=carol&password=s3cr3t-pw"
     assert "s3cr3t-pw" not in redact(url)
     assert "db=0" in redact(url)
