@@ -41,7 +41,7 @@ import _results
 import anyio
 
 from wool_pooling import Fanout
-from wool_pooling._backend import current_loop
+from wool_pooling._core.backend import current_loop
 
 
 async def never_suspending(m: int) -> AsyncIterator[int]:

@@ -24,7 +24,7 @@ from wool import DiscoveryEvent
 from wool import DiscoverySubscriberLike
 from wool import WorkerMetadata
 
-from wool_pooling._afilter import afilter
+from wool_pooling._wool.afilter import afilter
 
 # Sync tests (the hypothesis one) are ignored by anyio's plugin despite this mark.
 pytestmark = pytest.mark.anyio

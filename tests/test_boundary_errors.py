@@ -422,7 +422,7 @@ def test_a_subscription_is_checked_once_per_pickler(
     often)."""
     from subscribers import NamedSubscriber
 
-    from wool_pooling import _subscription
+    from wool_pooling._pooling import subscription as _subscription
 
     checks: list[bool] = []
     check = _subscription._check_picklable
@@ -447,7 +447,7 @@ def test_a_subscription_that_pickles_with_both_picklers_is_checked_once(
     than the subscription: the pickler in use is not looked up again."""
     from subscribers import NamedSubscriber
 
-    from wool_pooling import _subscription
+    from wool_pooling._pooling import subscription as _subscription
 
     looked_up: list[bool] = []
     find = _subscription._pickling_with_cloudpickle
@@ -485,7 +485,7 @@ def test_without_a_python_level_cloudpickle_dump_pickling_is_taken_as_cloudpickl
     """Should cloudpickle's ``Pickler.dump`` stop being Python code, the
     pickler in use cannot be told: the subscription then never claims that
     plain pickle is at fault."""
-    from wool_pooling import _subscription
+    from wool_pooling._pooling import subscription as _subscription
 
     assert _subscription._pickling_with_cloudpickle() is False
     monkeypatch.setattr(_subscription, "_CLOUDPICKLE_DUMP", None)

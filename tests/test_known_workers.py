@@ -34,7 +34,7 @@ from wool_pooling import Lagged
 from wool_pooling import SharedSubscription
 from wool_pooling import SubscriptionPool
 from wool_pooling import shared_subscription
-from wool_pooling._tracking import KnownWorkers
+from wool_pooling._wool.tracking import KnownWorkers
 
 pytestmark = pytest.mark.anyio
 

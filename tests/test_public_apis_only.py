@@ -222,7 +222,7 @@ CLEAN = [
     "class C:\n    def _pull(self): ...\ndef f(c):\n    getattr(c, '_pull')()",
     "_NEVER = 1\ndef f(c):\n    return c._NEVER",
     "from ._fanout import Fanout\nfrom ._fanout import _NEVER",
-    "from wool_pooling._fanout import Fanout",
+    "from wool_pooling._core.fanout import Fanout",
     "x.__aiter__()\ne.__traceback__\nm.__func__",
     "getattr(t, '__aiter__', None)\ngetattr(t, 'aclose', None)",
     "import trio\ntrio.lowlevel.current_task()\nsys.get_asyncgen_hooks()",

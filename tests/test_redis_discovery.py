@@ -642,10 +642,10 @@ def test_a_cancellation_that_redis_py_swallows_is_raised_again(
     swallowed_as: type[Exception] | None,
 ) -> None:
     """redis-py can turn a cancellation into its read timeout's outcome;
-    ``_watched`` notices the pending cancellation and raises it again."""
+    ``watched`` notices the pending cancellation and raises it again."""
     import asyncio
 
-    from wool_pooling._redis_discovery import _watched
+    from wool_pooling.redis._errors import watched
 
     async def swallow() -> None:
         try:
@@ -655,7 +655,7 @@ def test_a_cancellation_that_redis_py_swallows_is_raised_again(
                 raise swallowed_as from None
 
     async def main() -> None:
-        task = asyncio.ensure_future(_watched(swallow()))
+        task = asyncio.ensure_future(watched(swallow()))
         await asyncio.sleep(0)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

@@ -6,7 +6,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from wool_pooling._backend import current_loop
+from wool_pooling._core.backend import current_loop
 
 pytestmark = pytest.mark.anyio
 

@@ -47,21 +47,21 @@ of a failing raw stream. ``python -m wool_pooling`` runs a demo.
 
 import importlib.metadata as _metadata
 
-from ._afilter import afilter
-from ._decorator import shared_subscription
-from ._discovery import SharedDiscovery
-from ._discovery import SyncSharedDiscovery
-from ._fanout import Fanout
-from ._fanout import FanoutConsumer
-from ._fanout import FanoutStatistics
-from ._fanout import Lagged
-from ._fanout import LagPolicy
-from ._pool import PoolStatistics
-from ._pool import SubscriptionPool
-from ._pool import current_pool
-from ._restart import RestartPolicy
-from ._subscription import SharedSubscription
-from ._subscription import SubscriptionConsumer
+from ._core.fanout import Fanout
+from ._core.fanout import FanoutConsumer
+from ._core.fanout import FanoutStatistics
+from ._core.fanout import Lagged
+from ._core.fanout import LagPolicy
+from ._pooling.decorator import shared_subscription
+from ._pooling.pool import PoolStatistics
+from ._pooling.pool import SubscriptionPool
+from ._pooling.pool import current_pool
+from ._pooling.restart import RestartPolicy
+from ._pooling.subscription import SharedSubscription
+from ._pooling.subscription import SubscriptionConsumer
+from ._wool.afilter import afilter
+from ._wool.shared_discovery import SharedDiscovery
+from ._wool.shared_discovery import SyncSharedDiscovery
 
 #: The version of the installed ``wool-pooling`` distribution (its metadata).
 __version__: str = _metadata.version("wool-pooling")

@@ -17,12 +17,12 @@ import anyio
 import attrs
 from wool import DiscoveryEvent
 
-from ._backend import current_loop
-from ._iterators import aclose_iterator
-from ._iterators import throw_into
-from ._tracking import BrokenSubscriber
-from ._tracking import KnownWorkers
-from ._tracking import open_iterator
+from .._core.backend import current_loop
+from .._core.iterators import aclose_iterator
+from .._core.iterators import throw_into
+from .._wool.tracking import BrokenSubscriber
+from .._wool.tracking import KnownWorkers
+from .._wool.tracking import open_iterator
 
 __all__ = ["RestartPolicy", "RestartingSource"]
 
@@ -156,7 +156,7 @@ class RestartPolicy:
 class RestartingSource:
     """The raw subscriber's iteration under a :class:`RestartPolicy`,
     recording which workers are known (as
-    :class:`~wool_pooling._tracking.TrackedSource` does).
+    :class:`~wool_pooling._wool.tracking.TrackedSource` does).
 
     A failure of the raw stream (or its end, with ``restart_on_end``) closes
     the failed iteration, waits out the backoff and iterates the raw

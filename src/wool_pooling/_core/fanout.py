@@ -47,13 +47,13 @@ import anyio
 import anyio.lowlevel
 import attrs
 
-from ._backend import EventLoop
-from ._backend import Interruptible
-from ._backend import Waiters
-from ._backend import current_loop
-from ._backend import ready
-from ._iterators import aclose_iterator
-from ._iterators import throw_into
+from .backend import EventLoop
+from .backend import Interruptible
+from .backend import Waiters
+from .backend import current_loop
+from .backend import ready
+from .iterators import aclose_iterator
+from .iterators import throw_into
 
 __all__ = ["Fanout", "FanoutConsumer", "FanoutStatistics", "LagPolicy", "Lagged"]
 

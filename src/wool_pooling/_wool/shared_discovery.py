@@ -45,13 +45,13 @@ from wool import DiscoveryPublisherLike
 from wool import WorkerMetadata
 from wool.runtime.discovery import __subscriber_pool__
 
-from ._afilter import afilter
-from ._backend import EventLoop
-from ._backend import current_loop
-from ._decorator import shared_subscription
-from ._iterators import aclose_iterator
-from ._subscription import SharedSubscription
-from ._tracking import Workers
+from .._core.backend import EventLoop
+from .._core.backend import current_loop
+from .._core.iterators import aclose_iterator
+from .._pooling.decorator import shared_subscription
+from .._pooling.subscription import SharedSubscription
+from .afilter import afilter
+from .tracking import Workers
 
 __all__ = ["SharedDiscovery", "SyncSharedDiscovery"]
 

@@ -11,7 +11,7 @@ from wool import DiscoveryEvent
 from wool import DiscoverySubscriberLike
 from wool import WorkerMetadata
 
-from ._iterators import aclose_iterator
+from .._core.iterators import aclose_iterator
 
 
 class afilter:

@@ -11,13 +11,13 @@ from typing import Protocol
 from typing import TypeVar
 from typing import overload
 
-from ._construction import CONFIG_ATTRIBUTE
-from ._construction import KeyFunction
-from ._construction import SubscriptionConfig
-from ._construction import derive_key
-from ._fanout import validate_max_lag
-from ._restart import RestartPolicy
-from ._subscription import SharedSubscription
+from .._core.fanout import validate_max_lag
+from .construction import CONFIG_ATTRIBUTE
+from .construction import KeyFunction
+from .construction import SubscriptionConfig
+from .construction import derive_key
+from .restart import RestartPolicy
+from .subscription import SharedSubscription
 
 __all__ = ["shared_subscription"]
 

@@ -15,13 +15,13 @@ from typing import final
 import anyio
 import attrs
 
-from ._backend import EventLoop
-from ._backend import current_loop
-from ._construction import SubscriptionConfig
-from ._fanout import Fanout
-from ._restart import RestartingSource
-from ._tracking import TrackedSource
-from ._tracking import Tracking
+from .._core.backend import EventLoop
+from .._core.backend import current_loop
+from .._core.fanout import Fanout
+from .._wool.tracking import TrackedSource
+from .._wool.tracking import Tracking
+from .construction import SubscriptionConfig
+from .restart import RestartingSource
 
 __all__ = ["Entry", "PoolStatistics", "SubscriptionPool", "attach", "current_pool"]
 

@@ -11,7 +11,7 @@ from typing import cast
 
 import attrs
 
-from ._restart import RestartPolicy
+from .restart import RestartPolicy
 
 __all__ = [
     "CONFIG_ATTRIBUTE",

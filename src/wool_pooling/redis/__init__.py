@@ -105,12 +105,12 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess
         'wool_pooling.redis needs redis-py: pip install "wool-pooling[redis]"'
     ) from error
 
-from ._redis_discovery import DEFAULT_RECONNECT
-from ._redis_discovery import RedisDiscovery
-from ._redis_discovery import RedisDiscoveryError
-from ._redis_discovery import RedisPublisher
-from ._redis_discovery import RedisStatistics
-from ._redis_discovery import redact
+from ._connection import redact
+from ._discovery import RedisDiscovery
+from ._errors import DEFAULT_RECONNECT
+from ._errors import RedisDiscoveryError
+from ._publisher import RedisPublisher
+from ._statistics import RedisStatistics
 
 __all__ = [
     "DEFAULT_RECONNECT",

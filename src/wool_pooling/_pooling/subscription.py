@@ -19,21 +19,21 @@ import anyio.lowlevel
 import cloudpickle
 from wool import DiscoveryEvent
 
-from ._construction import CONFIG_ATTRIBUTE
-from ._construction import SubscriptionConfig
-from ._construction import build_raw
-from ._construction import named_arguments
-from ._construction import short_repr
-from ._fanout import FanoutConsumer
-from ._fanout import Lagged
-from ._pool import Entry
-from ._pool import attach
-from ._pool import current_pool
-from ._restart import RestartPolicy
-from ._tracking import KnownWorkers
-from ._tracking import Workers
-from ._tracking import diff_events
-from ._tracking import replay_events
+from .._core.fanout import FanoutConsumer
+from .._core.fanout import Lagged
+from .._wool.tracking import KnownWorkers
+from .._wool.tracking import Workers
+from .._wool.tracking import diff_events
+from .._wool.tracking import replay_events
+from .construction import CONFIG_ATTRIBUTE
+from .construction import SubscriptionConfig
+from .construction import build_raw
+from .construction import named_arguments
+from .construction import short_repr
+from .pool import Entry
+from .pool import attach
+from .pool import current_pool
+from .restart import RestartPolicy
 
 __all__ = ["SharedSubscription", "SubscriptionConsumer"]
 
@@ -472,7 +472,7 @@ class _Seen:
     stood at that position. When the consumer falls behind, the fan-out
     calls this object with that position, while the entry's undo records
     still reach it, and the view there is rebuilt
-    (:meth:`~wool_pooling._tracking.KnownWorkers.at`, shared by the
+    (:meth:`~wool_pooling._wool.tracking.KnownWorkers.at`, shared by the
     consumers left behind at the same item, read only). Memory held: that
     view, while lagging; else nothing.
     """

@@ -3,7 +3,7 @@
 :class:`SubscriptionState` takes the subscription's inputs one kind at a time
 (a snapshot, an announcement, the settle deadline, a reap's epoch) and
 returns the events for consumers; it does no I/O. The loop that reads the
-server (``_RedisStream``) feeds it and yields what it returns.
+server (``RedisStream``) feeds it and yields what it returns.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from wool import DiscoveryEvent
 from wool import WorkerMetadata
 from wool import protocol
 
-from ._tracking import Workers
-from ._tracking import diff_events
+from .._wool.tracking import Workers
+from .._wool.tracking import diff_events
 
 __all__ = ["Resync", "SubscriptionState", "decode"]
 

@@ -16,8 +16,8 @@ from typing import final
 from wool import DiscoveryEvent
 from wool import WorkerMetadata
 
-from ._iterators import aclose_iterator
-from ._iterators import throw_into
+from .._core.iterators import aclose_iterator
+from .._core.iterators import throw_into
 
 __all__ = [
     "BrokenSubscriber",
@@ -227,7 +227,7 @@ class TrackedSource:
 
     Items that are not discovery events pass through untracked (and set
     ``known.untracked``). Memory held: see :class:`KnownWorkers`. (Restarts
-    are :class:`~wool_pooling._restart.RestartingSource`'s.)
+    are :class:`~wool_pooling._pooling.restart.RestartingSource`'s.)
     """
 
     __slots__ = ("_iterator", "_raw", "known")

@@ -1,0 +1,243 @@
+"""``RedisDiscovery``: wool discovery on a Redis server, one subscription per process.
+
+See :mod:`wool_pooling.redis` (the public module) for the guarantees.
+"""
+
+import functools
+from collections.abc import Callable
+from collections.abc import Hashable
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import cast
+from typing import final
+
+from wool import DiscoveryLike
+from wool import DiscoveryPublisherLike
+from wool import DiscoverySubscriberLike
+from wool import WorkerMetadata
+
+from .._pooling.restart import RestartPolicy
+from .._wool.afilter import afilter
+from ._connection import check_client_options
+from ._connection import parse_url
+from ._connection import redact
+from ._errors import DEFAULT_RECONNECT
+from ._publisher import RedisPublisher
+from ._publisher import is_wildcard
+from ._scripts import DEFAULT_KEY_PREFIX
+from ._settings import SubscriberOptions
+from ._settings import check_key_prefix
+from ._settings import check_namespace
+from ._settings import check_seconds
+from ._statistics import RedisStatistics
+from ._statistics import by_key
+from ._stream import RedisStream
+from ._stream import SharedRedisStream
+from ._stream import note_options
+
+
+@final
+class RedisDiscovery:
+    """A wool ``DiscoveryLike`` on one Redis server (or a Sentinel-monitored master).
+
+    :mod:`wool_pooling.redis` states the guarantees in full: ordering by the
+    namespace's version, one shared subscription per connection, namespace
+    and process, what a reconnect does, lease semantics, asyncio only.
+
+    :param url: The server: ``redis://[user[:password]@]host[:port][/db]``
+        (``rediss://`` for TLS), ``unix:///path/to/redis.sock[?db=N]``, or
+        ``redis+sentinel://[user[:password]@]host:port[,host:port...]/service_name[/db]``
+        (the sentinels, and the name of the master they monitor;
+        ``rediss+sentinel://`` for TLS). Checked here.
+    :param namespace: Workers are shared between discoveries of one
+        namespace only (a non-empty ``str``, any characters).
+    :param bind_host: Where wool binds the workers this discovery's
+        publisher announces (``"0.0.0.0"`` for other machines to reach them).
+    :param advertise_host: The host announced for a worker bound to a
+        wildcard; ``None``: this host's default-route address.
+    :param lease: Seconds a worker's record lives without renewal (renewed
+        every ``lease / 3`` by its publisher).
+    :param reap_interval: Seconds between a subscription's sweeps of
+        expired leases; ``None``: ``lease / 4``.
+    :param connect_timeout: Bound, in seconds, on connecting, subscribing
+        and taking a snapshot, and on each command.
+    :param reconnect: How a subscription retries a lost connection
+        (``attempts``, ``backoff``, ``multiplier``, ``max_backoff`` and
+        ``jitter`` apply); unlimited attempts by default.
+    :param shared: ``False`` gives every iteration of every subscriber its
+        own connections, as a discovery without this library would (for
+        comparison).
+    :param client_options: Keyword arguments for redis-py's client (its
+        ``ssl_*`` options, a ``credential_provider``,
+        ``health_check_interval``, ``password``, ``sentinel_kwargs`` for
+        the sentinels' own connections, ...), and ``ssl_context``: an
+        :class:`ssl.SSLContext` for the TLS connections to the server (a
+        ``rediss://`` or ``rediss+sentinel://`` url). The url's parts and query
+        parameters win over them; they win over the discovery's defaults
+        (``socket_connect_timeout`` and ``socket_timeout`` from
+        ``connect_timeout``, TCP keepalive). ``client_name``,
+        ``decode_responses``, ``retry``, ``retry_on_error``,
+        ``retry_on_timeout``, ``connection_pool``,
+        ``single_connection_client``, ``url``, ``host``, ``port``, ``path``
+        and ``db`` are the discovery's own. They must pickle for the
+        subscriber to be sent to another process (as wool does to its
+        workers): an ``ssl.SSLContext`` does not, the ``ssl_*`` file
+        options do.
+    :param key_prefix: The prefix of every key and channel, ``"wool:"`` by
+        default (no braces).
+    :raises TypeError: if ``url``, ``namespace`` or ``key_prefix`` is not a
+        ``str``, ``client_options`` is not a mapping (or its ``ssl_context``
+        not an ``ssl.SSLContext``), or ``reconnect`` is not a
+        ``RestartPolicy``.
+    :raises ValueError: for a malformed url (scheme, host or socket path,
+        port, database, Sentinel service), an empty namespace, a lease,
+        reap interval or timeout that is not a finite number > 0, a
+        reserved client option, an ``ssl_context`` for a url without TLS,
+        or braces in ``key_prefix``.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        namespace: str,
+        *,
+        bind_host: str = "127.0.0.1",
+        advertise_host: str | None = None,
+        lease: float = 10.0,
+        reap_interval: float | None = None,
+        connect_timeout: float = 5.0,
+        reconnect: RestartPolicy = DEFAULT_RECONNECT,
+        shared: bool = True,
+        client_options: Mapping[str, Any] | None = None,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+    ) -> None:
+        target = parse_url(url)
+        check_namespace(namespace)
+        lease = check_seconds("lease", lease)
+        connect_timeout = check_seconds("connect_timeout", connect_timeout)
+        reap_interval = (
+            lease / 4
+            if reap_interval is None
+            else check_seconds("reap_interval", reap_interval)
+        )
+        if not isinstance(reconnect, RestartPolicy):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise TypeError(f"reconnect must be a RestartPolicy, got {reconnect!r}")
+        options = check_client_options(client_options, target)
+        check_key_prefix(key_prefix)
+        self.url = url
+        self.namespace = namespace
+        self.bind_host = bind_host
+        self.advertise_host = advertise_host
+        self.lease = lease
+        self.connect_timeout = connect_timeout
+        self.shared = shared
+        self.client_options: Mapping[str, Any] = options
+        self.key_prefix = key_prefix
+        self._options = SubscriberOptions(
+            connect_timeout=connect_timeout,
+            reap_interval=reap_interval,
+            reconnect=reconnect,
+            settle=lease,
+            key_prefix=key_prefix,
+            client_options=options,
+        )
+        self._target = target
+        # A publisher's settings, checked now rather than at first use.
+        if advertise_host is not None and is_wildcard(advertise_host):
+            raise ValueError(
+                f"advertise_host must not be a wildcard: {advertise_host!r}"
+            )
+
+    @functools.cached_property
+    def _key(self) -> Hashable:
+        """The pool's key: resolving a host name waits for DNS, once per
+        process and host, so it is done when first needed."""
+        return (self._target.key, self.key_prefix, self.namespace)
+
+    @property
+    def publisher(self) -> RedisPublisher:
+        """A new, unentered :class:`RedisPublisher` for this namespace."""
+        return RedisPublisher(
+            self.url,
+            self.namespace,
+            bind_host=self.bind_host,
+            advertise_host=self.advertise_host,
+            lease=self.lease,
+            connect_timeout=self.connect_timeout,
+            client_options=self.client_options,
+            key_prefix=self.key_prefix,
+        )
+
+    @property
+    def subscriber(self) -> DiscoverySubscriberLike:
+        """The unfiltered subscriber; same as ``subscribe()``."""
+        return self.subscribe()
+
+    def subscribe(
+        self, filter: Callable[[WorkerMetadata], bool] | None = None
+    ) -> DiscoverySubscriberLike:
+        """A subscriber to this namespace, filtered by ``filter`` if given.
+
+        With ``shared=True`` (the default) every subscriber of the process to
+        the same connection (scheme, resolved host, port, database and user:
+        ``redis://127.0.0.1:6379/0``, ``redis://127.0.0.1:6379`` and
+        ``redis://localhost:6379/0`` are one), key prefix and namespace
+        shares one subscription, with the options of the one that started
+        it: a subscriber given other options while an earlier one is alive
+        gets a :exc:`RuntimeWarning` saying so. Each filter is applied to
+        its own consumer by :class:`~wool_pooling.afilter`. With
+        ``shared=False`` every iteration opens its own connection.
+        """
+        if self.shared:
+            stream: Any = SharedRedisStream(self.url, self.namespace, self._options)
+            note_options(self._key, stream, self._options)
+        else:
+            stream = RedisStream(self.url, self.namespace, self._options)
+        if filter is None:
+            return cast(DiscoverySubscriberLike, stream)
+        return afilter(filter, cast(DiscoverySubscriberLike, stream))
+
+    def statistics(self) -> RedisStatistics:
+        """Counters of this process's subscribers to this connection and namespace."""
+        return by_key.get(self._key, RedisStatistics())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RedisDiscovery):
+            return NotImplemented
+        return self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash((RedisDiscovery, self._key))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle as what it is made of: url, namespace and options.
+
+        No connection, client or other state a subscription or publisher
+        opened travels: the copy is built by calling the class again.
+        """
+        import functools
+
+        rebuild = functools.partial(
+            RedisDiscovery,
+            self.url,
+            self.namespace,
+            bind_host=self.bind_host,
+            advertise_host=self.advertise_host,
+            lease=self.lease,
+            reap_interval=self._options.reap_interval,
+            connect_timeout=self.connect_timeout,
+            reconnect=self._options.reconnect,
+            shared=self.shared,
+        )
+        return (rebuild, ())
+
+    def __repr__(self) -> str:
+        return f"RedisDiscovery({redact(self.url)!r}, {self.namespace!r})"
+
+
+if TYPE_CHECKING:  # pyright (strict, on src/) checks them against wool's protocols
+    _discovery: DiscoveryLike = RedisDiscovery("redis://localhost", "namespace")
+    _publisher: DiscoveryPublisherLike = RedisPublisher(
+        "redis://localhost", "namespace"
+    )

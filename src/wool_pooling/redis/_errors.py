@@ -1,0 +1,89 @@
+"""The errors of wool_pooling.redis, and the failures a subscription retries."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+from typing import TypeVar
+
+import redis.exceptions as redis_errors
+
+from .._pooling.restart import RestartPolicy
+from ._connection import reason
+from ._connection import redact
+from ._state import Resync
+
+logger = logging.getLogger("wool_pooling.redis")
+
+T = TypeVar("T")
+
+#: Errors that mean "the connection is gone": reconnect and resynchronise.
+CONNECTION_ERRORS = (
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+    OSError,
+    TimeoutError,
+)
+
+#: Errors a running subscription retries under its reconnect policy: a lost
+#: connection, a sequence it cannot trust, a command the server refused (a
+#: key holding the wrong data, an ACL changed meanwhile).
+RETRIED = (*CONNECTION_ERRORS, Resync, redis_errors.ResponseError)
+
+#: Shortest wait for an announcement, in seconds.
+MIN_WAIT = 0.05
+
+#: How a subscriber reconnects after losing its connection, by default.
+DEFAULT_RECONNECT = RestartPolicy(
+    attempts=None, backoff=0.1, multiplier=2.0, max_backoff=5.0, jitter=0.2
+)
+
+
+class RedisDiscoveryError(Exception):
+    """The Redis server cannot be reached, refused a command, or holds data
+    in the discovery's keys that is not the discovery's.
+
+    The message names the action, the server's url without its password, and
+    the reason the server (or the OS) gave: ``connecting at redis://...
+    failed: ConnectionError: Error 111 connecting to ... Connection
+    refused``, ``... WRONGPASS ...``, ``... NOPERM ...``, ``... WRONGDATA
+    wool:{ns}:version holds "junk", not a version number``.
+    """
+
+
+def require_asyncio(what: str) -> None:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        raise RuntimeError(
+            f"{what} runs on asyncio only (it is built on redis-py's asyncio "
+            "client, and wool itself is asyncio-only), but no asyncio event "
+            "loop is running here (trio?). Run it under asyncio, uvloop included."
+        ) from None
+
+
+async def watched(awaitable: Awaitable[T]) -> T:
+    """Await a redis-py call; re-raise a cancellation that it swallowed.
+
+    redis-py reads under ``asyncio.timeout``: a task cancelled as that
+    timeout expires can get the timeout's result (``None`` from
+    ``get_message``, or a ``TimeoutError``) in place of its
+    ``CancelledError``, and then go on as if never cancelled. The task's
+    pending cancellation count says it was: raise ``CancelledError`` then.
+    """
+    task = asyncio.current_task()
+    before = task.cancelling() if task is not None else 0
+    try:
+        result = await awaitable
+    except Exception:
+        if task is not None and task.cancelling() > before:
+            raise asyncio.CancelledError from None
+        raise
+    if task is not None and task.cancelling() > before:
+        raise asyncio.CancelledError
+    return result
+
+
+def failed(url: str, action: str, error: BaseException) -> RedisDiscoveryError:
+    return RedisDiscoveryError(f"{action} at {redact(url)} failed: {reason(error)}")

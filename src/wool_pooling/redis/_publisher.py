@@ -1,0 +1,317 @@
+"""``RedisPublisher``: records workers with leases and announces each change."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+from typing import final
+
+import anyio
+import redis.exceptions as redis_errors
+from wool import DiscoveryEventType
+from wool import WorkerMetadata
+
+from ._connection import Connection
+from ._connection import check_client_options
+from ._connection import open_client
+from ._connection import parse_url
+from ._connection import reason
+from ._connection import redact
+from ._errors import CONNECTION_ERRORS
+from ._errors import failed
+from ._errors import require_asyncio
+from ._errors import watched
+from ._scripts import DEFAULT_KEY_PREFIX
+from ._scripts import PUBLISH
+from ._scripts import RENEW
+from ._settings import check_key_prefix
+from ._settings import check_namespace
+from ._settings import check_seconds
+from ._settings import keys_for
+
+logger = logging.getLogger("wool_pooling.redis")
+
+
+def is_wildcard(host: str) -> bool:
+    return host in ("", "0.0.0.0", "::", "[::]")
+
+
+def _default_route_ip() -> str:
+    """This host's address on its default route (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))  # TEST-NET-1: routing lookup only
+        return str(probe.getsockname()[0])
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host and is not a zombie."""
+    if pid <= 0:
+        return True  # nothing to check: keep renewing
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state not in (b"Z", b"X")
+
+
+@final
+class RedisPublisher:
+    """Announces workers in a namespace's Redis hash, with a renewed lease.
+
+    wool enters it (``async with``) before the first ``publish`` and exits it
+    after the last; publishing outside that raises :exc:`RuntimeError`.
+
+    - ``publish("worker-added" | "worker-updated", metadata)`` stores the
+      worker's protobuf bytes in the namespace's hash, sets its lease, and
+      announces the change, in one Lua script (with the namespace's version
+      from ``INCR``). Re-adding a worker with the same metadata only renews
+      its lease; updating an unknown worker adds it.
+    - ``publish("worker-dropped", metadata)`` removes the record and
+      announces the drop (a no-op for an unknown worker). A drop that fails
+      (the server unreachable) still raises :class:`RedisDiscoveryError`,
+      but the publisher forgets the worker at once (it is never renewed, so
+      never added again) and retries the drop with each renewal until the
+      server takes it, and once more on exit.
+    - **Lease:** while the publisher is entered, every ``lease / 3`` seconds
+      it renews the lease of each worker it published whose process
+      (``metadata.pid``, on this host) is still alive; a record that has
+      gone (expired, or lost when the server restarted without persistence)
+      is added again. It stops renewing a worker whose process has died, and
+      every worker once the publisher exits or its process is killed: the
+      record then expires ``lease`` seconds after its last renewal and is
+      dropped (and the drop announced) by the next publisher or subscriber
+      of the namespace to look.
+    - ``bind_host`` is where wool binds the workers it announces here. A
+      worker whose address is a wildcard (``0.0.0.0``) is announced at
+      ``advertise_host`` if given, else at this host's default-route
+      address, so other machines can reach it.
+
+    Commands are retried (3 times, with jittered backoff) on a lost
+    connection; a command that still fails raises :class:`RedisDiscoveryError`
+    naming the action, the url without its password and the server's
+    reason. ``url``, ``namespace``, ``client_options`` and ``key_prefix``
+    are as for :class:`RedisDiscovery` (and checked the same way, at
+    construction). Asyncio only.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        namespace: str,
+        *,
+        bind_host: str = "127.0.0.1",
+        advertise_host: str | None = None,
+        lease: float = 10.0,
+        connect_timeout: float = 5.0,
+        client_options: Mapping[str, Any] | None = None,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+    ) -> None:
+        self._target = parse_url(url)
+        check_namespace(namespace)
+        if advertise_host is not None and is_wildcard(advertise_host):
+            raise ValueError(
+                f"advertise_host must not be a wildcard: {advertise_host!r}"
+            )
+        self.url = url
+        self.namespace = namespace
+        self.bind_host = bind_host
+        self.advertise_host = advertise_host
+        self.lease = check_seconds("lease", lease)
+        self.connect_timeout = check_seconds("connect_timeout", connect_timeout)
+        self.client_options = check_client_options(client_options, self._target)
+        self.key_prefix = check_key_prefix(key_prefix)
+        self.keys_for = keys_for(self._target, namespace, key_prefix)
+        self._connection: Connection | None = None
+        self._scripts: dict[str, Any] = {}
+        #: uid -> (payload, pid) of the workers this publisher keeps alive.
+        self._workers: dict[str, tuple[bytes, int]] = {}
+        #: uids whose drop failed: retried with each renewal.
+        self._pending_drops: set[str] = set()
+        self._lock = asyncio.Lock()
+        self._renewer: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> RedisPublisher:
+        require_asyncio("RedisPublisher")
+        if self._connection is not None:
+            raise RuntimeError("RedisPublisher is already entered")
+        connection: Connection | None = None
+        try:
+            connection = open_client(
+                self._target,
+                "publisher",
+                self.namespace,
+                self.connect_timeout,
+                retries=3,
+                client_options=self.client_options,
+            )
+            try:
+                with anyio.fail_after(self.connect_timeout):
+                    await connection.client.ping()
+            except TimeoutError as error:
+                if str(error):
+                    raise
+                raise TimeoutError(
+                    f"no answer within {self.connect_timeout:g}s"
+                ) from None
+        except Exception as error:
+            if connection is not None:
+                with contextlib.suppress(Exception):
+                    await connection.aclose()
+            raise failed(self.url, "connecting the publisher", error) from error
+        self._connection = connection
+        client = connection.client
+        self._scripts = {
+            name: client.register_script(source)
+            for name, source in (("publish", PUBLISH), ("renew", RENEW))
+        }
+        self._renewer = asyncio.get_running_loop().create_task(self._renew_forever())
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        renewer, self._renewer = self._renewer, None
+        if renewer is not None:
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewer
+        try:
+            if self._pending_drops and self._connection is not None:
+                with anyio.move_on_after(self.connect_timeout):
+                    async with self._lock:
+                        await self._retry_drops()
+        finally:
+            connection, self._connection = self._connection, None
+            self._workers.clear()
+            self._pending_drops.clear()
+            if connection is not None:
+                await connection.aclose()
+
+    def _advertised(self, metadata: WorkerMetadata) -> WorkerMetadata:
+        address = metadata.address
+        host, sep, port = address.rpartition(":")
+        if not sep or address.startswith("unix:"):
+            return metadata
+        if self.advertise_host is not None:
+            host = self.advertise_host
+        elif is_wildcard(host):
+            host = _default_route_ip()
+        else:
+            return metadata
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        return dataclasses.replace(metadata, address=f"{host}:{port}")
+
+    def _args(self, *rest: Any) -> list[Any]:
+        return [self.keys_for.channel, uuid.uuid4().hex, *rest]
+
+    async def _run_publish(self, type: str, uid: str, payload: bytes) -> None:
+        lease_ms = max(1, round(self.lease * 1000))
+        await watched(
+            self._scripts["publish"](
+                keys=self.keys_for.keys, args=self._args(type, uid, payload, lease_ms)
+            )
+        )
+
+    async def publish(self, type: DiscoveryEventType, metadata: WorkerMetadata) -> None:
+        """Record (or remove) ``metadata`` and announce it; see the class docstring.
+
+        :raises RuntimeError: if the publisher is not entered.
+        :raises ValueError: for an unknown event type.
+        :raises RedisDiscoveryError: if the server cannot be reached or
+            refuses the command (a failed drop is still retried later).
+        """
+        if self._connection is None:
+            raise RuntimeError(
+                "enter the RedisPublisher (async with) before publishing"
+            )
+        if type not in ("worker-added", "worker-updated", "worker-dropped"):
+            raise ValueError(f"unknown discovery event type: {type!r}")
+        metadata = self._advertised(metadata)
+        uid = str(metadata.uid)
+        payload = metadata.to_protobuf().SerializeToString()
+        async with self._lock:
+            if type == "worker-dropped":
+                # Forgotten first: a drop that fails is never undone by a
+                # renewal adding the worker again.
+                self._workers.pop(uid, None)
+                self._pending_drops.add(uid)
+            else:
+                self._pending_drops.discard(uid)
+            try:
+                await self._run_publish(type, uid, payload)
+            except (redis_errors.RedisError, *CONNECTION_ERRORS) as error:
+                failure = failed(self.url, f"publishing {type} {uid}", error)
+                if type == "worker-dropped":
+                    logger.warning(
+                        "%s; retrying the drop with the next renewal", failure
+                    )
+                raise failure from error
+            if type == "worker-dropped":
+                self._pending_drops.discard(uid)
+            else:
+                self._workers[uid] = (payload, metadata.pid)
+
+    async def _renew_forever(self) -> None:
+        interval = self.lease / 3
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self._renew()
+            except (redis_errors.RedisError, *CONNECTION_ERRORS) as error:
+                logger.warning(
+                    "renewing the leases of %s at %s failed: %s",
+                    self.namespace,
+                    redact(self.url),
+                    reason(error),
+                )
+
+    async def _retry_drops(self) -> None:
+        for uid in list(self._pending_drops):
+            await self._run_publish("worker-dropped", uid, b"")
+            self._pending_drops.discard(uid)
+            logger.info("dropped worker %s at %s after all", uid, redact(self.url))
+
+    async def _renew(self) -> None:
+        async with self._lock:
+            try:
+                await self._retry_drops()
+            except (redis_errors.RedisError, *CONNECTION_ERRORS) as error:
+                # Never holds back the renewal of the workers still alive.
+                logger.warning(
+                    "retrying %d failed drops of %s at %s failed: %s",
+                    len(self._pending_drops),
+                    self.namespace,
+                    redact(self.url),
+                    reason(error),
+                )
+            for uid, (_, pid) in list(self._workers.items()):
+                if not _process_alive(pid):
+                    logger.warning(
+                        "worker %s (pid %d) is gone: no longer renewing its lease",
+                        uid,
+                        pid,
+                    )
+                    del self._workers[uid]
+            args = self._args(max(1, round(self.lease * 1000)))
+            for uid, (payload, _) in self._workers.items():
+                args += [uid, payload]
+            await watched(self._scripts["renew"](keys=self.keys_for.keys, args=args))

@@ -1,0 +1,322 @@
+"""The reconnecting subscription: one session at a time, snapshot then changes."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+import warnings
+import weakref
+from collections.abc import AsyncGenerator
+from collections.abc import AsyncIterator
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Hashable
+from typing import Any
+from typing import cast
+from typing import final
+
+import anyio
+import redis.exceptions as redis_errors
+from wool import DiscoveryEvent
+
+from .._pooling.decorator import shared_subscription
+from ._connection import Connection
+from ._connection import Target
+from ._connection import open_client
+from ._connection import parse_url
+from ._connection import reason
+from ._connection import redact
+from ._errors import MIN_WAIT
+from ._errors import RETRIED
+from ._errors import failed
+from ._errors import require_asyncio
+from ._errors import watched
+from ._scripts import REAP
+from ._scripts import SNAPSHOT
+from ._settings import SubscriberOptions
+from ._settings import keys_for
+from ._state import SubscriptionState
+from ._statistics import count
+
+logger = logging.getLogger("wool_pooling.redis")
+
+
+@final
+class _Session:
+    """One connection's worth of subscription: pub/sub plus a command client."""
+
+    def __init__(
+        self, target: Target, namespace: str, options: SubscriberOptions
+    ) -> None:
+        self.keys = keys_for(target, namespace, options.key_prefix)
+        self.command: Connection | None = None
+        self.listening: Connection | None = None
+        self.pubsub: Any = None
+        #: What :meth:`open` is doing, for error messages.
+        self.stage = "connecting"
+        timeout = options.connect_timeout
+        # No retries on either: a lost connection must end the session (a
+        # silent reconnect would miss announcements).
+        self.command = open_client(
+            target,
+            "subscriber-cmd",
+            namespace,
+            timeout,
+            retries=0,
+            client_options=options.client_options,
+        )
+        self.listening = open_client(
+            target,
+            "subscriber",
+            namespace,
+            timeout,
+            retries=0,
+            client_options=options.client_options,
+        )
+        self.pubsub = self.listening.client.pubsub()
+        self.snapshot_script: Any = self.command.client.register_script(SNAPSHOT)
+        self.reap_script: Any = self.command.client.register_script(REAP)
+
+    def _args(self) -> list[str]:
+        return [self.keys.channel, uuid.uuid4().hex]
+
+    async def open(self) -> tuple[int, bytes, list[bytes]]:
+        """Subscribe, wait for the confirmation, then snapshot:
+        (version, epoch, flat hash)."""
+        self.stage = "subscribing"
+        await watched(self.pubsub.subscribe(self.keys.channel))
+        while True:
+            message = await watched(self.pubsub.get_message(timeout=None))
+            if message is not None and message["type"] == "subscribe":
+                break
+        self.stage = "taking a snapshot"
+        version, epoch, flat = await watched(
+            self.snapshot_script(keys=self.keys.keys, args=self._args())
+        )
+        return int(version), cast(bytes, epoch), cast(list[bytes], flat)
+
+    async def next_message(self, wait: float) -> dict[str, Any] | None:
+        """The next announcement, or None after ``wait`` seconds without one."""
+        return await watched(
+            self.pubsub.get_message(ignore_subscribe_messages=True, timeout=wait)
+        )
+
+    async def reap(self) -> bytes:
+        """Reap expired leases; the namespace's epoch."""
+        return cast(
+            bytes,
+            await watched(self.reap_script(keys=self.keys.keys, args=self._args())),
+        )
+
+    async def aclose(self) -> None:
+        closers: list[Callable[[], Awaitable[Any]]] = []
+        if self.pubsub is not None:
+            closers.append(self.pubsub.aclose)
+        closers += [c.aclose for c in (self.listening, self.command) if c is not None]
+        for close in closers:
+            with contextlib.suppress(Exception):
+                await close()
+
+
+class RedisStream:
+    """The raw subscription: one connection per iteration, reconnecting.
+
+    Each iteration subscribes to the namespace's channel, then reads the hash
+    and its version in one script (the snapshot), yields the difference
+    between what it has yielded so far and the snapshot (on the first
+    connection: every worker, as ``worker-added``), then every announcement
+    with a version above the snapshot's, in version order; announcements at
+    or below it are duplicates and skipped. A version gap, an announcement
+    from another epoch or one that does not parse, or a lost connection,
+    ends the session: after the reconnect policy's delay a new session
+    takes a new snapshot and yields only the difference. Between
+    announcements it reaps expired leases every ``reap_interval`` seconds
+    (and checks the epoch: a flush is noticed even if nothing is announced).
+    :class:`~wool_pooling.redis._state.SubscriptionState` turns each input
+    into events.
+    """
+
+    def __init__(self, url: str, namespace: str, options: SubscriberOptions) -> None:
+        self.url = url
+        self.namespace = namespace
+        self.options = options
+        self._target = parse_url(url)
+        self._stats_key = _subscriber_key(type(self), url, namespace, options)
+
+    def __aiter__(self) -> AsyncIterator[DiscoveryEvent]:
+        return self._events()
+
+    async def _events(self) -> AsyncGenerator[DiscoveryEvent, None]:
+        require_asyncio("RedisDiscovery's subscriber")
+        state = SubscriptionState(self.options.settle, self._invalid)
+        failures = 0
+        while True:
+            session: _Session | None = None
+            try:
+                session = self._session(state)
+                snapshot = await self._open(session, state)
+                events, lost = state.snapshot(*snapshot, now=time.monotonic())
+                if failures:
+                    self._reconnected(lost)
+                failures = 0
+                for event in events:
+                    yield event
+                # Closed here, not by the garbage collector, when this
+                # generator is closed while suspended in it.
+                async with contextlib.aclosing(self._follow(session, state)) as follow:
+                    async for event in follow:
+                        yield event
+            except RETRIED as error:
+                failures += 1
+                await self._back_off(error, failures)
+            finally:
+                if session is not None:
+                    with anyio.CancelScope(shield=True):
+                        await session.aclose()
+
+    def _session(self, state: SubscriptionState) -> _Session:
+        try:
+            return _Session(self._target, self.namespace, self.options)
+        except Exception as error:
+            if state.connected_before:
+                raise
+            raise failed(self.url, "connecting", error) from error
+
+    async def _open(
+        self, session: _Session, state: SubscriptionState
+    ) -> tuple[int, bytes, list[bytes]]:
+        """Subscribe and snapshot; the first time, any failure is a
+        :class:`RedisDiscoveryError` at once (within ``connect_timeout``)."""
+        timeout = self.options.connect_timeout
+        try:
+            try:
+                with anyio.fail_after(timeout):
+                    return await session.open()
+            except TimeoutError as error:
+                if str(error):
+                    raise
+                raise TimeoutError(f"no answer within {timeout:g}s") from None
+        except Exception as error:
+            if state.connected_before:
+                raise
+            if isinstance(error, redis_errors.AuthenticationError):
+                action = "authenticating"
+            elif isinstance(error, redis_errors.ResponseError):
+                action = session.stage
+            else:
+                action = "connecting"
+            raise failed(self.url, action, error) from error
+
+    async def _follow(
+        self, session: _Session, state: SubscriptionState
+    ) -> AsyncGenerator[DiscoveryEvent, None]:
+        """The session's events: announcements, settled drops, reaps."""
+        options = self.options
+        next_reap = time.monotonic() + options.reap_interval
+        while True:
+            now = time.monotonic()
+            if state.held and now >= state.settle_until:
+                for event in state.settle():
+                    yield event
+                continue
+            if now >= next_reap:
+                state.reaped(await session.reap())
+                next_reap = time.monotonic() + options.reap_interval
+                continue
+            wait = next_reap - now
+            if state.held:
+                wait = min(wait, state.settle_until - now)
+            # Never a very short read: a read cut short by its timeout
+            # mid-message is what redis-py's pub/sub handles worst.
+            message = await session.next_message(max(wait, MIN_WAIT))
+            if message is None:
+                continue
+            event = state.message(message.get("data"))
+            if event is not None:
+                yield event
+
+    def _reconnected(self, lost: bool) -> None:
+        count(self._stats_key, reconnects=1)
+        logger.warning(
+            "reconnected to %s (namespace %s): resynchronising%s",
+            redact(self.url),
+            self.namespace,
+            f" (the server lost its data: waiting {self.options.settle:.1f}s "
+            "for publishers to renew their workers)"
+            if lost
+            else "",
+        )
+
+    async def _back_off(self, error: BaseException, failures: int) -> None:
+        """Wait as the reconnect policy says, or raise when it is spent."""
+        policy = self.options.reconnect
+        if not policy.allows(failures):
+            logger.error(
+                "giving up on %s (namespace %s) after %d reconnects: %s",
+                redact(self.url),
+                self.namespace,
+                failures - 1,
+                reason(error),
+            )
+            raise failed(self.url, "reconnecting", error) from error
+        delay = policy.delay(failures)
+        logger.warning(
+            "lost %s (namespace %s): %s; reconnecting in %.3fs (attempt %d)",
+            redact(self.url),
+            self.namespace,
+            reason(error),
+            delay,
+            failures,
+        )
+        await anyio.sleep(delay)
+
+    def _invalid(self, what: bytes, error: BaseException) -> None:
+        count(self._stats_key, invalid_records=1)
+        logger.warning(
+            "skipping a record of namespace %s at %s that is not valid worker "
+            "metadata (%r): %s",
+            self.namespace,
+            redact(self.url),
+            what,
+            reason(error),
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({redact(self.url)!r}, {self.namespace!r})"
+
+
+def _subscriber_key(
+    cls: type, url: str, namespace: str, options: SubscriberOptions
+) -> Hashable:
+    """Subscriptions are shared by normalised connection (scheme, resolved
+    host, port, database, user), key prefix and namespace."""
+    return (parse_url(url).key, options.key_prefix, namespace)
+
+
+@shared_subscription(key=_subscriber_key)
+class SharedRedisStream(RedisStream):
+    """The process's one subscription per (connection, namespace), shared."""
+
+
+#: The options of the live shared subscribers, by key: a subscriber with
+#: other options than an earlier live one of its key is warned about.
+_live: dict[Hashable, list[tuple[weakref.ref[Any], SubscriberOptions]]] = {}
+
+
+def note_options(
+    key: Hashable, subscription: object, options: SubscriberOptions
+) -> None:
+    entries = [(ref, each) for ref, each in _live.get(key, []) if ref() is not None]
+    if any(each != options for _, each in entries):
+        warnings.warn(
+            "a RedisDiscovery subscriber shares the subscription of an earlier "
+            "one to the same connection and namespace but was given other "
+            "options (connect_timeout, reap_interval, reconnect, lease, "
+            "client_options): the earlier subscriber's apply",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    entries.append((weakref.ref(subscription), options))
+    _live[key] = entries
