@@ -181,6 +181,25 @@ def _run_demo(*arguments: str) -> list[str]:
     return completed.stdout.splitlines()
 
 
+def test_readme_first_example_prints_what_its_comment_shows() -> None:
+    """The README's first program runs and prints the line its last comment
+    shows: a reader who copies it sees the shared stream's event."""
+    first = re.search(r"^```python\n(.*?)^```$", README, re.DOTALL | re.MULTILINE)
+    assert first is not None
+    program = first.group(1)
+    shown = re.findall(r"print\(.*\)\s+# (.+)$", program, flags=re.MULTILINE)
+    assert shown, "the first example's print has no comment showing its output"
+    completed = subprocess.run(
+        [sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.splitlines() == shown
+
+
 def test_readme_shows_what_the_demo_prints() -> None:
     """The demo's output in the README is what ``python -m wool_pooling`` prints."""
     shown = _block_after(README, "It prints:\n")
