@@ -393,3 +393,13 @@ def test_install_from_a_clone_is_said_in_readme_and_quickstart() -> None:
         assert "pip install ." in text
         assert 'pip install ".[trio]"' in text
         assert "Until the first release" in text
+
+
+def test_the_docs_build_command_is_said_where_a_contributor_looks() -> None:
+    """The README and docs/development.rst give the same command that builds
+    the docs with warnings as errors, into a folder git ignores."""
+    command = "sphinx-build -W -b html docs docs/_build/html"
+    assert command in README
+    assert command in (ROOT / "docs" / "development.rst").read_text()
+    assert "docs/_build/" in (ROOT / ".gitignore").read_text().splitlines()
+    assert "fail_on_warning: true" in (ROOT / ".readthedocs.yaml").read_text()

@@ -89,8 +89,8 @@ def shared_subscription(
     class-level state in another object), a checker does not let it be
     subclassed (decorate the subclasses of an undecorated base instead),
     and ``isinstance(x, Cls)`` is rejected, as it is never true of a
-    subscription. Under
-    ``pyright --strict`` give ``key`` as a ``def`` with annotated
+    subscription. In pyright's strict mode
+    (``typeCheckingMode = "strict"``) give ``key`` as a ``def`` with annotated
     parameters: a lambda's parameters cannot be annotated.
 
     :param key: ``key(cls, *args, **kwargs) -> Hashable``, evaluated at
