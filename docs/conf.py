@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +57,46 @@ def _attrs_defaults(
     return _ATTRS_DEFAULT.sub(value, signature), return_annotation
 
 
+#: Private names a signature may carry, and what a reader is shown instead.
+_PUBLIC_NAMES = {
+    "_Decorator": "Callable[[type], Callable[P, SharedSubscription[T]]]",
+    "_SyncContextDiscovery": "DiscoveryLike",
+}
+
+
+def _constant(name: str) -> Any:
+    """The value of a module constant of the package, by name."""
+    for module_name, module in list(sys.modules.items()):
+        if module_name.startswith("wool_pooling") and hasattr(module, name):
+            return getattr(module, name)
+    raise LookupError(f"no module of wool_pooling defines {name}")
+
+
+def _public_signatures(app: Any, doctree: Any) -> None:
+    """Show every signature (overloads included) as a user reads it: a
+    default given as a constant (``max_lag = DEFAULT_MAX_LAG``) as its value
+    (``1024``), and a private class in an annotation as its public shape."""
+    from docutils import nodes
+    from sphinx import addnodes
+
+    for signature in doctree.findall(addnodes.desc_signature):
+        for text in list(signature.findall(nodes.Text)):
+            shown = str(text)
+            if shown in _PUBLIC_NAMES:
+                replacement = _PUBLIC_NAMES[shown]
+            elif re.fullmatch(r"DEFAULT_\w+", shown) and isinstance(
+                text.parent, nodes.inline
+            ):
+                replacement = repr(_constant(shown))
+            else:
+                continue
+            text.parent.replace(text, nodes.Text(replacement))
+
+
 def setup(app: Any) -> None:
     app.connect("autodoc-process-signature", _attrs_defaults)
+    app.connect("doctree-read", _public_signatures)
+
 
 # Every cross-reference must resolve: with -W, a broken one fails the build.
 nitpicky = True
@@ -76,6 +115,9 @@ nitpick_ignore_regex = [
 _inventories = Path(__file__).parent / "_inventories"
 intersphinx_mapping = {
     "python": ("https://docs.python.org/3.15/", str(_inventories / "python.inv")),
-    "anyio": ("https://anyio.readthedocs.io/en/stable/", str(_inventories / "anyio.inv")),
+    "anyio": (
+        "https://anyio.readthedocs.io/en/stable/",
+        str(_inventories / "anyio.inv"),
+    ),
     "trio": ("https://trio.readthedocs.io/en/stable/", str(_inventories / "trio.inv")),
 }

@@ -86,3 +86,34 @@ def test_every_field_of_every_attrs_class_has_an_entry(built: Path) -> None:
             entry = pages[pages.index(anchor) :]
             entry = entry[entry.index("<dd>") : entry.index("</dd>")]
             assert _text(entry), f"{record.__name__}.{field.name} has no text"
+
+
+def _signatures(page: str) -> list[str]:
+    """The text of every object signature on a built page."""
+    return [
+        _text(signature)
+        for signature in re.findall(
+            r'<dt class="sig sig-object py"[^>]*>(.*?)</dt>', page, flags=re.DOTALL
+        )
+    ]
+
+
+def test_signatures_show_public_names_and_literal_defaults(built: Path) -> None:
+    """No signature in the reference names a private class
+    (``-> _Decorator``, ``inner: _SyncContextDiscovery``) or shows a
+    ``DEFAULT_`` constant where the value is what a reader needs
+    (``max_lag: int | None = 1024``); a consumer's constructor, which users
+    never call, is not shown."""
+    signatures = [
+        signature
+        for name in ("api", "redis")
+        for signature in _signatures((built / f"{name}.html").read_text())
+    ]
+    assert len(signatures) > 40
+    for signature in signatures:
+        assert not re.search(r"(?<![\w.])_[A-Za-z]\w*", signature), signature
+        assert not re.search(r"= DEFAULT_", signature), signature
+    assert any("max_lag: int | None = 1024" in each for each in signatures)
+    assert any(
+        each.endswith("class wool_pooling.FanoutConsumer¶") for each in signatures
+    )
