@@ -2,7 +2,9 @@
 
 The data path, top to bottom: a consumer with nothing buffered waits
 (:meth:`_FanoutState.wait`) and, if no pull is in flight, asks the
-fan-out's pump for one (:meth:`_FanoutState.demand`). The pump
+fan-out's pump for one (:meth:`_FanoutState.demand`); after logging an item
+the pump may pull again unasked, up to ``read_ahead`` items past that
+demand (:meth:`_FanoutState.reads_ahead`). The pump
 (:func:`_pump`) is one task per fan-out, started by the first demand: it
 calls ``aiter()`` on the source, every ``__anext__()`` and, at the end, the
 iterator's ``aclose()``, so the source is iterated exactly as one ``async
@@ -79,6 +81,21 @@ class Lagged(Exception):
         super().__init__(f"consumer fell behind and skipped {skipped} items")
         #: How many items this consumer missed.
         self.skipped = skipped
+
+
+#: How many items a fan-out's pump pulls ahead of demand, by default.
+DEFAULT_READ_AHEAD = 0
+
+
+def validate_read_ahead(read_ahead: int) -> int:
+    """Check a ``read_ahead`` argument: an int >= 0."""
+    if (
+        isinstance(read_ahead, bool)
+        or not isinstance(read_ahead, int)  # pyright: ignore[reportUnnecessaryIsInstance]
+        or read_ahead < 0
+    ):
+        raise ValueError(f"read_ahead must be an int >= 0, got {read_ahead!r}")
+    return read_ahead
 
 
 def validate_max_lag(max_lag: int | None) -> int | None:
@@ -215,6 +232,7 @@ class _FanoutState(Generic[T]):
 
     __slots__ = (
         "__weakref__",
+        "ahead",
         "arrival",
         "consumers",
         "context",
@@ -227,6 +245,7 @@ class _FanoutState(Generic[T]):
         "max_lag",
         "pulling",
         "pump",
+        "read_ahead",
         "ref",
         "registry",
         "slowest",
@@ -236,7 +255,11 @@ class _FanoutState(Generic[T]):
     )
 
     def __init__(
-        self, source: AsyncIterable[T], max_lag: int | None, drop_lagging: bool
+        self,
+        source: AsyncIterable[T],
+        max_lag: int | None,
+        drop_lagging: bool,
+        read_ahead: int = DEFAULT_READ_AHEAD,
     ) -> None:
         # What the pump iterates (released when the fan-out is closed); the
         # log's end, the empty node the next item fills (seq: items logged).
@@ -256,6 +279,10 @@ class _FanoutState(Generic[T]):
             max_lag + 1 if max_lag is not None and drop_lagging else _NEVER
         )
         self.end: _End | None = None
+        # Items the pump may pull past the most advanced consumer's demand,
+        # and how many it has pulled since that consumer last waited.
+        self.read_ahead = read_ahead
+        self.ahead = 0
         # Bound at the first wait: the loop, and a copy of the waiter's context.
         self.loop: EventLoop | None = None
         self.context: contextvars.Context | None = None
@@ -457,6 +484,7 @@ class _FanoutState(Generic[T]):
                 waiters = self.space = loop.waiters()
             self.watch_slowest()
         else:
+            self.ahead = 0  # the most advanced consumer has read everything
             if not self.pulling:
                 self.demand(loop)
                 # An eager task factory runs the pump's first step in this
@@ -483,6 +511,22 @@ class _FanoutState(Generic[T]):
         pump.finalizer = weakref.finalize(self, loop.run_soon, pump.stop)
         pump.finalizer.atexit = False
         loop.spawn(_pump, self.ref, pump, context=self.context)
+
+    def reads_ahead(self) -> bool:
+        """Whether the pump pulls once more with no consumer waiting: fewer
+        than ``read_ahead`` items wait unread by the most advanced consumer,
+        some consumer is registered, and the item cannot take the log past
+        ``max_lag`` for the slowest one. Counts the pull it allows."""
+        if self.ahead >= self.read_ahead or not self.consumers:
+            return False
+        if self.holds_back:
+            if self.log_is_full():
+                return False
+        elif self.tail[2] + 1 >= self.lag_check_at:
+            return False
+        self.ahead += 1
+        self.pulling = True
+        return True
 
     def log(self, item: T) -> None:
         """The pump's pull returned ``item``: log it, in the same step."""
@@ -608,6 +652,8 @@ async def _iterate(ref: weakref.ref[_FanoutState[Any]], pump: _Pump) -> None:
             while not state.pulling or state.end is not None:
                 if state.end is not None or pump.stopping:
                     return
+                if state.reads_ahead():
+                    break
                 del state
                 parking = pump.parking = pump.loop.waiters()
                 try:
@@ -677,9 +723,17 @@ class Fanout(Generic[T]):
     Every consumer receives every item pulled after it registered, in source
     order, exactly once.
 
-    **Demand-driven.** The source is advanced only when a consumer that has
-    nothing buffered waits for an item; at most one pull is in flight and
-    nothing is pulled ahead of that demand. A consumer that has items buffered
+    **Demand-driven, with read-ahead.** The source is advanced when a
+    consumer that has nothing buffered waits for an item, and at most one
+    pull is in flight. With ``read_ahead=R`` the pump then keeps pulling, in
+    its one task, while fewer than R items wait unread by the most advanced
+    consumer (the one that last waited at the log's end), some consumer is
+    registered, and the next item cannot take the log past ``max_lag`` for
+    the slowest consumer: a source with items ready costs one wake-up per
+    batch, and consumers read the batch without suspending. With
+    ``read_ahead=0`` nothing is pulled ahead of a demand. Items read ahead
+    are logged like any other; those no consumer is left to read when the
+    fan-out closes are dropped with it. A consumer that has items buffered
     receives them without suspending and without touching the source.
 
     **One task iterates the source.** The first demand starts the fan-out's
@@ -749,9 +803,13 @@ class Fanout(Generic[T]):
     :param max_lag: How many items the log may hold for the slowest
         consumer, or ``None`` for no bound.
     :param on_lag: ``"wait"`` or ``"error"``: what happens at the bound.
+    :param read_ahead: How many items the pump may pull past the most
+        advanced consumer's demand (inside ``max_lag``); ``0`` pulls on
+        demand only.
     :raises TypeError: if ``source`` has no ``__aiter__``.
-    :raises ValueError: if ``max_lag`` is not ``None`` or an int >= 1, or
-        ``on_lag`` is neither ``"wait"`` nor ``"error"``.
+    :raises ValueError: if ``max_lag`` is not ``None`` or an int >= 1,
+        ``on_lag`` is neither ``"wait"`` nor ``"error"``, or ``read_ahead``
+        is not an int >= 0.
     """
 
     __slots__ = ("__weakref__", "_state")
@@ -762,6 +820,7 @@ class Fanout(Generic[T]):
         *,
         max_lag: int | None = None,
         on_lag: LagPolicy = "wait",
+        read_ahead: int = DEFAULT_READ_AHEAD,
     ) -> None:
         if not hasattr(source, "__aiter__"):
             raise TypeError(
@@ -770,7 +829,8 @@ class Fanout(Generic[T]):
         max_lag = validate_max_lag(max_lag)
         if on_lag not in ("wait", "error"):
             raise ValueError(f"on_lag must be 'wait' or 'error', got {on_lag!r}")
-        self._state = _FanoutState(source, max_lag, on_lag == "error")
+        read_ahead = validate_read_ahead(read_ahead)
+        self._state = _FanoutState(source, max_lag, on_lag == "error", read_ahead)
         self._state.handle = weakref.ref(self)
 
     def consumer(
