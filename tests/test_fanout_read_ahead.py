@@ -11,17 +11,24 @@ has no gap and no duplicate, and ``read_ahead=0`` pulls on demand only.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 
 import anyio
 import anyio.lowlevel
 import pytest
 from _stubs import current_task
+from _stubs import ev
+from _stubs import meta
 from _stubs import uvloop_too
+from wool import DiscoveryEvent
+from wool import WorkerMetadata
 
 from wool_pooling import Fanout
 from wool_pooling import FanoutConsumer
 from wool_pooling import Lagged
+from wool_pooling import SubscriptionPool
+from wool_pooling import shared_subscription
 
 pytestmark = [pytest.mark.anyio, uvloop_too]
 
@@ -263,3 +270,59 @@ async def test_read_ahead_must_be_an_int_of_zero_or_more(bad: object) -> None:
     """A ``read_ahead`` that is not an int >= 0 is refused at construction."""
     with pytest.raises(ValueError, match="read_ahead must be an int >= 0"):
         Fanout(ready(1), read_ahead=bad)  # pyright: ignore[reportArgumentType]
+
+
+# --- through @shared_subscription ----------------------------------------------
+
+PULLS: list[int] = []
+
+
+def worker(number: int) -> WorkerMetadata:
+    return meta(uuid.UUID(int=number + 1))
+
+
+@shared_subscription(read_ahead=4, max_lag=None)
+class ReadyWorkers:
+    """Twenty ``worker-added`` events, each ready at once."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def __aiter__(self) -> AsyncIterator[DiscoveryEvent]:
+        for number in range(20):
+            PULLS.append(number)
+            yield ev("worker-added", worker(number))
+        await anyio.sleep_forever()
+
+
+async def test_a_shared_subscription_reads_ahead_as_its_decorator_says() -> None:
+    """``@shared_subscription(read_ahead=4)``: one demand pulls the event
+    asked for and four more, in the entry's one iteration."""
+    PULLS.clear()
+    async with SubscriptionPool(), aiter(ReadyWorkers("a")) as consumer:
+        await anext(consumer)
+        await anyio.wait_all_tasks_blocked()
+        assert PULLS == [0, 1, 2, 3, 4]
+
+
+async def test_a_late_joiner_after_a_batch_gets_a_replay_without_gap_or_duplicate() -> (
+    None
+):
+    """A consumer joining while events read ahead wait unread by the first
+    gets one ``worker-added`` per worker known (those read ahead included),
+    then only the later events: every worker once."""
+    PULLS.clear()
+    async with SubscriptionPool(), aiter(ReadyWorkers("b")) as first:
+        assert (await anext(first)).metadata == worker(0)
+        await anyio.wait_all_tasks_blocked()
+        async with aiter(ReadyWorkers("b")) as late:
+            seen = [(await anext(late)).metadata for _ in range(20)]
+        assert seen == [worker(number) for number in range(20)]
+        rest = [(await anext(first)).metadata for _ in range(19)]
+        assert rest == [worker(number) for number in range(1, 20)]
+
+
+async def test_the_decorator_refuses_a_bad_read_ahead() -> None:
+    """``read_ahead`` is checked when the class is decorated."""
+    with pytest.raises(ValueError, match="read_ahead must be an int >= 0"):
+        shared_subscription(read_ahead=-1)

@@ -44,6 +44,8 @@ class SubscriptionConfig:
     max_lag: int | None
     #: How the raw stream is restarted when it fails, if at all.
     restart: RestartPolicy | None
+    #: Events the shared iteration may pull past the most advanced demand.
+    read_ahead: int
     #: The ``__new__`` the class defined itself, replaced by the decorator.
     own_new: Any
 

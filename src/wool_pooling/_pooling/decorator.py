@@ -11,7 +11,9 @@ from typing import Protocol
 from typing import TypeVar
 from typing import overload
 
+from .._core.fanout import DEFAULT_READ_AHEAD
 from .._core.fanout import validate_max_lag
+from .._core.fanout import validate_read_ahead
 from .construction import CONFIG_ATTRIBUTE
 from .construction import KeyFunction
 from .construction import SubscriptionConfig
@@ -46,6 +48,7 @@ def shared_subscription(
     ttl: float = 0.0,
     max_lag: int | None = DEFAULT_MAX_LAG,
     restart: RestartPolicy | None = None,
+    read_ahead: int = DEFAULT_READ_AHEAD,
 ) -> Callable[P, SharedSubscription[T]]: ...
 
 
@@ -58,6 +61,7 @@ def shared_subscription(
     ttl: float = 0.0,
     max_lag: int | None = DEFAULT_MAX_LAG,
     restart: RestartPolicy | None = None,
+    read_ahead: int = DEFAULT_READ_AHEAD,
 ) -> _Decorator: ...
 
 
@@ -69,6 +73,7 @@ def shared_subscription(
     ttl: float = 0.0,
     max_lag: int | None = DEFAULT_MAX_LAG,
     restart: RestartPolicy | None = None,
+    read_ahead: int = DEFAULT_READ_AHEAD,
 ) -> Any:
     """Class decorator: constructing the class returns a :class:`SharedSubscription`.
 
@@ -113,10 +118,14 @@ def shared_subscription(
     :param restart: A :class:`RestartPolicy` to iterate the raw subscriber
         again when its stream fails (or ends), instead of ending every
         consumer; ``None`` (the default) ends them with the error.
+    :param read_ahead: How many events the shared iteration may pull past
+        the most advanced consumer's demand, in its one task (see
+        :class:`~wool_pooling.Fanout`); they count inside ``max_lag``.
+        ``0`` pulls on demand only.
     :raises TypeError: at decoration, if given something other than a class
         or a class without ``__aiter__``, or if ``key`` is not callable.
-    :raises ValueError: if ``ttl`` is negative or not finite, or ``max_lag``
-        is not ``None`` or an int >= 1.
+    :raises ValueError: if ``ttl`` is negative or not finite, ``max_lag``
+        is not ``None`` or an int >= 1, or ``read_ahead`` is not an int >= 0.
     """
     if key is not None and not callable(key):
         raise TypeError(f"shared_subscription key must be callable, got {key!r}")
@@ -128,6 +137,7 @@ def shared_subscription(
         )
 
     max_lag = validate_max_lag(max_lag)
+    read_ahead = validate_read_ahead(read_ahead)
     if restart is not None and not isinstance(restart, RestartPolicy):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise TypeError(
             f"shared_subscription restart must be a RestartPolicy, got {restart!r}"
@@ -153,6 +163,7 @@ def shared_subscription(
             ttl=float(ttl),
             max_lag=max_lag,
             restart=restart,
+            read_ahead=read_ahead,
             own_new=vars(target).get("__new__"),
         )
         setattr(target, CONFIG_ATTRIBUTE, config)

@@ -254,10 +254,20 @@ class SubscriptionPool:
             history = None if config.max_lag is None else config.max_lag + 1
             if config.restart is None:
                 source = TrackedSource(raw, history)
-                fanout = Fanout(source, max_lag=config.max_lag, on_lag="error")
+                fanout = Fanout(
+                    source,
+                    max_lag=config.max_lag,
+                    on_lag="error",
+                    read_ahead=config.read_ahead,
+                )
             else:
                 restarting = source = RestartingSource(raw, config.restart, history)
-                fanout = Fanout(source, max_lag=config.max_lag, on_lag="error")
+                fanout = Fanout(
+                    source,
+                    max_lag=config.max_lag,
+                    on_lag="error",
+                    read_ahead=config.read_ahead,
+                )
                 restarting.deliver_to(fanout.inject)
             entry = Entry(self, key, raw, source, fanout, config.ttl, loop)
             self._entries[key] = entry
