@@ -46,6 +46,12 @@ class RedisDiscovery:
     namespace's version, one shared subscription per connection, namespace
     and process, what a reconnect does, lease semantics, asyncio only.
 
+    It pickles as the arguments it was built with, every one (no
+    connection, client or other state travels), and so do its publisher and
+    subscribers: a copy sent to another process watches the same keys with
+    the same options. It equals a discovery whose subscribers share its
+    subscription (same normalised connection, key prefix and namespace).
+
     :param url: The server: ``redis://[user[:password]@]host[:port][/db]``
         (``rediss://`` for TLS), ``unix:///path/to/redis.sock[?db=N]``, or
         ``redis+sentinel://[user[:password]@]host:port[,host:port...]/service_name[/db]``

@@ -109,6 +109,10 @@ class RedisPublisher:
     reason. ``url``, ``namespace``, ``client_options`` and ``key_prefix``
     are as for :class:`RedisDiscovery` (and checked the same way, at
     construction). Asyncio only.
+
+    It pickles as the arguments it was built with, every one: the copy is
+    unentered, with no connection and none of this one's workers. It
+    equals a publisher built with equal arguments.
     """
 
     def __init__(
