@@ -26,10 +26,11 @@ from ._errors import DEFAULT_RECONNECT
 from ._publisher import RedisPublisher
 from ._publisher import is_wildcard
 from ._scripts import DEFAULT_KEY_PREFIX
-from ._settings import SubscriberOptions
+from ._settings import DiscoverySettings
 from ._settings import check_key_prefix
 from ._settings import check_namespace
 from ._settings import check_seconds
+from ._settings import rebuild
 from ._statistics import RedisStatistics
 from ._statistics import by_key
 from ._stream import RedisStream
@@ -44,6 +45,12 @@ class RedisDiscovery:
     :mod:`wool_pooling.redis` states the guarantees in full: ordering by the
     namespace's version, one shared subscription per connection, namespace
     and process, what a reconnect does, lease semantics, asyncio only.
+
+    It pickles as the arguments it was built with, every one (no
+    connection, client or other state travels), and so do its publisher and
+    subscribers: a copy sent to another process watches the same keys with
+    the same options. It equals a discovery whose subscribers share its
+    subscription (same normalised connection, key prefix and namespace).
 
     :param url: The server: ``redis://[user[:password]@]host[:port][/db]``
         (``rediss://`` for TLS), ``unix:///path/to/redis.sock[?db=N]``, or
@@ -125,49 +132,93 @@ class RedisDiscovery:
             raise TypeError(f"reconnect must be a RestartPolicy, got {reconnect!r}")
         options = check_client_options(client_options, target)
         check_key_prefix(key_prefix)
-        self.url = url
-        self.namespace = namespace
-        self.bind_host = bind_host
-        self.advertise_host = advertise_host
-        self.lease = lease
-        self.connect_timeout = connect_timeout
-        self.shared = shared
-        self.client_options: Mapping[str, Any] = options
-        self.key_prefix = key_prefix
-        self._options = SubscriberOptions(
-            connect_timeout=connect_timeout,
-            reap_interval=reap_interval,
-            reconnect=reconnect,
-            settle=lease,
-            key_prefix=key_prefix,
-            client_options=options,
-        )
-        self._target = target
         # A publisher's settings, checked now rather than at first use.
         if advertise_host is not None and is_wildcard(advertise_host):
             raise ValueError(
                 f"advertise_host must not be a wildcard: {advertise_host!r}"
             )
+        self._settings = DiscoverySettings(
+            url=url,
+            namespace=namespace,
+            bind_host=bind_host,
+            advertise_host=advertise_host,
+            lease=lease,
+            reap_interval=reap_interval,
+            connect_timeout=connect_timeout,
+            reconnect=reconnect,
+            shared=shared,
+            client_options=options,
+            key_prefix=key_prefix,
+        )
+        self._subscriber = self._settings.subscriber()
+        self._target = target
+
+    @property
+    def url(self) -> str:
+        """The server's url, as given."""
+        return self._settings.url
+
+    @property
+    def namespace(self) -> str:
+        """The namespace whose workers this discovery shares."""
+        return self._settings.namespace
+
+    @property
+    def bind_host(self) -> str:
+        """Where wool binds the workers this discovery's publisher announces."""
+        return self._settings.bind_host
+
+    @property
+    def advertise_host(self) -> str | None:
+        """The host announced for a worker bound to a wildcard, if given."""
+        return self._settings.advertise_host
+
+    @property
+    def lease(self) -> float:
+        """Seconds a worker's record lives without renewal."""
+        return self._settings.lease
+
+    @property
+    def reap_interval(self) -> float:
+        """Seconds between a subscription's sweeps of expired leases
+        (``lease / 4`` unless given)."""
+        return self._settings.reap_interval
+
+    @property
+    def connect_timeout(self) -> float:
+        """Bound, in seconds, on connecting and on each command."""
+        return self._settings.connect_timeout
+
+    @property
+    def reconnect(self) -> RestartPolicy:
+        """How a subscription retries a lost connection."""
+        return self._settings.reconnect
+
+    @property
+    def shared(self) -> bool:
+        """Whether the subscribers of the process share one subscription."""
+        return self._settings.shared
+
+    @property
+    def client_options(self) -> Mapping[str, Any]:
+        """The keyword arguments for redis-py's client (a checked copy)."""
+        return self._settings.client_options
+
+    @property
+    def key_prefix(self) -> str:
+        """The prefix of every key and channel."""
+        return self._settings.key_prefix
 
     @functools.cached_property
     def _key(self) -> Hashable:
         """The pool's key: resolving a host name waits for DNS, once per
         process and host, so it is done when first needed."""
-        return (self._target.key, self.key_prefix, self.namespace)
+        return self._subscriber.key()
 
     @property
     def publisher(self) -> RedisPublisher:
         """A new, unentered :class:`RedisPublisher` for this namespace."""
-        return RedisPublisher(
-            self.url,
-            self.namespace,
-            bind_host=self.bind_host,
-            advertise_host=self.advertise_host,
-            lease=self.lease,
-            connect_timeout=self.connect_timeout,
-            client_options=self.client_options,
-            key_prefix=self.key_prefix,
-        )
+        return rebuild(RedisPublisher, self._settings.publisher())
 
     @property
     def subscriber(self) -> DiscoverySubscriberLike:
@@ -189,11 +240,12 @@ class RedisDiscovery:
         its own consumer by :class:`~wool_pooling.afilter`. With
         ``shared=False`` every iteration opens its own connection.
         """
+        settings = self._subscriber
         if self.shared:
-            stream: Any = SharedRedisStream(self.url, self.namespace, self._options)
-            note_options(self._key, stream, self._options)
+            stream: Any = SharedRedisStream(settings)
+            note_options(self._key, stream, settings.options)
         else:
-            stream = RedisStream(self.url, self.namespace, self._options)
+            stream = RedisStream(settings)
         if filter is None:
             return cast(DiscoverySubscriberLike, stream)
         return afilter(filter, cast(DiscoverySubscriberLike, stream))
@@ -203,6 +255,9 @@ class RedisDiscovery:
         return by_key.get(self._key, RedisStatistics())
 
     def __eq__(self, other: object) -> bool:
+        """Equal to a discovery whose subscribers share this one's
+        subscription: same normalised connection, key prefix and namespace
+        (the key its recorded arguments give)."""
         if not isinstance(other, RedisDiscovery):
             return NotImplemented
         return self._key == other._key
@@ -211,26 +266,13 @@ class RedisDiscovery:
         return hash((RedisDiscovery, self._key))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickle as what it is made of: url, namespace and options.
+        """Pickle as what it is made of: its arguments, every one.
 
         No connection, client or other state a subscription or publisher
-        opened travels: the copy is built by calling the class again.
+        opened travels: the copy is built (and its arguments checked) by
+        calling the class again, with the arguments this one recorded.
         """
-        import functools
-
-        rebuild = functools.partial(
-            RedisDiscovery,
-            self.url,
-            self.namespace,
-            bind_host=self.bind_host,
-            advertise_host=self.advertise_host,
-            lease=self.lease,
-            reap_interval=self._options.reap_interval,
-            connect_timeout=self.connect_timeout,
-            reconnect=self._options.reconnect,
-            shared=self.shared,
-        )
-        return (rebuild, ())
+        return (rebuild, (RedisDiscovery, self._settings))
 
     def __repr__(self) -> str:
         return f"RedisDiscovery({redact(self.url)!r}, {self.namespace!r})"

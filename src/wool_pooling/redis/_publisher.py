@@ -32,10 +32,12 @@ from ._errors import watched
 from ._scripts import DEFAULT_KEY_PREFIX
 from ._scripts import PUBLISH
 from ._scripts import RENEW
+from ._settings import PublisherSettings
 from ._settings import check_key_prefix
 from ._settings import check_namespace
 from ._settings import check_seconds
 from ._settings import keys_for
+from ._settings import rebuild
 
 logger = logging.getLogger("wool_pooling.redis")
 
@@ -107,6 +109,10 @@ class RedisPublisher:
     reason. ``url``, ``namespace``, ``client_options`` and ``key_prefix``
     are as for :class:`RedisDiscovery` (and checked the same way, at
     construction). Asyncio only.
+
+    It pickles as the arguments it was built with, every one: the copy is
+    unentered, with no connection and none of this one's workers. It
+    equals a publisher built with equal arguments.
     """
 
     def __init__(
@@ -127,14 +133,20 @@ class RedisPublisher:
             raise ValueError(
                 f"advertise_host must not be a wildcard: {advertise_host!r}"
             )
-        self.url = url
-        self.namespace = namespace
-        self.bind_host = bind_host
-        self.advertise_host = advertise_host
-        self.lease = check_seconds("lease", lease)
-        self.connect_timeout = check_seconds("connect_timeout", connect_timeout)
-        self.client_options = check_client_options(client_options, self._target)
-        self.key_prefix = check_key_prefix(key_prefix)
+        self._settings = PublisherSettings(
+            url=url,
+            namespace=namespace,
+            bind_host=bind_host,
+            advertise_host=advertise_host,
+            lease=check_seconds("lease", lease),
+            connect_timeout=check_seconds("connect_timeout", connect_timeout),
+            client_options=check_client_options(client_options, self._target),
+            key_prefix=check_key_prefix(key_prefix),
+        )
+        #: Where wool binds the workers announced here: as given (an
+        #: attribute, as wool's ``DiscoveryPublisherLike`` declares it; the
+        #: record's value is the one that pickles and compares).
+        self.bind_host: str = bind_host
         self.keys_for = keys_for(self._target, namespace, key_prefix)
         self._connection: Connection | None = None
         self._scripts: dict[str, Any] = {}
@@ -144,6 +156,56 @@ class RedisPublisher:
         self._pending_drops: set[str] = set()
         self._lock = asyncio.Lock()
         self._renewer: asyncio.Task[None] | None = None
+
+    @property
+    def url(self) -> str:
+        """The server's url, as given."""
+        return self._settings.url
+
+    @property
+    def namespace(self) -> str:
+        """The namespace the workers are announced in."""
+        return self._settings.namespace
+
+    @property
+    def advertise_host(self) -> str | None:
+        """The host announced for a worker bound to a wildcard, if given."""
+        return self._settings.advertise_host
+
+    @property
+    def lease(self) -> float:
+        """Seconds a worker's record lives without renewal."""
+        return self._settings.lease
+
+    @property
+    def connect_timeout(self) -> float:
+        """Bound, in seconds, on connecting and on each command."""
+        return self._settings.connect_timeout
+
+    @property
+    def client_options(self) -> Mapping[str, Any]:
+        """The keyword arguments for redis-py's client (a checked copy)."""
+        return self._settings.client_options
+
+    @property
+    def key_prefix(self) -> str:
+        """The prefix of every key and channel."""
+        return self._settings.key_prefix
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to a publisher made of equal arguments (what either has
+        published is not compared)."""
+        if not isinstance(other, RedisPublisher):
+            return NotImplemented
+        return self._settings == other._settings
+
+    def __hash__(self) -> int:
+        return hash((RedisPublisher, self._settings))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle as its arguments, every one: the copy is unentered, with
+        no connection and no worker of this one's."""
+        return (rebuild, (RedisPublisher, self._settings))
 
     async def __aenter__(self) -> RedisPublisher:
         require_asyncio("RedisPublisher")

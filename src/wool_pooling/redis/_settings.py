@@ -1,17 +1,33 @@
-"""Checks of the constructor arguments, and the key layout they name."""
+"""Checks of the constructor arguments, the records that hold them, and the
+key layout they name.
+
+Each object of the package that wool may ship to another process
+(:class:`RedisDiscovery`, :class:`RedisPublisher`, the subscribers) holds one
+frozen record of what it was made of, and everything that copies, compares
+or derives from it reads that record: it pickles as its class and record,
+is equal to another made of an equal record, and builds the publisher and
+subscribers from it. The discovery's and the publisher's records have one
+field per constructor argument, named as it is.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from collections.abc import Hashable
 from collections.abc import Mapping
 from typing import Any
+from typing import TypeVar
 
 import attrs
 
 from .._pooling.restart import RestartPolicy
 from ._connection import Target
+from ._connection import parse_url
 from ._scripts import DEFAULT_KEY_PREFIX
 from ._scripts import Keys
+
+T = TypeVar("T")
 
 
 def check_namespace(namespace: object) -> str:
@@ -59,3 +75,93 @@ class SubscriberOptions:
     client_options: Mapping[str, Any] = attrs.field(
         factory=lambda: dict[str, Any](), hash=False
     )
+
+
+@attrs.frozen
+class SubscriberSettings:
+    """What a subscriber is made of: its url, namespace and options.
+
+    Equal records make equal subscribers; :meth:`key` is what the process's
+    subscriptions are shared by.
+    """
+
+    url: str
+    namespace: str
+    options: SubscriberOptions
+
+    def key(self) -> Hashable:
+        """The normalised connection (resolving host names), key prefix and
+        namespace."""
+        return (parse_url(self.url).key, self.options.key_prefix, self.namespace)
+
+
+@attrs.frozen
+class PublisherSettings:
+    """The arguments of :class:`RedisPublisher`, checked, one field each."""
+
+    url: str
+    namespace: str
+    bind_host: str
+    advertise_host: str | None
+    lease: float
+    connect_timeout: float
+    #: Compared by value; out of the hash (a mapping is not hashable).
+    client_options: Mapping[str, Any] = attrs.field(hash=False)
+    key_prefix: str
+
+
+@attrs.frozen
+class DiscoverySettings:
+    """The arguments of :class:`RedisDiscovery`, checked, one field each
+    (``reap_interval`` resolved: ``lease / 4`` when not given)."""
+
+    url: str
+    namespace: str
+    bind_host: str
+    advertise_host: str | None
+    lease: float
+    reap_interval: float
+    connect_timeout: float
+    reconnect: RestartPolicy
+    shared: bool
+    #: Compared by value; out of the hash (a mapping is not hashable).
+    client_options: Mapping[str, Any] = attrs.field(hash=False)
+    key_prefix: str
+
+    def publisher(self) -> PublisherSettings:
+        """The publisher's arguments: each of its fields, taken by name."""
+        return PublisherSettings(
+            **{field.name: getattr(self, field.name) for field in _PUBLISHER_FIELDS}
+        )
+
+    def subscriber(self) -> SubscriberSettings:
+        """The subscriber's settings (``settle``: the lease)."""
+        return SubscriberSettings(
+            self.url,
+            self.namespace,
+            SubscriberOptions(
+                connect_timeout=self.connect_timeout,
+                reap_interval=self.reap_interval,
+                reconnect=self.reconnect,
+                settle=self.lease,
+                key_prefix=self.key_prefix,
+                client_options=self.client_options,
+            ),
+        )
+
+
+_PUBLISHER_FIELDS: tuple[attrs.Attribute[Any], ...] = attrs.fields(PublisherSettings)
+
+
+def arguments(settings: PublisherSettings | DiscoverySettings) -> dict[str, Any]:
+    """The keyword arguments that build an object equal to the one
+    ``settings`` was taken from."""
+    return attrs.asdict(settings, recurse=False)
+
+
+def rebuild(
+    cls: Callable[..., T], settings: PublisherSettings | DiscoverySettings
+) -> T:
+    """``cls`` called again with the arguments ``settings`` records (and
+    checked again): what an unpickled discovery or publisher is."""
+    return cls(**arguments(settings))

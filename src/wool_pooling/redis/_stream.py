@@ -36,6 +36,7 @@ from ._errors import watched
 from ._scripts import REAP
 from ._scripts import SNAPSHOT
 from ._settings import SubscriberOptions
+from ._settings import SubscriberSettings
 from ._settings import keys_for
 from ._state import SubscriptionState
 from ._statistics import count
@@ -138,12 +139,27 @@ class RedisStream:
     into events.
     """
 
-    def __init__(self, url: str, namespace: str, options: SubscriberOptions) -> None:
-        self.url = url
-        self.namespace = namespace
-        self.options = options
-        self._target = parse_url(url)
-        self._stats_key = _subscriber_key(type(self), url, namespace, options)
+    def __init__(self, settings: SubscriberSettings) -> None:
+        self.settings = settings
+        self.url = settings.url
+        self.namespace = settings.namespace
+        self.options = settings.options
+        self._target = parse_url(settings.url)
+        self._stats_key = _subscriber_key(type(self), settings)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to a subscriber of the same class made of equal settings."""
+        if not isinstance(other, RedisStream):
+            return NotImplemented
+        return type(self) is type(other) and self.settings == other.settings
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.settings))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle as its settings: no connection or state of an iteration
+        travels."""
+        return (type(self), (self.settings,))
 
     def __aiter__(self) -> AsyncIterator[DiscoveryEvent]:
         return self._events()
@@ -287,12 +303,10 @@ class RedisStream:
         return f"{type(self).__name__}({redact(self.url)!r}, {self.namespace!r})"
 
 
-def _subscriber_key(
-    cls: type, url: str, namespace: str, options: SubscriberOptions
-) -> Hashable:
+def _subscriber_key(cls: type, settings: SubscriberSettings) -> Hashable:
     """Subscriptions are shared by normalised connection (scheme, resolved
     host, port, database, user), key prefix and namespace."""
-    return (parse_url(url).key, options.key_prefix, namespace)
+    return settings.key()
 
 
 @shared_subscription(key=_subscriber_key)
