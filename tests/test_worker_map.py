@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
+from _stubs import pairs
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -229,23 +230,11 @@ def test_known_workers_drop_is_logged_only_when_passed_on() -> None:
 # -- the places that apply events through the map ---------------------------------
 
 
-def pairs(events: Iterable[DiscoveryEvent]) -> list[Pair]:
-    return [(event.type, event.metadata) for event in events]
-
-
-class Script:
-    """A subscriber replaying ``events``, then ending."""
-
-    def __init__(self, events: list[DiscoveryEvent]) -> None:
-        self.events = events
-
-    def __aiter__(self) -> AsyncGenerator[DiscoveryEvent, None]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncGenerator[DiscoveryEvent, None]:
-        for event in self.events:
-            await anyio.lowlevel.checkpoint()
-            yield event
+async def script(events: list[DiscoveryEvent]) -> AsyncGenerator[DiscoveryEvent, None]:
+    """A subscription replaying ``events``, then ending."""
+    for event in events:
+        await anyio.lowlevel.checkpoint()
+        yield event
 
 
 def moved(metadata: WorkerMetadata) -> WorkerMetadata:
@@ -262,7 +251,7 @@ async def test_afilter_passes_no_unchanged_update_and_drops_with_tracked_metadat
     """An update or add with unchanged metadata of a passing worker is not
     passed on, and a drop carries the metadata the consumer holds."""
     first = worker(0)
-    script = Script(
+    events = script(
         [
             DiscoveryEvent("worker-added", metadata=first),
             DiscoveryEvent("worker-updated", metadata=worker(0)),
@@ -270,7 +259,7 @@ async def test_afilter_passes_no_unchanged_update_and_drops_with_tracked_metadat
             DiscoveryEvent("worker-dropped", metadata=moved(first)),
         ]
     )
-    got = [event async for event in afilter(lambda _: True, script)]
+    got = [event async for event in afilter(lambda _: True, events)]
     assert pairs(got) == [("worker-added", first), ("worker-dropped", first)]
     assert got[1].metadata is first
 
@@ -283,8 +272,14 @@ class ScriptDiscovery:
     def __init__(self, events: list[DiscoveryEvent]) -> None:
         self.events = events
 
-    def subscribe(self, filter: Any = None, **options: Any) -> Script:
-        return Script(self.events)
+    @property
+    def subscriber(self) -> AsyncGenerator[DiscoveryEvent, None]:
+        return self.subscribe()
+
+    def subscribe(
+        self, filter: Any = None, **options: Any
+    ) -> AsyncGenerator[DiscoveryEvent, None]:
+        return script(self.events)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (ScriptDiscovery, (self.events,))
