@@ -242,7 +242,6 @@ class RestartingSource:
             self._failures = 0
             event = self._translate(event)
             if event is not None:
-                self.known.record(event)
                 return event
 
     async def _restart_after(self, error: BaseException, policy: RestartPolicy) -> None:
@@ -285,35 +284,27 @@ class RestartingSource:
         self._settling = None
         reported = self._reported or set()
         self._reported = None
-        stale = [
-            DiscoveryEvent("worker-dropped", metadata=metadata)
-            for uid, metadata in self.known.workers.items()
-            if uid not in reported
-        ]
+        stale = [uid for uid in self.known.workers if uid not in reported]
         deliver = self._deliver() if self._deliver is not None else None
-        for event in stale:
+        for uid in stale:
             # Recorded and logged together: the record counts the log's items.
-            self.known.record(event)
-            if deliver is not None:
+            event = self.known.drop(uid)
+            if deliver is not None and event is not None:
                 deliver(event)
 
     def _translate(self, event: Any) -> Any:
-        """After a restart, turn the new stream's report into a diff."""
+        """Record ``event``; after a restart, turn the new stream's report
+        into a diff (``None``: re-reported unchanged, nothing to log)."""
         reported = self._reported
         if reported is None or not isinstance(event, DiscoveryEvent):
+            self.known.record(event)
             return event
-        metadata = event.metadata
-        uid = metadata.uid
-        known = self.known.workers.get(uid)
+        uid = event.metadata.uid
         if event.type == "worker-dropped":
             reported.discard(uid)
-            return event if known is not None else None
-        reported.add(uid)
-        if known is None:
-            return DiscoveryEvent("worker-added", metadata=metadata)
-        if known is metadata or known == metadata:
-            return None  # re-reported unchanged: nothing new for consumers
-        return DiscoveryEvent("worker-updated", metadata=metadata)
+        else:
+            reported.add(uid)
+        return self.known.apply(event)
 
     async def aclose(self) -> None:
         """Stop the settle timer; close the raw iterator, if started and closable."""

@@ -22,9 +22,8 @@ from wool import DiscoveryEvent
 from .._core.fanout import FanoutConsumer
 from .._core.fanout import Lagged
 from .._wool.tracking import KnownWorkers
-from .._wool.tracking import Workers
-from .._wool.tracking import diff_events
-from .._wool.tracking import replay_events
+from .._wool.workers import WorkerMap
+from .._wool.workers import Workers
 from .construction import CONFIG_ATTRIBUTE
 from .construction import SubscriptionConfig
 from .construction import build_raw
@@ -388,7 +387,7 @@ class SubscriptionConsumer(Generic[T_co]):
         workers, seen.workers = seen.workers, None
         if known.untracked:
             return False
-        self._replay = diff_events(workers, known.workers) or None
+        self._replay = WorkerMap(workers).diff(known) or None
         consumer.skip_buffered()
         return True
 
@@ -408,7 +407,7 @@ class SubscriptionConsumer(Generic[T_co]):
             seen = self._seen = _Seen(known)
         # Registered and replayed in one step: no gap, no duplicate.
         consumer = self._consumer = entry.fanout.consumer(on_skip=seen)
-        self._replay = replay_events(known.workers) or None
+        self._replay = known.replay() or None
         # A raw instance may want to know (SharedDiscovery's upstream rescans).
         raw: object = entry.raw
         joined = getattr(type(raw), "__wool_pooling_joined__", None)

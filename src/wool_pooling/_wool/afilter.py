@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncGenerator
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +11,7 @@ from wool import DiscoverySubscriberLike
 from wool import WorkerMetadata
 
 from .._core.iterators import aclose_iterator
+from .workers import WorkerMap
 
 
 class afilter:
@@ -22,13 +22,17 @@ class afilter:
     consistent lifecycle for every worker that passes:
 
     - a worker entering the predicate yields ``worker-added``;
-    - an update of a tracked worker that still passes yields
-      ``worker-updated`` with the new metadata;
+    - an add or update of a tracked worker that still passes yields
+      ``worker-updated`` with the new metadata, if its metadata changed;
     - a tracked worker that stops passing yields ``worker-dropped``
       with its *previous* (tracked) metadata;
-    - a ``worker-dropped`` of a tracked worker passes through;
-    - any other event (non-passing or dropped untracked worker) is
-      suppressed.
+    - a ``worker-dropped`` of a tracked worker passes through, with the
+      tracked metadata;
+    - any other event (non-passing or dropped untracked worker, or an
+      add or update with unchanged metadata) is suppressed.
+
+    These are the rules :class:`~wool_pooling.SharedDiscovery` applies to
+    the whole stream, applied to the workers that pass.
 
     Guarantees:
 
@@ -87,24 +91,16 @@ class afilter:
     async def _filter(self) -> AsyncGenerator[DiscoveryEvent, None]:
         """Iterate the inner subscriber, applying the transition rules."""
         predicate = self._predicate
-        tracked: dict[uuid.UUID, WorkerMetadata] = {}
+        tracked = WorkerMap()
         iterator = aiter(self._inner)
         try:
             async for event in iterator:
-                metadata = event.metadata
-                uid = metadata.uid
-                previous = tracked.get(uid)
-                if event.type == "worker-dropped":
-                    if previous is not None:
-                        del tracked[uid]
-                        yield DiscoveryEvent("worker-dropped", metadata=metadata)
-                elif predicate(metadata):
-                    tracked[uid] = metadata
-                    kind = "worker-added" if previous is None else "worker-updated"
-                    yield DiscoveryEvent(kind, metadata=metadata)
-                elif previous is not None:
-                    del tracked[uid]
-                    yield DiscoveryEvent("worker-dropped", metadata=previous)
+                if event.type == "worker-dropped" or predicate(event.metadata):
+                    passed = tracked.apply(event)
+                else:  # it does not pass (any longer)
+                    passed = tracked.drop(event.metadata.uid)
+                if passed is not None:
+                    yield passed
         finally:
             with anyio.CancelScope(shield=True):
                 await aclose_iterator(iterator)

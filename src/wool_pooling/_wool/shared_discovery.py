@@ -51,7 +51,7 @@ from .._core.iterators import aclose_iterator
 from .._pooling.decorator import shared_subscription
 from .._pooling.subscription import SharedSubscription
 from .afilter import afilter
-from .tracking import Workers
+from .workers import WorkerMap
 
 __all__ = ["SharedDiscovery", "SyncSharedDiscovery"]
 
@@ -628,7 +628,7 @@ class _UpstreamSubscriber:
         main = self._start(loop, send, alive, main=True)
         # Rescans still open, and when each is to be closed.
         rescans: dict[_Reader, float] = {}
-        known: Workers = {}
+        known = WorkerMap()
         try:
             while True:
                 item: Any
@@ -660,7 +660,12 @@ class _UpstreamSubscriber:
                     continue
                 if reader is not main and reader not in rescans:
                     continue  # a closed rescan: what it still had is not needed
-                event = _changes(known, payload)
+                # Only what changes the known workers is passed on.
+                event: Any = (
+                    known.apply(payload)
+                    if isinstance(payload, DiscoveryEvent)
+                    else payload
+                )
                 if event is None:
                     continue
                 if reader is not main:
@@ -759,31 +764,6 @@ async def _close_when_settled(reader: _Reader, rescans: dict[_Reader, float]) ->
             reader.scope.cancel()
             return
         await anyio.sleep(delay)
-
-
-def _changes(known: Workers, item: object) -> Any:
-    """What ``item`` changes in ``known`` (updated), as the event to pass on.
-
-    ``None`` when it changes nothing. Items that are not discovery events
-    pass through.
-    """
-    if not isinstance(item, DiscoveryEvent):
-        return item
-    metadata = item.metadata
-    uid = metadata.uid
-    if item.type == "worker-dropped":
-        return item if known.pop(uid, None) is not None else None
-    before = known.get(uid)
-    known[uid] = metadata
-    if before is None:
-        if item.type == "worker-added":
-            return item
-        return DiscoveryEvent("worker-added", metadata=metadata)
-    if before is metadata or before == metadata:
-        return None
-    if item.type == "worker-updated":
-        return item
-    return DiscoveryEvent("worker-updated", metadata=metadata)
 
 
 async def _resolve(value: object, stack: AsyncExitStack) -> object:

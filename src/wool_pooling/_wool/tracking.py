@@ -1,4 +1,4 @@
-"""The known workers of one shared discovery stream: apply, diff, replay."""
+"""The known workers of one shared discovery stream, recorded item by item."""
 
 from __future__ import annotations
 
@@ -18,19 +18,16 @@ from wool import WorkerMetadata
 
 from .._core.iterators import aclose_iterator
 from .._core.iterators import throw_into
+from .workers import WorkerMap
+from .workers import Workers
 
 __all__ = [
     "BrokenSubscriber",
     "KnownWorkers",
     "TrackedSource",
     "Tracking",
-    "Workers",
-    "diff_events",
     "open_iterator",
-    "replay_events",
 ]
-
-Workers = dict[uuid.UUID, WorkerMetadata]
 
 
 class BrokenSubscriber(TypeError):
@@ -81,45 +78,20 @@ def _short(value: object) -> str:
     return text if len(text) <= 80 else f"{text[:77]}..."
 
 
-def diff_events(seen: Workers, current: Workers) -> deque[DiscoveryEvent]:
-    """The events that turn the view ``seen`` into ``current``.
-
-    ``worker-added`` for a new worker, ``worker-updated`` for changed
-    metadata, ``worker-dropped`` (with the metadata last seen) for a worker
-    that is gone.
-    """
-    diff: deque[DiscoveryEvent] = deque()
-    for uid, metadata in current.items():
-        before = seen.get(uid)
-        if before is None:
-            diff.append(DiscoveryEvent("worker-added", metadata=metadata))
-        elif before is not metadata and before != metadata:
-            diff.append(DiscoveryEvent("worker-updated", metadata=metadata))
-    for uid, metadata in seen.items():
-        if uid not in current:
-            diff.append(DiscoveryEvent("worker-dropped", metadata=metadata))
-    return diff
-
-
-def replay_events(workers: Workers) -> deque[DiscoveryEvent]:
-    """One ``worker-added`` event per known worker, with its latest metadata."""
-    return deque(
-        DiscoveryEvent("worker-added", metadata=metadata)
-        for metadata in workers.values()
-    )
-
-
 #: An undo record: the uid an item changed and its metadata before (``None``:
 #: it was not known), or ``None`` for an item that changed nothing tracked.
 _Undo = tuple[uuid.UUID, WorkerMetadata | None] | None
 
 
 @final
-class KnownWorkers:
+class KnownWorkers(WorkerMap):
     """The workers a stream has made known, and how to go back a few events.
 
-    :meth:`record` is called once per item the stream logs, in log order, so
-    that :attr:`count` is the log's length. Known workers are those added or
+    A :class:`~wool_pooling._wool.workers.WorkerMap` that counts the items
+    of the stream's log. :meth:`record` is called once per item the stream
+    logs as it came, in log order, so that :attr:`count` is the log's
+    length; :meth:`apply` (and :meth:`drop`) make the event to log instead,
+    and count it only if there is one. Known workers are those added or
     updated and not dropped since, each with its latest metadata, in the
     order they were first seen.
 
@@ -131,11 +103,10 @@ class KnownWorkers:
     records, and the last view :meth:`at` rebuilt.
     """
 
-    __slots__ = ("_at", "_undo", "count", "untracked", "workers")
+    __slots__ = ("_at", "_undo", "count", "untracked")
 
     def __init__(self, history: int | None = None) -> None:
-        #: The workers known at the log's end.
-        self.workers: Workers = {}
+        super().__init__()
         #: Whether an item that is not a discovery event has passed: the
         #: workers then do not describe the whole stream, and a lagging
         #: consumer cannot be resynchronised from them.
@@ -150,7 +121,15 @@ class KnownWorkers:
         self._at: tuple[int, int, Workers] | None = None
 
     def record(self, item: object) -> None:
-        """Apply ``item`` (a discovery event, or an untracked item) as the next."""
+        """Take ``item`` (a discovery event, or an untracked item) as the next
+        logged, as it is: a drop forgets the worker, any other event sets its
+        metadata.
+
+        The log is already decided, so nothing is compared or built: this
+        leaves the state :meth:`apply` would, at the cost of one dict update
+        (the per-item path of every shared stream; a call to a shared helper
+        would cost it a tenth more).
+        """
         self.count += 1
         undo: _Undo = None
         if isinstance(item, DiscoveryEvent):
@@ -166,6 +145,30 @@ class KnownWorkers:
             self.untracked = True
         if self._undo is not None:
             self._undo.append(undo)
+
+    def apply(self, event: DiscoveryEvent) -> DiscoveryEvent | None:
+        """:meth:`WorkerMap.apply <wool_pooling._wool.workers.WorkerMap.apply>`,
+        recording the event returned (if any) as the next logged."""
+        uid = event.metadata.uid
+        before = self.workers.get(uid)
+        passed = super().apply(event)
+        if passed is not None:
+            self._logged(uid, before)
+        return passed
+
+    def drop(self, uid: uuid.UUID) -> DiscoveryEvent | None:
+        """:meth:`WorkerMap.drop <wool_pooling._wool.workers.WorkerMap.drop>`,
+        recording the event returned (if any) as the next logged."""
+        before = self.workers.get(uid)
+        passed = super().drop(uid)
+        if passed is not None:
+            self._logged(uid, before)
+        return passed
+
+    def _logged(self, uid: uuid.UUID, before: WorkerMetadata | None) -> None:
+        self.count += 1
+        if self._undo is not None:
+            self._undo.append((uid, before))
 
     def at(self, count: int) -> Workers:
         """The known workers as they stood after the first ``count`` items.

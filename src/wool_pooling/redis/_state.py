@@ -13,15 +13,19 @@ from collections.abc import Callable
 from typing import final
 
 from wool import DiscoveryEvent
+from wool import DiscoveryEventType
 from wool import WorkerMetadata
 from wool import protocol
 
-from .._wool.tracking import Workers
-from .._wool.tracking import diff_events
+from .._wool.workers import WorkerMap
 
 __all__ = ["Resync", "SubscriptionState", "decode"]
 
-_TYPES = ("worker-added", "worker-updated", "worker-dropped")
+_TYPES: dict[str, DiscoveryEventType] = {
+    "worker-added": "worker-added",
+    "worker-updated": "worker-updated",
+    "worker-dropped": "worker-dropped",
+}
 
 
 class Resync(Exception):
@@ -58,8 +62,9 @@ class SubscriptionState:
     - :meth:`reaped`: a reap's epoch; raises :exc:`Resync` if it changed
       (a flush with no announcement since).
 
-    Memory held: one (payload, metadata) per known worker, plus the keys of
-    the invalid records of the last snapshot (each is warned about once).
+    Memory held: one metadata (in :attr:`workers`) and one payload per known
+    worker, plus the keys of the invalid records of the last snapshot (each
+    is warned about once).
     """
 
     def __init__(
@@ -67,7 +72,11 @@ class SubscriptionState:
     ) -> None:
         self.settle_seconds = settle
         self._invalid = invalid
-        self.known: dict[uuid.UUID, tuple[bytes, WorkerMetadata]] = {}
+        #: The workers yielded: the events passed on are what changes them.
+        self.workers = WorkerMap()
+        #: Each known worker's record as announced: an announcement of the
+        #: same bytes changes nothing, and is not decoded into a comparison.
+        self.payloads: dict[uuid.UUID, bytes] = {}
         self.held: set[uuid.UUID] = set()
         self.settle_until = 0.0
         self.epoch: bytes | None = None
@@ -84,7 +93,8 @@ class SubscriptionState:
         """The events to the snapshot, and whether the server lost its data."""
         lost = self.epoch is not None and epoch != self.epoch
         self.epoch, self.version = epoch, version
-        current: dict[uuid.UUID, tuple[bytes, WorkerMetadata]] = {}
+        current: dict[uuid.UUID, WorkerMetadata] = {}
+        payloads: dict[uuid.UUID, bytes] = {}
         invalid: set[tuple[bytes, bytes]] = set()
         for index in range(0, len(flat) - 1, 2):
             uid, payload = flat[index], flat[index + 1]
@@ -95,16 +105,17 @@ class SubscriptionState:
                 if (uid, payload) not in self._invalid_records:
                     self._invalid(uid, error)
                 continue
-            current[metadata.uid] = (payload, metadata)
+            current[metadata.uid] = metadata
+            payloads[metadata.uid] = payload
         self._invalid_records = invalid
-        missing = {
-            uid: value for uid, value in self.known.items() if uid not in current
-        }
-        target = dict(current)
-        if lost:
-            target.update(missing)  # held: not dropped before the settle time
-        events = list(diff_events(_workers(self.known), _workers(target)))
-        self.known = target
+        missing = [uid for uid in self.workers.workers if uid not in current]
+        if lost:  # held: not dropped before the settle time
+            for uid in missing:
+                current[uid] = self.workers.workers[uid]
+                payloads[uid] = self.payloads[uid]
+        target = WorkerMap(current)
+        events = list(self.workers.diff(target))
+        self.workers, self.payloads = target, payloads
         self.held = set(missing) if lost else set()
         self.settle_until = now + self.settle_seconds
         return events, lost
@@ -141,15 +152,16 @@ class SubscriptionState:
             self._invalid(data[:60], error)
             raise Resync("an announcement did not parse") from error
         self.version = version
-        return self._apply(text, metadata, payload)
+        return self._apply(_TYPES[text], metadata, payload)
 
     def settle(self) -> list[DiscoveryEvent]:
         """Drop the held workers that were not announced again."""
         events: list[DiscoveryEvent] = []
         for uid in self.held:
-            before = self.known.pop(uid, None)
-            if before is not None:
-                events.append(DiscoveryEvent("worker-dropped", metadata=before[1]))
+            event = self.workers.drop(uid)
+            if event is not None:
+                del self.payloads[uid]
+                events.append(event)
         self.held.clear()
         return events
 
@@ -161,26 +173,18 @@ class SubscriptionState:
             )
 
     def _apply(
-        self, kind: str, metadata: WorkerMetadata, payload: bytes
+        self, kind: DiscoveryEventType, metadata: WorkerMetadata, payload: bytes
     ) -> DiscoveryEvent | None:
         """The event for consumers (never a second add, never an unknown drop)."""
-        self.held.discard(metadata.uid)
-        before = self.known.get(metadata.uid)
+        uid = metadata.uid
+        self.held.discard(uid)
         if kind == "worker-dropped":
-            if before is None:
-                return None
-            del self.known[metadata.uid]
-            return DiscoveryEvent("worker-dropped", metadata=before[1])
-        self.known[metadata.uid] = (payload, metadata)
-        if before is None:
-            return DiscoveryEvent("worker-added", metadata=metadata)
-        if before[0] == payload:
-            return None
-        return DiscoveryEvent("worker-updated", metadata=metadata)
-
-
-def _workers(known: dict[uuid.UUID, tuple[bytes, WorkerMetadata]]) -> Workers:
-    return {uid: metadata for uid, (_, metadata) in known.items()}
+            self.payloads.pop(uid, None)
+        elif self.payloads.get(uid) == payload:
+            return None  # announced again as it stands
+        else:
+            self.payloads[uid] = payload
+        return self.workers.apply(DiscoveryEvent(kind, metadata=metadata))
 
 
 def _malformed() -> ValueError:
