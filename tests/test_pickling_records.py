@@ -32,6 +32,7 @@ from wool_pooling import SharedDiscovery
 from wool_pooling import SharedSubscription
 from wool_pooling import SyncSharedDiscovery
 from wool_pooling import afilter
+from wool_pooling.redis import RedisDiscovery
 
 
 def passes_every_worker(metadata: WorkerMetadata) -> bool:
@@ -256,3 +257,65 @@ def test_shared_discovery_of_a_sync_inner_is_sync(pickler: str) -> None:
     """The copy of a SyncSharedDiscovery is a SyncSharedDiscovery."""
     shared = SharedDiscovery(wool.LocalDiscovery("records-sync"))
     assert isinstance(round_trip(shared, pickler), SyncSharedDiscovery)
+
+
+#: Every argument of a RedisDiscovery, none its default (no connection is made).
+redis_arguments = st.fixed_dictionaries(
+    {
+        "url": st.tuples(
+            st.integers(min_value=1024, max_value=65535), st.integers(0, 15)
+        ).map(lambda port_db: f"redis://127.0.0.1:{port_db[0]}/{port_db[1]}"),
+        "namespace": namespaces,
+        "bind_host": st.just("127.0.0.2"),
+        "advertise_host": st.integers(1, 254).map(lambda last: f"10.0.0.{last}"),
+        "lease": seconds.filter(lambda lease: lease != 10.0),
+        "reap_interval": seconds,
+        "connect_timeout": seconds.filter(lambda timeout: timeout != 5.0),
+        "reconnect": restart_policies(),
+        "shared": st.just(False),
+        "client_options": st.fixed_dictionaries(
+            {"health_check_interval": st.integers(1, 60)}
+        ),
+        "key_prefix": st.text(alphabet="abcxyz:", min_size=1, max_size=8).filter(
+            lambda prefix: prefix != "wool:"
+        ),
+    }
+)
+
+
+#: The RedisDiscovery arguments it keeps as public attributes.
+PUBLIC_REDIS_ARGUMENTS = (
+    "url",
+    "namespace",
+    "bind_host",
+    "advertise_host",
+    "lease",
+    "connect_timeout",
+    "shared",
+    "client_options",
+    "key_prefix",
+)
+
+
+@examples
+@given(arguments=redis_arguments, poll=seconds)
+def test_shared_discovery_of_a_redis_discovery_adds_and_loses_nothing(
+    pickler: str, arguments: dict[str, Any], poll: float
+) -> None:
+    """A pickled SharedDiscovery of a RedisDiscovery is the SharedDiscovery of
+    the RedisDiscovery's own pickled copy, with equal options: the wrapper
+    loses no argument on the way (RedisDiscovery's own round trip is pinned
+    with the redis package)."""
+    inner = RedisDiscovery(**arguments)
+    shared = SharedDiscovery(inner, poll_interval=poll)
+    copy = round_trip(shared, pickler)
+    alone = round_trip(inner, pickler)
+    assert type(copy) is type(shared)
+    assert copy.subscribe_options == {"poll_interval": poll}
+    assert type(copy.inner) is RedisDiscovery
+    for name in PUBLIC_REDIS_ARGUMENTS:
+        assert getattr(copy.inner, name) == getattr(alone, name), name
+    assert copy == SharedDiscovery(alone, poll_interval=poll)
+    assert round_trip(shared.subscriber, pickler) == (
+        SharedDiscovery(alone, poll_interval=poll).subscriber
+    )
