@@ -234,7 +234,8 @@ def test_shared_discovery_travels_whole(
 ) -> None:
     """A pickled SharedDiscovery of wool's discoveries equals the original, of
     the same class, with equal options and inner; and equality reads every
-    argument (changing any one makes it unequal), so every argument is equal."""
+    argument (changing any one makes it, and its upstream, another), so
+    every argument is equal."""
     build, arguments = (
         (local_discovery, local) if kind == "local" else (lan_discovery, lan)
     )
@@ -250,7 +251,9 @@ def test_shared_discovery_travels_whole(
     assert copy.subscriber == shared.subscriber
     assert round_trip(shared.subscriber, pickler) == shared.subscriber
     for name, value in arguments.items():
-        assert build({**arguments, name: changed(name, value)}) != shared, name
+        other = build({**arguments, name: changed(name, value)})
+        assert other != shared, name
+        assert other.subscriber != shared.subscriber, name  # another upstream
 
 
 def test_shared_discovery_of_a_sync_inner_is_sync(pickler: str) -> None:

@@ -551,7 +551,7 @@ class _Portable:
     recipe, their discoveries are (by identity, when unhashable).
     """
 
-    __slots__ = ("discovery", "key", "options", "recipe", "shipped")
+    __slots__ = ("_key", "discovery", "options", "recipe", "shipped")
 
     def __init__(
         self,
@@ -564,7 +564,19 @@ class _Portable:
         self.options = options
         self.recipe = recipe
         self.shipped = shipped
-        self.key: Hashable = (_discovery_key(discovery, recipe), options)
+        self._key: Hashable | None = None
+
+    @property
+    def key(self) -> Hashable:
+        """``(the discovery's part, options)``: computed when first needed (a
+        discovery's hash may resolve a host name)."""
+        key = self._key
+        if key is None:
+            key = self._key = (
+                _discovery_key(self.discovery, self.recipe),
+                self.options,
+            )
+        return key
 
     @classmethod
     def of(cls, discovery: DiscoveryLike, options: Options) -> _Portable:
