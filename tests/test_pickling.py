@@ -440,14 +440,80 @@ class _Entered:
         raise NotImplementedError
 
 
-def test_a_discovery_that_cannot_be_rebuilt_fails_at_construction() -> None:
-    """SharedDiscovery(...) of a discovery with no recipe and no __reduce__
-    raises a TypeError naming the class and the __reduce__ to add."""
-    with pytest.raises(TypeError) as raised:
-        SharedDiscovery(_Entered())  # type: ignore[arg-type]
-    message = str(raised.value)
-    assert "SharedDiscovery cannot ship a _Entered to worker processes" in message
-    assert "add a __reduce__ to _Entered" in message
+class _Unshippable(_Entered):
+    """A discovery without a ``__reduce__`` whose subscriber does not pickle."""
+
+    def subscribe(self, filter: Any = None) -> Any:
+        return self  # it holds a lock
+
+
+class _Wrapper(_Entered):
+    """A discovery without a ``__reduce__`` (holding a lock, so it cannot be
+    pickled whole) whose subscriber pickles: wool's LocalDiscovery's."""
+
+    def __init__(self, namespace: str) -> None:
+        super().__init__()
+        self.inner = wool.LocalDiscovery(namespace)
+
+    def subscribe(self, filter: Any = None, **options: Any) -> Any:
+        return self.inner.subscribe(filter, **options)
+
+
+def test_a_discovery_that_cannot_be_shipped_fails_at_construction() -> None:
+    """SharedDiscovery(...) of a discovery with no recipe and no __reduce__,
+    whose subscribe() fails or returns what does not pickle, raises a
+    TypeError naming the class and the __reduce__ to add."""
+    for inner, cause in (
+        (_Unshippable(), "that _Unshippable does not pickle"),
+        (_Entered(), "subscribe() raised NotImplementedError()"),
+    ):
+        with pytest.raises(TypeError) as raised:
+            SharedDiscovery(inner)  # type: ignore[arg-type]
+        message = str(raised.value)
+        name = type(inner).__qualname__
+        assert f"SharedDiscovery cannot ship a {name} to worker processes" in message
+        assert cause in message
+        assert f"add a __reduce__ to {name}" in message
+
+
+def test_a_discovery_without_reduce_travels_as_its_subscriber() -> None:
+    """The subscriptions of a SharedDiscovery over a discovery that cannot be
+    pickled carry what its subscribe() returns: copies are equal to each
+    other (one upstream per process), their upstream iterates that subscriber,
+    and the discovery itself is never pickled."""
+    namespace = f"ship-{uuid.uuid4().hex}"
+    inner = _Wrapper(namespace)
+    shared = SharedDiscovery(inner, poll_interval=0.5)  # type: ignore[arg-type]
+    subscriber = inner.subscribe(poll_interval=0.5)
+    for dumps in (cloudpickle.dumps, pickle.dumps):
+        data = dumps(shared.subscriber)
+        first, second = pickle.loads(data), pickle.loads(data)
+        assert first == second
+        assert hash(first) == hash(second)
+        assert first != shared.subscriber  # a different process's key
+        (portable, options), _ = first.args, first.kwargs
+        assert options == (("poll_interval", 0.5),)
+        # What the upstream iterates is a copy of the subscriber.
+        copied = portable.discovery.subscribe(**dict(options))
+        assert type(copied) is type(subscriber)
+        assert copied.__reduce__() == subscriber.__reduce__()
+        again = pickle.loads(dumps(first))  # and it travels on, to a nested dispatch
+        assert again == first
+        filtered = pickle.loads(dumps(shared.subscribe(_is_even_pid)))
+        assert filtered.inner == first
+
+
+def _is_even_pid(metadata: WorkerMetadata) -> bool:
+    return metadata.pid % 2 == 0
+
+
+def test_a_shared_discovery_that_ships_subscribers_does_not_pickle_itself() -> None:
+    """Pickling the SharedDiscovery itself (never done by wool) over a
+    discovery that cannot travel is a TypeError naming the class."""
+    shared = SharedDiscovery(_Wrapper(f"ship-{uuid.uuid4().hex}"))  # type: ignore[arg-type]
+    for dumps in (cloudpickle.dumps, pickle.dumps):
+        with pytest.raises(TypeError, match="SharedDiscovery of a _Wrapper"):
+            dumps(shared)
 
 
 def test_a_discovery_with_its_own_reduce_travels_by_it() -> None:

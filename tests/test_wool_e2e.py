@@ -467,3 +467,106 @@ async def test_the_pool_that_entered_first_exits_while_another_dispatches() -> N
                 for a in range(5):
                     assert await add(a, 1) == a + 1
                 assert await worker_pid() == other_pid
+
+
+class DirectDiscovery:
+    """A discovery around an entered one, as a plain object: no context
+    manager, no ``__reduce__``, and a lock (so it cannot be pickled whole)."""
+
+    def __init__(self, discovery: Any) -> None:
+        self._discovery = discovery
+        self._lock = threading.Lock()
+
+    @property
+    def publisher(self) -> Any:
+        return self._discovery.publisher
+
+    @property
+    def subscriber(self) -> Any:
+        return self._discovery.subscriber
+
+    def subscribe(self, filter: Callable[..., bool] | None = None) -> Any:
+        return self._discovery.subscribe(filter)
+
+
+class NamespaceDiscovery:
+    """A discovery of a LocalDiscovery namespace that never enters one: no
+    context manager and no ``__reduce__``, and a lock, so only what its
+    ``subscribe`` returns can travel."""
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+        self._lock = threading.Lock()
+
+    @property
+    def publisher(self) -> Any:
+        return wool.LocalDiscovery(self.namespace).publisher
+
+    @property
+    def subscriber(self) -> Any:
+        return self.subscribe()
+
+    def subscribe(
+        self, filter: Callable[..., bool] | None = None, **options: Any
+    ) -> Any:
+        return wool.LocalDiscovery(self.namespace).subscribe(filter, **options)
+
+
+async def test_a_wrapped_entered_discovery_is_shipped_as_its_subscriber() -> None:
+    """SharedDiscovery around a plain wrapper of an entered discovery (no
+    ``__reduce__``) works in real pools: nested dispatch from two client
+    pools finds the worker, and on the worker both proxies share one upstream."""
+    namespace = f"e2e-{uuid.uuid4().hex}"
+    async with running_worker() as fresh, SubscriptionPool():
+        with wool.LocalDiscovery(namespace) as local:
+            shared = SharedDiscovery(DirectDiscovery(local))
+            publisher: Any = shared.publisher
+            async with publisher:
+                await publisher.publish("worker-added", fresh.metadata)
+                try:
+                    token = uuid.uuid4().hex
+                    results: dict[str, tuple[int, int, int, int]] = {}
+
+                    async def client(name: str, a: int) -> None:
+                        async with pool_on(shared):
+                            assert await nested_add(a, 1) == (a + 1, fresh.metadata.pid)
+                            results[name] = await nested_then_pool_statistics(
+                                token, 2, a, 2
+                            )
+
+                    with anyio.fail_after(DEADLINE):
+                        async with anyio.create_task_group() as tg:
+                            tg.start_soon(client, "first", 10)
+                            tg.start_soon(client, "second", 20)
+                finally:
+                    await publisher.publish("worker-dropped", fresh.metadata)
+        # On the worker: one entry (one upstream), two consumers (two proxies).
+        assert results == {
+            "first": (12, fresh.metadata.pid, 1, 2),
+            "second": (22, fresh.metadata.pid, 1, 2),
+        }
+        assert shared.entered == 0
+        assert statistics() == (0, 0)
+
+
+async def test_a_discovery_without_reduce_is_shipped_as_its_subscriber(
+    worker: wool.LocalWorker,
+) -> None:
+    """SharedDiscovery around a discovery class with no ``__reduce__`` and
+    subscribe options works in a real pool: a routine dispatched through it
+    dispatches a nested routine from inside the worker, which finds the worker."""
+    namespace = f"e2e-{uuid.uuid4().hex}"
+    shared = SharedDiscovery(NamespaceDiscovery(namespace), poll_interval=POLL)
+    async with SubscriptionPool():
+        with wool.LocalDiscovery(namespace):
+            publisher: Any = shared.publisher
+            async with publisher:
+                await publisher.publish("worker-added", worker.metadata)
+                try:
+                    async with pool_on(shared):
+                        with anyio.fail_after(DEADLINE):
+                            assert await nested_add(2, 3) == (5, worker.metadata.pid)
+                            assert await add(1, 1) == 2
+                finally:
+                    await publisher.publish("worker-dropped", worker.metadata)
+        assert statistics() == (0, 0)

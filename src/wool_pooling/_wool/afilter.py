@@ -43,7 +43,10 @@ class afilter:
     - memory held is one :class:`WorkerMetadata` per tracked worker per
       iteration;
     - when an iteration ends, is closed (``aclose()``) or is cancelled,
-      the inner iterator is closed too (if it has ``aclose``).
+      the inner iterator is closed too (if it has ``aclose``);
+    - two are equal (and hash alike) when their predicates and inners are,
+      and a pickled copy (``predicate`` and ``inner`` pickled) is equal to
+      the original.
 
     :param predicate: Callable deciding whether a worker passes.
     :param inner: Upstream discovery subscriber to filter.
@@ -82,8 +85,23 @@ class afilter:
     def __repr__(self) -> str:
         return f"afilter({self._predicate!r}, {self._inner!r})"
 
+    def _arguments(
+        self,
+    ) -> tuple[Callable[[WorkerMetadata], bool], DiscoverySubscriberLike]:
+        """The one record of the constructor arguments: pickling, equality
+        and hash all read it."""
+        return (self._predicate, self._inner)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, afilter):
+            return NotImplemented
+        return self._arguments() == other._arguments()
+
+    def __hash__(self) -> int:
+        return hash(self._arguments())
+
     def __reduce__(self) -> tuple[Any, ...]:
-        return (afilter, (self._predicate, self._inner))
+        return (afilter, self._arguments())
 
     def __aiter__(self) -> AsyncGenerator[DiscoveryEvent, None]:
         return self._filter()

@@ -20,6 +20,7 @@ import contextvars
 import copyreg
 import inspect
 import logging
+import pickle
 import threading
 from collections.abc import AsyncGenerator
 from collections.abc import Awaitable
@@ -37,6 +38,7 @@ from typing import overload
 from typing import runtime_checkable
 
 import anyio
+import cloudpickle
 import wool
 from anyio.streams.memory import MemoryObjectSendStream
 from wool import DiscoveryEvent
@@ -106,10 +108,14 @@ class SharedDiscovery:
       for example ``poll_interval=0.2`` for ``wool.LocalDiscovery``. They
       must be hashable: they are part of the upstream's key.
 
-    **Identity of the upstream.** The upstream is keyed by ``inner`` itself
-    when it is hashable (``LocalDiscovery`` compares by namespace, so two
-    instances of one namespace, including copies unpickled in a worker
-    process, share one upstream), and by the identity of ``inner`` otherwise.
+    **Identity of the upstream.** The upstream is keyed by the options and,
+    for wool's ``LocalDiscovery`` and ``LanDiscovery``, by their class and
+    constructor arguments (two instances of one namespace and settings,
+    including copies unpickled in a worker process, share one upstream;
+    instances with different constructor filters do not); for any other
+    discovery by ``inner`` itself when it is hashable, and by its identity
+    otherwise. Two ``SharedDiscovery`` of the same class compare equal (and
+    hash alike) when their upstreams would be shared.
 
     **Context manager.** Entering is reentrant and counted, because wool
     enters the discovery of every pool it is given and several pools may
@@ -129,36 +135,41 @@ class SharedDiscovery:
     :exc:`RuntimeError`.
 
     **Pickling.** Everything handed out pickles with cloudpickle (and with
-    plain pickle when the recipe of ``inner``, the options and any filter
+    plain pickle when what travels for ``inner``, the options and any filter
     do), so wool can ship a proxy's subscription into worker processes;
     there the copy joins the pool of the process that iterates it, so all
     proxies on a worker share one upstream too. What travels for ``inner``
-    is a recipe that rebuilds an equal, unentered discovery, never the
-    object the pools entered: for wool's ``LocalDiscovery`` and
-    ``LanDiscovery`` their class and constructor arguments (no shared-memory
-    segment, no cleanup closure), for any other discovery its own
-    ``__reduce__`` (``wool_pooling.redis.RedisDiscovery`` has one: url,
-    namespace and options, no connection). A ``SharedDiscovery`` pickles as
-    ``(recipe, subscribe_options)``: the copy starts unentered. Equality and
-    hash of a subscription (its pool key) are those of ``inner`` and the
-    options, so a copy shares the original's upstream.
+    is never the object the pools entered: for wool's ``LocalDiscovery``
+    and ``LanDiscovery`` their class and constructor arguments (no
+    shared-memory segment, no cleanup closure), rebuilt as an equal,
+    unentered discovery; for a discovery with a ``__reduce__`` of its own
+    (``wool_pooling.redis.RedisDiscovery`` has one) that reduction; for any
+    other discovery, what wool itself ships: the subscriber
+    ``inner.subscribe(**subscribe_options)`` returned when this wrapper was
+    made, which must pickle. In a worker process, subscriptions carrying
+    equal subscribers share one upstream. A ``SharedDiscovery`` pickles as
+    ``(inner's recipe or reduction, subscribe_options)``: the copy starts
+    unentered and compares equal to the original; one over a discovery of
+    the last kind does not pickle itself (wool never pickles the discovery a
+    pool is given, only its subscriptions). Pickling, equality, hash and
+    the upstream's key all read one record of the arguments.
 
     :param inner: The wool discovery to wrap (anything with ``publisher`` and
         ``subscribe``).
     :param subscribe_options: Keyword arguments for ``inner.subscribe``.
     :raises TypeError: if ``inner`` has no callable ``subscribe``, if an
-        option value is not hashable, or if ``inner`` cannot be rebuilt in
-        another process (neither wool's ``LocalDiscovery`` or
-        ``LanDiscovery`` nor a class with a ``__reduce__`` of its own): the
-        message names the class and the ``__reduce__`` to add.
+        option value is not hashable, or if nothing of ``inner`` can reach
+        another process: it is neither wool's ``LocalDiscovery`` or
+        ``LanDiscovery`` nor a class with a ``__reduce__`` of its own, and
+        ``inner.subscribe(**subscribe_options)`` raises or returns what does
+        not pickle with cloudpickle. The message names the class and the
+        ``__reduce__`` that would let ``inner`` itself travel.
     """
 
     __slots__ = (
         "__weakref__",
         "_entered",
-        "_inner",
         "_lock",
-        "_options",
         "_portable",
         "_transition",
     )
@@ -191,15 +202,22 @@ class SharedDiscovery:
             raise TypeError(
                 f"SharedDiscovery subscribe options must be hashable, got {options!r}"
             ) from error
-        self._inner = inner
-        # How a copy in another process rebuilds ``inner``, unentered: checked
-        # here, so a discovery that cannot travel fails now, not at dispatch.
-        self._portable = _Portable(inner, _recipe(inner))
-        self._options: Options = options
+        # The one record of the arguments: pickling, equality, hash and the
+        # upstream's key all read it. How ``inner`` travels is settled here,
+        # so what cannot travel at all fails now, not at dispatch.
+        self._portable = _Portable.of(inner, options)
         self._entered = 0
         self._lock = threading.Lock()
         # Set while an asynchronous inner is being entered or exited.
         self._transition: anyio.Event | None = None
+
+    @property
+    def _inner(self) -> DiscoveryLike:
+        return self._portable.discovery
+
+    @property
+    def _options(self) -> Options:
+        return self._portable.options
 
     @property
     def inner(self) -> DiscoveryLike:
@@ -331,7 +349,27 @@ class SharedDiscovery:
     # -- pickling and repr ----------------------------------------------------
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_restore, (self._portable, dict(self._options)))
+        portable = self._portable
+        if portable.shipped is not None:
+            cls = type(portable.discovery)
+            raise TypeError(
+                f"cannot pickle a SharedDiscovery of a {cls.__qualname__}: a "
+                f"{cls.__qualname__} has no __reduce__, so only what its "
+                "subscribe() returns travels (in every subscription this "
+                "SharedDiscovery hands out, as wool ships it), never the "
+                f"discovery; add a __reduce__ to {cls.__qualname__} that "
+                "rebuilds it, unentered, to pickle the SharedDiscovery itself"
+            )
+        return (_restore, (portable,))
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when of the same class, over equal records (see :class:`_Portable`)."""
+        if not isinstance(other, SharedDiscovery):
+            return NotImplemented
+        return type(self) is type(other) and self._portable == other._portable
+
+    def __hash__(self) -> int:
+        return hash((type(self), self._portable))
 
     def __repr__(self) -> str:
         options = "".join(f", {name}={value!r}" for name, value in self._options)
@@ -376,55 +414,49 @@ class SyncSharedDiscovery(SharedDiscovery):
         self._exit_sync(exc_type, exc, traceback)
 
 
-def _restore(portable: _Portable, options: dict[str, Hashable]) -> SharedDiscovery:
+def _restore(portable: _Portable) -> SharedDiscovery:
     """Unpickle a :class:`SharedDiscovery`: a fresh, unentered wrapper."""
-    return SharedDiscovery(portable.discovery, **options)
+    return SharedDiscovery(portable.discovery, **dict(portable.options))
 
 
 def _is_sync_context_manager(value: object) -> bool:
     return isinstance(value, AbstractContextManager)
 
 
-# -- what travels to another process: a recipe, never the entered discovery ---
+# -- what travels to another process: never the entered discovery -----------
 
 #: wool's discoveries that are rebuilt from their constructor arguments.
 _BY_CONSTRUCTOR: tuple[type, ...] = (wool.LocalDiscovery, wool.LanDiscovery)
 
 #: A discovery's recipe: ``factory(*args, **kwargs)`` rebuilds it, unentered;
-#: ``None`` when the discovery pickles by its own ``__reduce__``.
+#: ``None`` when it is not rebuilt from its constructor arguments.
 Recipe = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]] | None
 
 
 def _recipe(inner: object) -> Recipe:
-    """How to rebuild ``inner``, unentered, in another process.
+    """How to rebuild ``inner``, unentered, from its constructor arguments.
 
     wool's ``LocalDiscovery`` and ``LanDiscovery``: their class, called with
     the arguments they were constructed with (read back from the instance,
     which keeps each one as an attribute named after the parameter, with a
     leading underscore), so none of the state entering them creates (a
-    shared-memory segment, its cleanup) travels. Any other discovery pickles
-    by its own ``__reduce__`` (or ``__reduce_ex__``, or a ``copyreg``
-    reducer): only it knows what of it may travel.
-
-    :raises TypeError: naming the class and what to add, for a discovery
-        that is none of these.
+    shared-memory segment, its cleanup) travels. ``None`` for any other
+    discovery.
     """
     cls = type(inner)
     if cls in _BY_CONSTRUCTOR:
         return _constructor_recipe(inner, cls)
-    if (
+    return None
+
+
+def _reduces_itself(cls: type) -> bool:
+    """Whether ``cls`` says itself how it pickles (``__reduce__``,
+    ``__reduce_ex__`` or a ``copyreg`` reducer): only it knows what of it may
+    travel."""
+    return (
         cls.__reduce__ is not object.__reduce__
         or cls.__reduce_ex__ is not object.__reduce_ex__
         or cls in copyreg.dispatch_table
-    ):
-        return None
-    raise TypeError(
-        f"SharedDiscovery cannot ship a {cls.__qualname__} to worker processes: "
-        "wool pickles a pool's subscription into every task it dispatches, and "
-        f"{cls.__qualname__} has no __reduce__, so its whole state would travel "
-        "(whatever entering it opened included); add a __reduce__ to "
-        f"{cls.__qualname__} that rebuilds it, unentered, from what it is made "
-        "of, e.g. 'def __reduce__(self): return (type(self), (self.namespace,))'"
     )
 
 
@@ -455,45 +487,210 @@ def _constructor_recipe(inner: object, cls: type) -> Recipe:
     return (cls, tuple(args), kwargs)
 
 
+def _shipped_subscriber(inner: DiscoveryLike, options: Options) -> bytes:
+    """What ``inner.subscribe(**options)`` returns, pickled (with cloudpickle).
+
+    What travels in place of a discovery that cannot: wool itself ships the
+    subscriber a discovery's ``subscribe`` returns, never the discovery.
+
+    :raises TypeError: naming the class, if ``subscribe`` fails or what it
+        returns does not pickle (with cloudpickle, as wool pickles).
+    """
+    name = type(inner).__qualname__
+    cannot = (
+        f"SharedDiscovery cannot ship a {name} to worker processes: wool "
+        "pickles a pool's subscription into every task it dispatches, and "
+        f"{name} has no __reduce__, so what its subscribe() returns travels "
+        "in its place (as wool ships it)"
+    )
+    remedy = (
+        f"make that picklable, or add a __reduce__ to {name} that rebuilds it, "
+        "unentered, from what it is made of, e.g. "
+        "'def __reduce__(self): return (type(self), (self.namespace,))'"
+    )
+    try:
+        subscriber: object = cast(Any, inner).subscribe(**dict(options))
+    except Exception as error:
+        raise TypeError(
+            f"{cannot}, but subscribe({_shown(options)}) raised {error!r}; {remedy}"
+        ) from error
+    try:
+        return cloudpickle.dumps(subscriber)  # pyright: ignore[reportUnknownMemberType]
+    except Exception as error:
+        raise TypeError(
+            f"{cannot}, but that {type(subscriber).__qualname__} does not "
+            f"pickle ({error}); {remedy}"
+        ) from error
+
+
+def _shown(options: Options) -> str:
+    return ", ".join(f"{name}={value!r}" for name, value in options)
+
+
 @final
 class _Portable:
-    """A discovery, and how another process rebuilds it: what a subscription
-    carries. Pickles as the recipe (or as the discovery's own reduction), so
-    a copy is built fresh and unentered wherever it is unpickled."""
+    """The one record of a :class:`SharedDiscovery`'s arguments, and how what
+    it subscribes to reaches another process: what a subscription carries.
 
-    __slots__ = ("discovery", "recipe")
+    Holds the discovery, the options of its ``subscribe``, and one of, settled
+    at construction (:meth:`of`):
 
-    def __init__(self, discovery: DiscoveryLike, recipe: Recipe) -> None:
+    - a recipe (``LocalDiscovery``, ``LanDiscovery``): it pickles as their
+      class and constructor arguments, and is rebuilt fresh and unentered;
+    - nothing else, for a discovery that says itself how it pickles (its own
+      ``__reduce__``): it pickles as that discovery;
+    - for any other discovery, ``shipped``: the subscriber its
+      ``subscribe(**options)`` returned, pickled once, here (so one that
+      does not pickle fails now). That subscriber travels in the
+      discovery's place, as wool itself ships one, and arrives as a
+      :class:`_SubscriberOnly`.
+
+    Pickling, equality and hash read this record, and so does the key of the
+    upstream: two are equal when their options are and their recipes are
+    (discoveries rebuilt from equal constructor arguments), or, without a
+    recipe, their discoveries are (by identity, when unhashable).
+    """
+
+    __slots__ = ("_key", "discovery", "options", "recipe", "shipped")
+
+    def __init__(
+        self,
+        discovery: DiscoveryLike,
+        options: Options,
+        recipe: Recipe = None,
+        shipped: bytes | None = None,
+    ) -> None:
         self.discovery = discovery
+        self.options = options
         self.recipe = recipe
+        self.shipped = shipped
+        self._key: Hashable | None = None
+
+    @property
+    def key(self) -> Hashable:
+        """``(the discovery's part, options)``: computed when first needed (a
+        discovery's hash may resolve a host name)."""
+        key = self._key
+        if key is None:
+            key = self._key = (
+                _discovery_key(self.discovery, self.recipe),
+                self.options,
+            )
+        return key
+
+    @classmethod
+    def of(cls, discovery: DiscoveryLike, options: Options) -> _Portable:
+        """Settle how ``discovery`` travels.
+
+        :raises TypeError: naming the class, when neither the discovery nor
+            what its ``subscribe(**options)`` returns can be pickled.
+        """
+        recipe = _recipe(discovery)
+        if recipe is not None or _reduces_itself(type(discovery)):
+            return cls(discovery, options, recipe)
+        return cls(discovery, options, None, _shipped_subscriber(discovery, options))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Portable) and self.key == other.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
 
     def __reduce__(self) -> tuple[Any, ...]:
+        if self.shipped is not None:
+            return (_Portable, (_SubscriberOnly(self.shipped), self.options))
         if self.recipe is None:
-            return (_adopt, (self.discovery,))
+            return (_Portable, (self.discovery, self.options))
         factory, args, kwargs = self.recipe
         if kwargs:
-            return (_rebuild_with, (factory, args, kwargs))
-        return (_rebuild, (factory, *args))
+            return (_rebuild_with, (self.options, factory, args, kwargs))
+        return (_rebuild, (self.options, factory, *args))
 
     def __repr__(self) -> str:
         return repr(self.discovery)
 
 
-def _adopt(discovery: DiscoveryLike) -> _Portable:
-    """Unpickle a :class:`_Portable` of a discovery that reduced itself."""
-    return _Portable(discovery, None)
+def _discovery_key(discovery: object, recipe: Recipe) -> Hashable:
+    """A discovery's part of the key: its recipe (class and constructor
+    arguments) when it has a hashable one, else the discovery itself, by
+    identity when unhashable."""
+    if recipe is not None:
+        factory, args, kwargs = recipe
+        key = (factory, args, tuple(sorted(kwargs.items())))
+        try:
+            hash(key)
+        except TypeError:
+            pass
+        else:
+            return key
+    try:
+        hash(discovery)
+    except TypeError:
+        return _Identity(discovery)
+    return discovery
 
 
-def _rebuild(factory: Callable[..., DiscoveryLike], *args: Any) -> _Portable:
+def _rebuild(
+    options: Options, factory: Callable[..., DiscoveryLike], *args: Any
+) -> _Portable:
     """Unpickle a :class:`_Portable` from its recipe: a fresh, unentered discovery."""
-    return _Portable(factory(*args), (factory, args, {}))
+    return _Portable(factory(*args), options, (factory, args, {}))
 
 
 def _rebuild_with(
-    factory: Callable[..., DiscoveryLike], args: tuple[Any, ...], kwargs: dict[str, Any]
+    options: Options,
+    factory: Callable[..., DiscoveryLike],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
 ) -> _Portable:
     """:func:`_rebuild`, with keyword arguments."""
-    return _Portable(factory(*args, **kwargs), (factory, args, kwargs))
+    return _Portable(factory(*args, **kwargs), options, (factory, args, kwargs))
+
+
+@final
+class _SubscriberOnly:
+    """A discovery that cannot travel, as it arrives in another process: the
+    subscriber its ``subscribe(**options)`` returned where it was wrapped,
+    pickled there.
+
+    :meth:`subscribe` unpickles that subscriber afresh (the options were
+    applied where it was made); wool's subscribers are cheap handles that
+    share their process's watch. Two are equal when their subscribers
+    pickled to the same bytes, so the copies of one subscription that reach
+    a process (one per task wool dispatches there) share one upstream,
+    whether or not the subscriber's class defines equality (wool's do not).
+    Pickles as those bytes, so it travels on, to a nested dispatch, the same
+    way and with the same key.
+    """
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    @property
+    def publisher(self) -> DiscoveryPublisherLike:
+        """Never: only a subscriber travelled here."""
+        raise TypeError(
+            f"{self!r} has no publisher: only the subscriber of a discovery "
+            "without a __reduce__ travels to another process"
+        )
+
+    def subscribe(self, **options: Hashable) -> object:
+        """The subscriber that travelled (``options`` applied where it was made)."""
+        return pickle.loads(self.data)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _SubscriberOnly) and self.data == other.data
+
+    def __hash__(self) -> int:
+        return hash(self.data)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_SubscriberOnly, (self.data,))
+
+    def __repr__(self) -> str:
+        return f"<subscriber of {len(self.data)} pickled bytes>"
 
 
 # -- the shared upstream ------------------------------------------------------
@@ -516,13 +713,8 @@ class _Identity:
 
 
 def _upstream_key(cls: type, portable: _Portable, options: Options) -> Hashable:
-    """Key the upstream by the discovery (its identity, if unhashable) and options."""
-    inner = portable.discovery
-    try:
-        hash(inner)
-    except TypeError:
-        return (_Identity(inner), options)
-    return (inner, options)
+    """Key the upstream by the record of the discovery and options (its ``key``)."""
+    return portable.key
 
 
 #: Seconds a joiner's fresh scan of the inner discovery stays open after it
