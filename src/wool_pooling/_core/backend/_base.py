@@ -151,7 +151,9 @@ class EventLoop(ABC):
     @abstractmethod
     def state(self) -> str:
         """``"RUNNING"``, ``"CLOSED"`` (asyncio: closed, not yet collected)
-        or ``"GONE"`` (the loop or run no longer exists)."""
+        or ``"GONE"`` (the loop or run has been collected). A finished trio
+        run reads ``"RUNNING"`` until its token is collected: trio tells
+        whether a run has finished only by refusing :meth:`run_soon`."""
 
     def __repr__(self) -> str:
         return f"<EventLoop [{self.backend}, {self.state()}]>"
