@@ -15,21 +15,29 @@ One module per idea:
   :class:`Waiters` and :class:`Interruptible`;
 - ``_asyncio``: ``AsyncioLoop``, for asyncio (uvloop included);
 - ``_trio``: ``TrioLoop``, for trio. trio is optional: that module, which
-  imports it, is imported only by :func:`current_loop` once trio is imported
-  and a trio run is active in the calling thread.
+  imports it, is imported only by :func:`current_loop`, the first time it
+  finds no asyncio loop running while trio is imported (a trio run needs
+  it), so an asyncio-only program never imports trio.
 """
 
 from __future__ import annotations
 
+import asyncio
 import sys
+from collections.abc import Callable
 
-from ._asyncio import current_asyncio_loop
+from ._asyncio import AsyncioLoop
+from ._asyncio import handles as asyncio_handles
 from ._base import EventLoop
 from ._base import Interruptible
 from ._base import Waiters
 from ._base import ready
 
 __all__ = ["EventLoop", "Interruptible", "Waiters", "current_loop", "ready"]
+
+
+#: ``_trio.current_trio_loop``, once :func:`trio_finder` has imported it.
+_find_trio_loop: Callable[[], EventLoop | None] | None = None
 
 
 def current_loop() -> EventLoop:
@@ -39,13 +47,30 @@ def current_loop() -> EventLoop:
 
     :raises RuntimeError: if no asyncio loop or trio run is active here.
     """
-    handle: EventLoop | None = current_asyncio_loop()
-    if handle is not None:
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        handle = asyncio_handles.get(loop)
+        if handle is None:
+            handle = asyncio_handles[loop] = AsyncioLoop(loop)
         return handle
-    if "trio" in sys.modules:  # a trio run needs trio imported
-        from ._trio import current_trio_loop
+    find = _find_trio_loop or trio_finder()
+    if find is None or (trio_handle := find()) is None:
+        raise RuntimeError("no asyncio event loop or trio run is active in this thread")
+    return trio_handle
 
-        handle = current_trio_loop()
-        if handle is not None:
-            return handle
-    raise RuntimeError("no asyncio event loop or trio run is active in this thread")
+
+def trio_finder() -> Callable[[], EventLoop | None] | None:
+    """What finds the active trio run's handle; ``None`` until trio is
+    imported (a trio run needs it). Imports the trio backend the first time,
+    then keeps it: an import statement per call would cost more than the
+    lookup itself."""
+    global _find_trio_loop
+    if "trio" not in sys.modules:
+        return None
+    from ._trio import current_trio_loop
+
+    _find_trio_loop = current_trio_loop
+    return current_trio_loop

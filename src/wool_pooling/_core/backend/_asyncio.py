@@ -18,23 +18,12 @@ from ._base import Waiters
 from ._base import guarded
 from ._base import ready
 
-_handles: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncioLoop] = (
+#: The handle of each live loop (see ``current_loop``, which reads it inline).
+handles: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncioLoop] = (
     weakref.WeakKeyDictionary()
 )
 #: Background tasks, held until done (the loop holds tasks weakly).
 _running: set[asyncio.Task[Any]] = set()
-
-
-def current_asyncio_loop() -> AsyncioLoop | None:
-    """The handle of the asyncio loop running in this thread, if one is."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-    handle = _handles.get(loop)
-    if handle is None:
-        handle = _handles[loop] = AsyncioLoop(loop)
-    return handle
 
 
 @final

@@ -1,9 +1,8 @@
 """:class:`EventLoop` for trio.
 
 trio is an optional dependency: this module imports it, and is itself
-imported only once a trio run is found active (see
-:func:`~wool_pooling._core.backend.current_loop`), so an asyncio-only
-installation never imports trio.
+imported only when trio is imported already (see ``current_loop``), so an
+asyncio-only program never imports trio.
 """
 
 from __future__ import annotations
