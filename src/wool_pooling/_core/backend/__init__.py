@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import weakref
 from collections.abc import Callable
 
 from ._asyncio import AsyncioLoop
-from ._asyncio import handles as asyncio_handles
 from ._base import EventLoop
 from ._base import Interruptible
 from ._base import Waiters
@@ -36,6 +36,12 @@ from ._base import ready
 __all__ = ["EventLoop", "Interruptible", "Waiters", "current_loop", "ready"]
 
 
+#: The handle of each live asyncio loop. Here, not in ``_asyncio``, so that
+#: ``current_loop`` reads it as one of its module's own names: CPython calls a
+#: method of an imported name without its method-call fast path.
+_asyncio_handles: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncioLoop] = (
+    weakref.WeakKeyDictionary()
+)
 #: ``_trio.current_trio_loop``, once :func:`trio_finder` has imported it.
 _find_trio_loop: Callable[[], EventLoop | None] | None = None
 
@@ -52,9 +58,9 @@ def current_loop() -> EventLoop:
     except RuntimeError:
         pass
     else:
-        handle = asyncio_handles.get(loop)
+        handle = _asyncio_handles.get(loop)
         if handle is None:
-            handle = asyncio_handles[loop] = AsyncioLoop(loop)
+            handle = _asyncio_handles[loop] = AsyncioLoop(loop)
         return handle
     find = _find_trio_loop or trio_finder()
     if find is None or (trio_handle := find()) is None:

@@ -18,10 +18,6 @@ from ._base import Waiters
 from ._base import guarded
 from ._base import ready
 
-#: The handle of each live loop (see ``current_loop``, which reads it inline).
-handles: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncioLoop] = (
-    weakref.WeakKeyDictionary()
-)
 #: Background tasks, held until done (the loop holds tasks weakly).
 _running: set[asyncio.Task[Any]] = set()
 
