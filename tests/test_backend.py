@@ -183,3 +183,25 @@ def test_the_asyncio_backend_never_imports_trio() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+def test_current_loop_outside_any_loop_raises_with_trio_unimportable() -> None:
+    """With trio marked unimportable (``sys.modules["trio"] = None``, as where
+    it is not installed), current_loop outside a loop still raises
+    RuntimeError, not ImportError."""
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["trio"] = None
+        from wool_pooling._core.backend import current_loop
+        try:
+            current_loop()
+        except RuntimeError as error:
+            print(type(error).__name__)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "RuntimeError"

@@ -74,7 +74,7 @@ def trio_finder() -> Callable[[], EventLoop | None] | None:
     then keeps it: an import statement per call would cost more than the
     lookup itself."""
     global _find_trio_loop
-    if "trio" not in sys.modules:
+    if sys.modules.get("trio") is None:  # None: marked unimportable
         return None
     from ._trio import current_trio_loop
 
