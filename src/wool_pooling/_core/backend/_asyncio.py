@@ -1,0 +1,162 @@
+""":class:`EventLoop` for asyncio (uvloop and eager task factories included)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import types
+import weakref
+from collections.abc import Awaitable
+from collections.abc import Callable
+from typing import Any
+from typing import final
+
+from ._base import EventLoop
+from ._base import Interruptible
+from ._base import Waiters
+from ._base import guarded
+from ._base import ready
+
+#: Background tasks, held until done (the loop holds tasks weakly).
+_running: set[asyncio.Task[Any]] = set()
+
+
+@final
+class AsyncioLoop(EventLoop):
+    """:class:`EventLoop` for an asyncio loop."""
+
+    __slots__ = ("_loop_ref",)
+    backend = "asyncio"
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self._loop_ref = weakref.ref(loop)
+        self.here = asyncio.get_running_loop
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop_ref()
+        if loop is None:
+            raise RuntimeError("the event loop is gone")
+        return loop
+
+    def is_current(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self._loop_ref()
+        except RuntimeError:
+            return False
+
+    def current_task(self) -> object:
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("not in an asyncio task")
+        return task
+
+    def waiters(self) -> Waiters:
+        return _FutureWaiters(self._loop())
+
+    def interruptible(self) -> Interruptible:
+        return _TaskInterruptible()
+
+    def spawn(
+        self,
+        fn: Callable[..., Awaitable[Any]],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> None:
+        if context is None:
+            context = contextvars.copy_context()
+        task = self._loop().create_task(guarded(fn, *args), context=context)
+        if not task.done():
+            _running.add(task)
+            task.add_done_callback(_running.discard)
+
+    def run_soon(self, fn: Callable[..., object], *args: Any) -> bool:
+        loop = self._loop_ref()
+        if loop is None:
+            return False
+        try:
+            loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed
+            return False
+        return True
+
+    def state(self) -> str:
+        loop = self._loop_ref()
+        if loop is None:
+            return "GONE"
+        return "CLOSED" if loop.is_closed() else "RUNNING"
+
+
+@final
+class _FutureWaiters:
+    """asyncio: one future per waiter, awaited directly."""
+
+    __slots__ = ("_futures", "_loop", "_woken")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._futures: list[asyncio.Future[None]] = []
+        self._woken = False
+
+    def wait(self, here: object = None) -> Awaitable[None]:
+        if self._woken:
+            return ready()
+        future = self._loop.create_future()
+        self._futures.append(future)
+        return future
+
+    def withdraw(self, waiting: Awaitable[None]) -> None:
+        with contextlib.suppress(ValueError):  # woken meanwhile
+            self._futures.remove(waiting)  # pyright: ignore[reportArgumentType]
+
+    def wake(self) -> None:
+        self._woken = True
+        futures, self._futures = self._futures, []
+        for future in futures:
+            if not future.done():
+                future.set_result(None)
+
+
+@final
+class _TaskInterruptible:
+    """asyncio: :meth:`cancel` cancels the task once; leaving the region
+    takes that one cancellation back (:meth:`asyncio.Task.uncancel`)."""
+
+    __slots__ = ("_inside", "_interrupted", "_task")
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[Any] | None = None
+        self._inside = False
+        self._interrupted = False
+
+    def __enter__(self) -> object:
+        self._task = asyncio.current_task()
+        self._inside = True
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: types.TracebackType | None,
+    ) -> bool:
+        self._inside = False
+        task = self._task
+        self._task = None
+        if not self._interrupted or task is None:
+            return False
+        # One cancel() was ours: take it back. A cancellation still counted
+        # after that came from elsewhere and goes through.
+        if task.uncancel() > 0:
+            return False
+        return exc_type is not None and issubclass(exc_type, asyncio.CancelledError)
+
+    def cancel(self) -> None:
+        if self._interrupted or not self._inside:
+            return
+        task = self._task
+        if task is None or task is asyncio.current_task():
+            return  # from inside the region: it sees what it waits for itself
+        self._interrupted = True
+        task.cancel()

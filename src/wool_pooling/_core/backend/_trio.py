@@ -1,0 +1,135 @@
+""":class:`EventLoop` for trio.
+
+trio is an optional dependency: this module imports it, and is itself
+imported only when trio is imported already (see ``current_loop``), so an
+asyncio-only program never imports trio.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import weakref
+from collections.abc import Awaitable
+from collections.abc import Callable
+from typing import Any
+from typing import final
+
+import trio
+from trio.lowlevel import Abort
+from trio.lowlevel import Task
+from trio.lowlevel import TrioToken
+from trio.lowlevel import current_task
+from trio.lowlevel import current_trio_token
+from trio.lowlevel import reschedule
+from trio.lowlevel import spawn_system_task
+from trio.lowlevel import wait_task_rescheduled
+
+from ._base import EventLoop
+from ._base import Interruptible
+from ._base import Waiters
+from ._base import guarded
+from ._base import ready
+
+_handles: weakref.WeakKeyDictionary[TrioToken, TrioLoop] = weakref.WeakKeyDictionary()
+
+
+def current_trio_loop() -> TrioLoop | None:
+    """The handle of the trio run active in this thread, if one is."""
+    try:
+        token = current_trio_token()
+    except RuntimeError:
+        return None
+    handle = _handles.get(token)
+    if handle is None:
+        handle = _handles[token] = TrioLoop(token)
+    return handle
+
+
+@final
+class TrioLoop(EventLoop):
+    """:class:`EventLoop` for a trio run."""
+
+    __slots__ = ("_token_ref",)
+    backend = "trio"
+
+    def __init__(self, token: TrioToken) -> None:
+        super().__init__()
+        self._token_ref = weakref.ref(token)
+        self.here = current_task
+
+    def is_current(self) -> bool:
+        try:
+            return current_trio_token() is self._token_ref()
+        except RuntimeError:
+            return False
+
+    def current_task(self) -> object:
+        return current_task()
+
+    def waiters(self) -> Waiters:
+        return _TrioWaiters()
+
+    def interruptible(self) -> Interruptible:
+        return trio.CancelScope()
+
+    def spawn(
+        self,
+        fn: Callable[..., Awaitable[Any]],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> None:
+        if context is None:
+            context = contextvars.copy_context()
+        spawn_system_task(guarded, fn, *args, context=context)
+
+    def run_soon(self, fn: Callable[..., object], *args: Any) -> bool:
+        token = self._token_ref()
+        if token is None:
+            return False
+        try:
+            token.run_sync_soon(fn, *args)
+        except trio.RunFinishedError:
+            return False
+        return True
+
+    def state(self) -> str:
+        return "GONE" if self._token_ref() is None else "RUNNING"
+
+
+@final
+class _TrioWaiters:
+    """trio: the waiting tasks, parked and rescheduled with trio's public
+    low-level API (what :class:`trio.lowlevel.ParkingLot` does, without its
+    ordering and re-parking machinery, which a one-shot wake never needs)."""
+
+    __slots__ = ("_tasks", "_woken")
+
+    def __init__(self) -> None:
+        self._tasks: dict[Task, None] = {}
+        self._woken = False
+
+    def wait(self, here: object = None) -> Awaitable[None]:
+        if self._woken:
+            return ready()
+        # ``here`` is what TrioLoop.here (current_task) returned in this task.
+        task: Task = here if here is not None else current_task()  # pyright: ignore[reportAssignmentType]
+        tasks = self._tasks
+        tasks[task] = None
+
+        def abort(_: object) -> Abort:
+            tasks.pop(task, None)
+            return Abort.SUCCEEDED
+
+        # Awaited by the caller, in its own frame (see Waiters.wait).
+        return wait_task_rescheduled(abort)  # noqa: ASYNC105
+
+    def withdraw(self, waiting: Awaitable[None]) -> None:
+        pass  # the abort function has forgotten the task
+
+    def wake(self) -> None:
+        self._woken = True
+        tasks = self._tasks
+        if tasks:
+            self._tasks = {}
+            for task in tasks:
+                reschedule(task)

@@ -1,0 +1,207 @@
+"""The backend seam: an abstract EventLoop, one handle class per backend, and
+trio imported only where trio runs."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import textwrap
+from collections.abc import Awaitable
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import pytest
+from _loops import BACKENDS
+from _loops import run
+
+from wool_pooling._core.backend import EventLoop
+from wool_pooling._core.backend import Interruptible
+from wool_pooling._core.backend import Waiters
+from wool_pooling._core.backend import current_loop
+from wool_pooling._core.backend._asyncio import AsyncioLoop
+from wool_pooling._core.backend._trio import TrioLoop
+
+#: What a backend must provide.
+ABSTRACT = {
+    "current_task",
+    "is_current",
+    "waiters",
+    "interruptible",
+    "spawn",
+    "run_soon",
+    "state",
+}
+
+
+def backend_with_all_but(missing: str | None) -> type[EventLoop]:
+    """A subclass of EventLoop defining every abstract method but ``missing``."""
+
+    def current_task(self: EventLoop) -> object:
+        return None
+
+    def is_current(self: EventLoop) -> bool:
+        return True
+
+    def waiters(self: EventLoop) -> Waiters:
+        raise NotImplementedError
+
+    def interruptible(self: EventLoop) -> Interruptible:
+        raise NotImplementedError
+
+    def spawn(
+        self: EventLoop,
+        fn: Callable[..., Awaitable[Any]],
+        *args: Any,
+        context: Any = None,
+    ) -> None:
+        pass
+
+    def run_soon(self: EventLoop, fn: Callable[..., object], *args: Any) -> bool:
+        return False
+
+    def state(self: EventLoop) -> str:
+        return "RUNNING"
+
+    methods: dict[str, Any] = {
+        "current_task": current_task,
+        "is_current": is_current,
+        "waiters": waiters,
+        "interruptible": interruptible,
+        "spawn": spawn,
+        "run_soon": run_soon,
+        "state": state,
+    }
+    methods.pop(missing or "", None)
+    return type(
+        "Partial", (EventLoop,), {"__slots__": (), "backend": "test", **methods}
+    )
+
+
+def test_event_loop_is_abstract_in_exactly_the_backend_methods() -> None:
+    """EventLoop itself cannot be instantiated; what it leaves to a backend is
+    exactly its backend-specific methods."""
+    with pytest.raises(TypeError, match="abstract"):
+        EventLoop()  # pyright: ignore[reportAbstractUsage]
+    assert EventLoop.__abstractmethods__ == ABSTRACT
+
+
+@pytest.mark.parametrize("missing", sorted(ABSTRACT))
+def test_a_backend_missing_a_method_cannot_be_instantiated(missing: str) -> None:
+    """A subclass that leaves out any one backend method is refused at
+    instantiation, naming the method; with all of them it is accepted."""
+    with pytest.raises(TypeError, match=missing):
+        backend_with_all_but(missing)()
+    handle = backend_with_all_but(None)()
+    assert repr(handle) == "<EventLoop [test, RUNNING]>"
+
+
+def test_current_loop_outside_any_loop_raises() -> None:
+    """Outside an asyncio loop or trio run, current_loop raises RuntimeError."""
+    with pytest.raises(RuntimeError, match="no asyncio event loop or trio run"):
+        current_loop()
+
+
+@pytest.mark.anyio
+async def test_current_loop_is_the_running_backends_handle(
+    anyio_backend: tuple[str, dict[str, Any]],
+) -> None:
+    """current_loop returns the running backend's own class, the same handle
+    at every call in the loop, current in it and running."""
+    name = anyio_backend[0]
+    expected = {"asyncio": AsyncioLoop, "trio": TrioLoop}[name]
+    handle = current_loop()
+    assert type(handle) is expected
+    assert handle.backend == name
+    assert current_loop() is handle
+    assert handle.is_current()
+    assert handle.in_own_thread()
+    assert handle.current_task() is not None
+    assert repr(handle) == f"<EventLoop [{name}, RUNNING]>"
+
+
+@pytest.mark.anyio
+async def test_current_loop_differs_in_a_worker_threads_own_run(
+    anyio_backend: tuple[str, dict[str, Any]],
+) -> None:
+    """A loop running in another thread has a handle of its own, not current
+    in this one."""
+    handle = current_loop()
+
+    def elsewhere() -> EventLoop:
+        async def body() -> EventLoop:
+            return current_loop()
+
+        return run(body, anyio_backend)
+
+    other = await anyio.to_thread.run_sync(elsewhere)
+    assert other is not handle
+    assert type(other) is type(handle)
+    assert not other.is_current()
+    assert not other.in_own_thread()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_handle_outliving_its_loop_schedules_nothing(
+    backend: tuple[str, dict[str, Any]],
+) -> None:
+    """Once its loop or run has finished, run_soon returns False and nothing
+    runs; once the loop is collected, the handle reports it gone."""
+    called: list[int] = []
+
+    async def body() -> EventLoop:
+        return current_loop()
+
+    handle = run(body, backend)
+    assert not handle.is_current()
+    assert handle.run_soon(called.append, 1) is False
+    assert called == []
+    gc.collect()
+    assert handle.state() == "GONE"
+    assert handle.run_soon(called.append, 2) is False
+    assert called == []
+
+
+def test_the_asyncio_backend_never_imports_trio() -> None:
+    """Importing wool_pooling and running it on asyncio leaves trio unimported."""
+    code = textwrap.dedent(
+        """
+        import asyncio, sys
+        import wool_pooling
+        from wool_pooling._core.backend import current_loop
+
+        async def main():
+            return current_loop().backend
+
+        assert asyncio.run(main()) == "asyncio"
+        print("trio" in sys.modules)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
+def test_current_loop_outside_any_loop_raises_with_trio_unimportable() -> None:
+    """With trio marked unimportable (``sys.modules["trio"] = None``, as where
+    it is not installed), current_loop outside a loop still raises
+    RuntimeError, not ImportError."""
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["trio"] = None
+        from wool_pooling._core.backend import current_loop
+        try:
+            current_loop()
+        except RuntimeError as error:
+            print(type(error).__name__)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "RuntimeError"
