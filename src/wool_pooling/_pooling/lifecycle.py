@@ -70,6 +70,11 @@ _IDLE = EntryState.IDLE
 _ENDED = EntryState.ENDED
 _CLOSING = EntryState.CLOSING
 _CLOSED = EntryState.CLOSED
+_CLOSING_AN_IDLE_ENTRY = (
+    EntryEvent.EXPIRED,
+    EntryEvent.SOURCE_ENDED,
+    EntryEvent.POOL_CLOSED,
+)
 
 
 def transition(
@@ -89,11 +94,12 @@ def transition(
     ACTIVE    SOURCE_ENDED  ENDED if consumers remain, else CLOSING
     ACTIVE    POOL_CLOSED   CLOSING
     IDLE      JOINED        ACTIVE
-    IDLE      LEFT          IDLE (a garbage-collected consumer's leave,
-                            decided after a later leave made the entry idle)
-    IDLE      EXPIRED       CLOSING
-    IDLE      SOURCE_ENDED  CLOSING
-    IDLE      POOL_CLOSED   CLOSING
+    IDLE      LEFT          IDLE, with no consumer (a garbage-collected
+                            consumer's leave, decided after a later leave
+                            made the entry idle)
+    IDLE      EXPIRED       CLOSING, with no consumer
+    IDLE      SOURCE_ENDED  CLOSING, with no consumer
+    IDLE      POOL_CLOSED   CLOSING, with no consumer
     ENDED     LEFT          ENDED if consumers remain, else CLOSING
     ENDED     POOL_CLOSED   CLOSING
     CLOSING   LEFT          CLOSING
@@ -102,38 +108,45 @@ def transition(
     CLOSED    LEFT          CLOSED
     ========  ============  ===================================================
 
-    :raises IllegalTransition: for any other pair (an ``IDLE`` entry with
-        consumers counted included): the caller broke the lifecycle.
+    A ``JOINED`` counts its consumer, so it comes with one at least.
+
+    :raises IllegalTransition: for any other case: the caller broke the
+        lifecycle.
     """
-    match event:
-        case EntryEvent.JOINED:
-            if state is _ACTIVE or state is _IDLE:
+    if state is _ACTIVE:
+        if event is EntryEvent.JOINED:
+            if consumers:
                 return _ACTIVE
-        case EntryEvent.LEFT:
-            if state is _ACTIVE:
-                if consumers:
-                    return _ACTIVE
-                return _IDLE if ttl > 0 else _CLOSING
-            if state is _ENDED:
-                return _ENDED if consumers else _CLOSING
-            if state is _CLOSING or state is _CLOSED:
-                return state
-            if state is _IDLE and not consumers:
-                return _IDLE
-        case EntryEvent.EXPIRED:
-            if state is _IDLE:
-                return _CLOSING
-        case EntryEvent.SOURCE_ENDED:
-            if state is _ACTIVE:
-                return _ENDED if consumers else _CLOSING
-            if state is _IDLE:
-                return _CLOSING
-        case EntryEvent.POOL_CLOSED:
-            if state is not _CLOSED:
-                return _CLOSING
-        case EntryEvent.CLOSED:
-            if state is _CLOSING:
-                return _CLOSED
+        elif event is EntryEvent.LEFT:
+            if consumers:
+                return _ACTIVE
+            return _IDLE if ttl > 0 else _CLOSING
+        elif event is EntryEvent.SOURCE_ENDED:
+            return _ENDED if consumers else _CLOSING
+        elif event is EntryEvent.POOL_CLOSED:
+            return _CLOSING
+    elif state is _IDLE:
+        if event is EntryEvent.JOINED:
+            if consumers:
+                return _ACTIVE
+        elif consumers:
+            pass  # an idle entry has no consumer: only a join adds one
+        elif event is EntryEvent.LEFT:
+            return _IDLE
+        elif event in _CLOSING_AN_IDLE_ENTRY:
+            return _CLOSING
+    elif state is _ENDED:
+        if event is EntryEvent.LEFT:
+            return _ENDED if consumers else _CLOSING
+        if event is EntryEvent.POOL_CLOSED:
+            return _CLOSING
+    elif state is _CLOSING:
+        if event is EntryEvent.LEFT or event is EntryEvent.POOL_CLOSED:
+            return _CLOSING
+        if event is EntryEvent.CLOSED:
+            return _CLOSED
+    elif event is EntryEvent.LEFT:  # CLOSED
+        return _CLOSED
     raise IllegalTransition(
         f"a pool entry {state.name} cannot take {event.name} "
         f"(consumers: {consumers}, ttl: {ttl})"
