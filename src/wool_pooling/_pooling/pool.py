@@ -123,7 +123,10 @@ class Entry:
         Shielded from cancellation.
         """
         self.refs -= 1
-        await self._after_leave()
+        if self.refs:  # others remain: the leave cannot end a source's entry
+            self._move(_LEFT)
+        elif self._left():
+            await self._close()
 
     def release_soon(self) -> None:
         """:meth:`release` from a garbage-collection callback, in any thread.
@@ -143,23 +146,24 @@ class Entry:
         self.refs -= 1
         if self.refs == 0:
             # No task may start from a garbage-collection callback.
-            self.loop.run_soon(self.loop.spawn, self._after_leave)
+            self.loop.run_soon(self.loop.spawn, self._decide_leave)
 
-    async def _after_leave(self) -> None:
-        """Apply a leave, counted already; run the close step if it closes."""
-        closing = self._source_ended()
-        if self._move(EntryEvent.LEFT) or closing:
+    async def _decide_leave(self) -> None:
+        if self._left():
             await self._close()
 
-    def _source_ended(self) -> bool:
-        """Apply ``SOURCE_ENDED`` if a reachable entry's source has finished.
+    def _left(self) -> bool:
+        """Take a leave that was the last when counted (already):
+        ``SOURCE_ENDED`` first if the entry is reachable and its source has
+        finished (so that no ttl keeps it), then ``LEFT``.
 
         :returns: whether the entry must now be closed.
         """
         state = self.state
+        closing = False
         if (state is _ACTIVE or state is _IDLE) and self.fanout.finished:
-            return self._move(EntryEvent.SOURCE_ENDED)
-        return False
+            closing = self._move(_SOURCE_ENDED)
+        return self._move(_LEFT) or closing
 
     def _move(self, event: EntryEvent) -> bool:
         """Take ``event``: the next state from :func:`transition`, and the
@@ -202,7 +206,7 @@ class Entry:
             with scope:
                 await anyio.sleep(self.ttl)
         finally:
-            if self.expiry is scope and self._move(EntryEvent.EXPIRED):
+            if self.expiry is scope and self._move(_EXPIRED):
                 await self._close()
 
     async def _close(self) -> None:
@@ -219,7 +223,7 @@ class Entry:
                     logger.exception("error closing the source of %r", self.raw)
                 await _close_raw(self.raw)
             finally:
-                self._move(EntryEvent.CLOSED)
+                self._move(_CLOSED_EVENT)
 
     def __repr__(self) -> str:
         cls, key = self.key
@@ -229,10 +233,18 @@ class Entry:
         )
 
 
+# Members as module constants: a module global is read faster than an
+# enum's class attribute, on the join and leave paths.
 _ACTIVE = EntryState.ACTIVE
 _IDLE = EntryState.IDLE
 _CLOSING = EntryState.CLOSING
 _CLOSED = EntryState.CLOSED
+_JOINED = EntryEvent.JOINED
+_LEFT = EntryEvent.LEFT
+_EXPIRED = EntryEvent.EXPIRED
+_SOURCE_ENDED = EntryEvent.SOURCE_ENDED
+_POOL_CLOSED = EntryEvent.POOL_CLOSED
+_CLOSED_EVENT = EntryEvent.CLOSED
 
 
 def attach(
@@ -266,7 +278,7 @@ def attach(
         )
     entry = pool._entries.get(key)
     if entry is not None and entry.fanout.finished:
-        if entry._move(EntryEvent.SOURCE_ENDED):
+        if entry._move(_SOURCE_ENDED):
             loop.spawn(entry._close)
         entry = None
     if entry is None:
@@ -286,7 +298,7 @@ def attach(
         pool._entries[key] = entry
         pool._live[entry] = None
     entry.refs += 1
-    entry._move(EntryEvent.JOINED)  # never closes
+    entry._move(_JOINED)  # never closes
     return entry
 
 
@@ -374,9 +386,6 @@ class SubscriptionPool:
             f"<SubscriptionPool [{state}, entries: {stats.entries}, "
             f"consumers: {stats.consumers}]>"
         )
-
-
-_POOL_CLOSED = EntryEvent.POOL_CLOSED
 
 
 async def _close_raw(raw: Any) -> None:
