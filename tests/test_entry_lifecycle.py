@@ -15,6 +15,7 @@ from _stubs import TIMEOUT
 from _stubs import AcloseStub
 from _stubs import StreamStub
 from _stubs import make_stub
+from _stubs import settle
 from _stubs import subscribe
 
 from wool_pooling import PoolStatistics
@@ -255,3 +256,27 @@ async def test_an_illegal_event_raises_and_leaves_the_entry_as_it_was() -> None:
         assert entry.state is ACTIVE
         assert entry.expiry is None
         await entry.release()
+
+
+@pytest.mark.anyio
+async def test_a_collected_consumers_leave_is_decided_later_with_the_count_then() -> (
+    None
+):
+    """A garbage-collected consumer is counted out at once; its leave, decided
+    on the loop later, keeps an entry that a consumer joined meanwhile."""
+    cls = make_stub()
+    async with SubscriptionPool() as pool:
+        entry = join(pool, cls)
+        entry.release_soon()
+        assert (entry.state, entry.refs) == (ACTIVE, 0)
+        assert pool.statistics() == PoolStatistics(entries=1, consumers=0, idle=1)
+        assert join(pool, cls) is entry  # joined before the leave is decided
+        await settle()
+        assert (entry.state, entry.refs) == (ACTIVE, 1)
+        assert cls.instances[0].close_calls == 0
+        entry.release_soon()
+        with anyio.fail_after(TIMEOUT):
+            while entry.state is not CLOSED:
+                await anyio.lowlevel.checkpoint()
+        assert cls.instances[0].closes_done == 1
+        assert pool.statistics() == PoolStatistics(entries=0, consumers=0, idle=0)
