@@ -641,11 +641,7 @@ def test_resync_keeps_every_view_consistent_and_converging(
                 for i in steps:
                     if not done[i % consumers]:
                         await step(i % consumers)
-                    live = [
-                        *pool._entries.values(),  # pyright: ignore[reportPrivateUsage]
-                        *pool._retired,  # pyright: ignore[reportPrivateUsage]
-                    ]
-                    for entry in live:
+                    for entry in pool._live:  # pyright: ignore[reportPrivateUsage]
                         assert entry.fanout.statistics().buffered <= max_lag
                 for i in range(consumers):
                     while not done[i]:

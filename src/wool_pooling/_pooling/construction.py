@@ -38,7 +38,7 @@ class SubscriptionConfig:
 
     #: ``key(cls, *args, **kwargs)``, or ``None`` to key by bound arguments.
     key: KeyFunction | None
-    #: Seconds an unused entry is kept before it is finalised.
+    #: Seconds an unused entry is kept (idle) before it is closed.
     ttl: float
     #: Events a consumer may fall behind before it is resynchronised.
     max_lag: int | None

@@ -21,9 +21,20 @@ from .._core.fanout import Fanout
 from .._wool.tracking import TrackedSource
 from .._wool.tracking import Tracking
 from .construction import SubscriptionConfig
+from .lifecycle import EntryEvent
+from .lifecycle import EntryState
+from .lifecycle import transition
 from .restart import RestartingSource
 
-__all__ = ["Entry", "PoolStatistics", "SubscriptionPool", "attach", "current_pool"]
+__all__ = [
+    "Entry",
+    "EntryEvent",
+    "EntryState",
+    "PoolStatistics",
+    "SubscriptionPool",
+    "attach",
+    "current_pool",
+]
 
 logger = logging.getLogger("wool_pooling")
 
@@ -59,25 +70,32 @@ def current_pool() -> SubscriptionPool:
 class PoolStatistics:
     """A snapshot of a pool, as returned by :meth:`SubscriptionPool.statistics`."""
 
-    #: Live entries: raw instances built and not yet finalised (an entry
-    #: being finalised counts until its raw instance is closed).
+    #: Live entries: raw instances built and not yet closed (an entry
+    #: being closed counts until its raw instance is closed).
     entries: int
-    #: Consumers attached across all entries.
+    #: Consumers attached across all entries (but those being closed).
     consumers: int
-    #: Entries with no consumer attached that are not being finalised yet:
-    #: those kept open by their ttl (and, briefly, one whose finalisation is
-    #: scheduled but has not started, after a consumer was garbage
-    #: collected, say). Counted in :attr:`entries` too.
+    #: Entries with no consumer attached that are not being closed: those
+    #: kept open by their ttl (and, briefly, one whose last consumer was
+    #: garbage collected, its leave not yet decided on the loop). Counted in
+    #: :attr:`entries` too.
     idle: int
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, repr=False)
 class Entry:
-    """One live subscription: its raw instance, fan-out and known workers.
+    """One pooled subscription: its raw instance, fan-out and known workers,
+    and where it stands in its lifecycle (:class:`EntryState`).
 
     What a :class:`~wool_pooling.SubscriptionConsumer` holds while attached
     (see :func:`attach`); it detaches with :meth:`release` or, from a
     garbage-collection callback, :meth:`release_soon`.
+
+    Every change of state goes through :func:`transition`, one event at a
+    time, synchronously (so no other task runs between the decision and its
+    bookkeeping); entering ``CLOSING`` is followed by the close step,
+    :meth:`_close`, which runs shielded. Only joins and leaves look at the
+    entry: the path of an item through the fan-out never does.
     """
 
     pool: SubscriptionPool
@@ -87,35 +105,146 @@ class Entry:
     fanout: Fanout[Any]
     ttl: float
     loop: EventLoop
+    #: A new entry is idle until its first consumer joins, in the same step.
+    state: EntryState = EntryState.IDLE
+    #: Consumers attached.
     refs: int = 0
-    #: Cancels the pending ttl expiry, if any.
+    #: The ttl timer of an ``IDLE`` entry: cancelling it ends the wait early,
+    #: and the entry then expires unless a consumer joined meanwhile.
     expiry: anyio.CancelScope | None = None
-    finalizing: bool = False
-    finalized: anyio.Event | None = None
+    #: Set once ``CLOSED``; made on entering ``CLOSING``.
+    closed: anyio.Event | None = None
 
     async def release(self) -> None:
-        """Detach one consumer; finalise the entry if it was the last one.
+        """Detach one consumer; close the entry if it was the last one.
 
         With ``ttl == 0``, or when the entry's source has finished, the entry
-        is finalised before this returns; otherwise finalisation is scheduled
-        for when the ttl elapses. Shielded from cancellation.
+        is closed before this returns; otherwise its ttl timer starts.
+        Shielded from cancellation.
         """
         self.refs -= 1
-        if self.refs == 0:
-            with anyio.CancelScope(shield=True):
-                await self.pool._after_last_release(self)
+        if self.refs:  # others remain: the leave cannot end a source's entry
+            self._move(_LEFT)
+        elif self._left():
+            await self._close()
 
     def release_soon(self) -> None:
         """:meth:`release` from a garbage-collection callback, in any thread.
 
-        In the loop's own thread the reference is dropped at once (statistics
-        show it); from another thread the release is handed to the loop.
-        Either way, what follows the last release runs on the entry's loop.
+        In the loop's own thread the consumer is counted out at once
+        (statistics show it); from another thread that is handed to the
+        loop. Either way, the leave of the last consumer is decided later,
+        in a task on the entry's loop, with the count as it stands then (a
+        consumer may have joined meanwhile).
         """
         if self.loop.in_own_thread():
-            self.pool._release_in_background(self)
+            self._count_out()
         else:
-            self.loop.run_soon(self.pool._release_in_background, self)
+            self.loop.run_soon(self._count_out)
+
+    def _count_out(self) -> None:
+        self.refs -= 1
+        if self.refs == 0:
+            # No task may start from a garbage-collection callback.
+            self.loop.run_soon(self.loop.spawn, self._decide_leave)
+
+    async def _decide_leave(self) -> None:
+        if self._left():
+            await self._close()
+
+    def _left(self) -> bool:
+        """Take a leave that was the last when counted (already):
+        ``SOURCE_ENDED`` first if the entry is reachable and its source has
+        finished (so that no ttl keeps it), then ``LEFT``.
+
+        :returns: whether the entry must now be closed.
+        """
+        state = self.state
+        closing = False
+        if (state is _ACTIVE or state is _IDLE) and self.fanout.finished:
+            closing = self._move(_SOURCE_ENDED)
+        return self._move(_LEFT) or closing
+
+    def _move(self, event: EntryEvent) -> bool:
+        """Take ``event``: the next state from :func:`transition`, and the
+        bookkeeping entering it takes, in one synchronous step.
+
+        :returns: whether the entry just entered ``CLOSING``: the caller then
+            runs the close step (:meth:`_close`), or starts a task that does.
+        :raises IllegalTransition: see :func:`transition`.
+        """
+        before = self.state
+        after = self.state = transition(before, event, self.refs, self.ttl)
+        if after is before:
+            return False
+        if before is _IDLE:
+            scope, self.expiry = self.expiry, None
+            if scope is not None:
+                scope.cancel()
+        if after is _ACTIVE:
+            return False
+        if after is _IDLE:
+            scope = self.expiry = anyio.CancelScope()
+            self.loop.spawn(self._expire, scope)
+            return False
+        entries = self.pool._entries
+        if entries.get(self.key) is self:
+            del entries[self.key]  # no consumer joins it any more
+        if after is _CLOSING:
+            self.closed = anyio.Event()
+            return True
+        if after is _CLOSED:
+            del self.pool._live[self]
+            assert self.closed is not None
+            self.closed.set()
+        return False
+
+    async def _expire(self, scope: anyio.CancelScope) -> None:
+        """The ttl timer: ``EXPIRED`` once ``ttl`` elapses, unless the entry
+        left ``IDLE`` meanwhile (which replaces or cancels ``scope``)."""
+        try:
+            with scope:
+                await anyio.sleep(self.ttl)
+        finally:
+            if self.expiry is scope and self._move(_EXPIRED):
+                await self._close()
+
+    async def _close(self) -> None:
+        """The close step of a ``CLOSING`` entry, shielded from cancellation:
+        close the fan-out (cancelling a pull in flight and closing the raw
+        iterator), then await the raw instance's ``aclose()``, if it has one;
+        an exception from either is logged. Then ``CLOSED``, whatever
+        happened. Runs exactly once per entry."""
+        with anyio.CancelScope(shield=True):
+            try:
+                try:
+                    await self.fanout.aclose()
+                except Exception:
+                    logger.exception("error closing the source of %r", self.raw)
+                await _close_raw(self.raw)
+            finally:
+                self._move(_CLOSED_EVENT)
+
+    def __repr__(self) -> str:
+        cls, key = self.key
+        return (
+            f"<Entry [{self.state.name}, consumers: {self.refs}] of "
+            f"{cls.__qualname__}, key={key!r}>"
+        )
+
+
+# Members as module constants: a module global is read faster than an
+# enum's class attribute, on the join and leave paths.
+_ACTIVE = EntryState.ACTIVE
+_IDLE = EntryState.IDLE
+_CLOSING = EntryState.CLOSING
+_CLOSED = EntryState.CLOSED
+_JOINED = EntryEvent.JOINED
+_LEFT = EntryEvent.LEFT
+_EXPIRED = EntryEvent.EXPIRED
+_SOURCE_ENDED = EntryEvent.SOURCE_ENDED
+_POOL_CLOSED = EntryEvent.POOL_CLOSED
+_CLOSED_EVENT = EntryEvent.CLOSED
 
 
 def attach(
@@ -130,12 +259,57 @@ def attach(
     fan-out.
 
     Synchronous, so that no other task can run between finding the entry
-    and registering the consumer with its fan-out.
+    and registering the consumer with its fan-out. An entry whose source has
+    finished is not joined: it is left to its consumers (or closed, if it
+    has none) and a fresh one is built.
 
     :raises RuntimeError: naming ``what`` if the pool is closed or bound to
         another event loop.
     """
-    return pool._attach(key, config, build, what)
+    if pool._closed:
+        raise RuntimeError(f"cannot iterate {what}: its subscription pool is closed")
+    loop = current_loop()
+    if pool._loop is None:
+        pool._loop = loop
+    elif pool._loop is not loop:
+        raise RuntimeError(
+            f"cannot iterate {what}: a SubscriptionPool is bound to the event "
+            "loop that first used it"
+        )
+    entry = pool._entries.get(key)
+    if entry is not None and entry.fanout.finished:
+        if entry._move(_SOURCE_ENDED):
+            loop.spawn(entry._close)
+        entry = None
+    if entry is None:
+        raw = build()
+        source: Tracking
+        # Undo records for as far back as a consumer can be left behind:
+        # one item beyond the bound (see _FanoutState.drop_beyond_lag).
+        history = None if config.max_lag is None else config.max_lag + 1
+        if config.restart is None:
+            source = TrackedSource(raw, history)
+            fanout = Fanout(
+                source,
+                max_lag=config.max_lag,
+                on_lag="error",
+                read_ahead=config.read_ahead,
+            )
+        else:
+            restarting = source = RestartingSource(raw, config.restart, history)
+            fanout = Fanout(
+                source,
+                max_lag=config.max_lag,
+                on_lag="error",
+                read_ahead=config.read_ahead,
+            )
+            restarting.deliver_to(fanout.inject)
+        entry = Entry(pool, key, raw, source, fanout, config.ttl, loop)
+        pool._entries[key] = entry
+        pool._live[entry] = None
+    entry.refs += 1
+    entry._move(_JOINED)  # never closes
+    return entry
 
 
 @final
@@ -144,35 +318,28 @@ class SubscriptionPool:
 
     Consumers of the same key in the same pool share one raw instance and one
     iteration of it. An entry is built when its first consumer starts
-    iterating and finalised when its last consumer is released and the ttl has
-    elapsed: the fan-out is closed (cancelling a pull in flight and closing
-    the raw iterator), then the raw instance's ``aclose()`` (if it has one)
-    is awaited, exactly once. An entry whose source ended or failed is never
-    reused: the next consumer gets a fresh raw instance.
+    iterating (``ACTIVE``); when its last consumer is released it stays open
+    for its ttl (``IDLE``), unless ``ttl == 0``, and a consumer that joins
+    meanwhile takes it over. Then it is closed (``CLOSING``, then
+    ``CLOSED``): the fan-out is closed (cancelling a pull in flight and
+    closing the raw iterator), then the raw instance's ``aclose()`` (if it
+    has one) is awaited, exactly once. An entry whose source ended or failed
+    is never reused (``ENDED``): the next consumer gets a fresh raw instance.
+    See :class:`EntryState` and :func:`transition`.
 
     ``async with SubscriptionPool() as pool:`` makes the pool current for the
-    block (see :func:`current_pool`) and, on exit, finalises every entry:
-    their consumers end. A closed pool cannot be iterated again. A pool is
-    bound to the event loop that first uses it.
+    block (see :func:`current_pool`) and, on exit, closes every entry: their
+    consumers end. A closed pool cannot be iterated again. A pool is bound
+    to the event loop that first uses it.
     """
 
-    __slots__ = (
-        "__weakref__",
-        "_closed",
-        "_closing",
-        "_entries",
-        "_loop",
-        "_retired",
-        "_token",
-    )
+    __slots__ = ("__weakref__", "_closed", "_entries", "_live", "_loop", "_token")
 
     def __init__(self) -> None:
+        # The entries a joining consumer finds: ACTIVE and IDLE, by key.
         self._entries: dict[tuple[type, Hashable], Entry] = {}
-        # Entries no longer reachable by key (source finished) whose
-        # consumers have not all been released yet.
-        self._retired: set[Entry] = set()
-        # Entries being finalised: unreachable, still counted until closed.
-        self._closing: set[Entry] = set()
+        # Every entry not CLOSED yet, oldest first (a dict as an ordered set).
+        self._live: dict[Entry, None] = {}
         self._closed = False
         self._loop: EventLoop | None = None
         self._token: Token[SubscriptionPool | None] | None = None
@@ -184,12 +351,12 @@ class SubscriptionPool:
 
     def statistics(self) -> PoolStatistics:
         """Return a snapshot of entries and attached consumers."""
-        live = [*self._entries.values(), *self._retired]
-        return PoolStatistics(
-            entries=len(live) + len(self._closing),
-            consumers=sum(entry.refs for entry in live),
-            idle=sum(1 for entry in live if entry.refs == 0),
-        )
+        consumers = idle = 0
+        for entry in self._live:
+            if entry.state is not _CLOSING:
+                consumers += entry.refs
+                idle += entry.refs == 0
+        return PoolStatistics(entries=len(self._live), consumers=consumers, idle=idle)
 
     async def __aenter__(self) -> SubscriptionPool:
         if self._closed:
@@ -206,11 +373,21 @@ class SubscriptionPool:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the pool: finalise every entry; their consumers end. Idempotent."""
+        """Close the pool: close every entry; their consumers end.
+
+        Every entry is moved to ``CLOSING`` at once, then closed one after
+        the other, oldest first; returns once all are ``CLOSED`` (those
+        another task is closing included). Shielded from cancellation.
+        Idempotent.
+        """
         self._closed = True
+        closing = [entry for entry in [*self._live] if entry._move(_POOL_CLOSED)]
         with anyio.CancelScope(shield=True):
-            for entry in [*self._entries.values(), *self._retired]:
-                await self._finalize(entry)
+            for entry in closing:
+                await entry._close()
+            for entry in [*self._live]:
+                assert entry.closed is not None
+                await entry.closed.wait()
 
     def __repr__(self) -> str:
         stats = self.statistics()
@@ -219,124 +396,6 @@ class SubscriptionPool:
             f"<SubscriptionPool [{state}, entries: {stats.entries}, "
             f"consumers: {stats.consumers}]>"
         )
-
-    # -- attaching and releasing consumers -----------------------------------
-
-    def _attach(
-        self,
-        key: tuple[type, Hashable],
-        config: SubscriptionConfig,
-        build: Callable[[], Any],
-        what: str,
-    ) -> Entry:
-        """See :func:`attach`."""
-        if self._closed:
-            raise RuntimeError(
-                f"cannot iterate {what}: its subscription pool is closed"
-            )
-        loop = current_loop()
-        if self._loop is None:
-            self._loop = loop
-        elif self._loop is not loop:
-            raise RuntimeError(
-                f"cannot iterate {what}: a SubscriptionPool is bound to the event "
-                "loop that first used it"
-            )
-        entry = self._entries.get(key)
-        if entry is not None and entry.fanout.finished:
-            self._retire(entry)
-            entry = None
-        if entry is None:
-            raw = build()
-            source: Tracking
-            # Undo records for as far back as a consumer can be left behind:
-            # one item beyond the bound (see _FanoutState.drop_beyond_lag).
-            history = None if config.max_lag is None else config.max_lag + 1
-            if config.restart is None:
-                source = TrackedSource(raw, history)
-                fanout = Fanout(
-                    source,
-                    max_lag=config.max_lag,
-                    on_lag="error",
-                    read_ahead=config.read_ahead,
-                )
-            else:
-                restarting = source = RestartingSource(raw, config.restart, history)
-                fanout = Fanout(
-                    source,
-                    max_lag=config.max_lag,
-                    on_lag="error",
-                    read_ahead=config.read_ahead,
-                )
-                restarting.deliver_to(fanout.inject)
-            entry = Entry(self, key, raw, source, fanout, config.ttl, loop)
-            self._entries[key] = entry
-        entry.refs += 1
-        if entry.expiry is not None:
-            entry.expiry.cancel()
-            entry.expiry = None
-        return entry
-
-    def _release_in_background(self, entry: Entry) -> None:
-        entry.refs -= 1
-        if entry.refs == 0:
-            entry.loop.run_soon(self._after_last_release_in_background, entry)
-
-    def _after_last_release_in_background(self, entry: Entry) -> None:
-        entry.loop.spawn(self._after_last_release, entry)
-
-    async def _after_last_release(self, entry: Entry) -> None:
-        """Finalise an unused entry now, or once its ttl has elapsed."""
-        if entry.refs > 0 or entry.finalizing:
-            return  # attached again meanwhile, or already closing
-        if entry.ttl > 0 and not entry.fanout.finished and not self._closed:
-            scope = entry.expiry = anyio.CancelScope()
-            entry.loop.spawn(self._expire, entry, scope)
-            return
-        with anyio.CancelScope(shield=True):
-            await self._finalize(entry)
-
-    async def _expire(self, entry: Entry, scope: anyio.CancelScope) -> None:
-        try:
-            with scope:
-                await anyio.sleep(entry.ttl)
-        finally:
-            if entry.expiry is scope and entry.refs == 0:
-                entry.expiry = None
-                with anyio.CancelScope(shield=True):
-                    await self._finalize(entry)
-
-    def _retire(self, entry: Entry) -> None:
-        """Make a finished entry unreachable by key; finalise it once unused."""
-        del self._entries[entry.key]
-        self._retired.add(entry)
-        if entry.refs == 0:
-            entry.loop.spawn(self._finalize, entry)
-
-    async def _finalize(self, entry: Entry) -> None:
-        """Close the entry's fan-out and raw instance, exactly once."""
-        if entry.finalizing:
-            if entry.finalized is not None:
-                await entry.finalized.wait()
-            return
-        entry.finalizing = True
-        entry.finalized = anyio.Event()
-        if self._entries.get(entry.key) is entry:
-            del self._entries[entry.key]
-        self._retired.discard(entry)
-        self._closing.add(entry)
-        if entry.expiry is not None:
-            entry.expiry.cancel()
-            entry.expiry = None
-        try:
-            try:
-                await entry.fanout.aclose()
-            except Exception:
-                logger.exception("error closing the source of %r", entry.raw)
-            await _close_raw(entry.raw)
-        finally:
-            self._closing.discard(entry)
-            entry.finalized.set()
 
 
 async def _close_raw(raw: Any) -> None:

@@ -1,0 +1,156 @@
+"""The lifecycle of a pool entry: its states, the events it meets, and the
+one synchronous function that decides the next state.
+
+Nothing here awaits or touches a pool: :class:`~._pooling.pool.Entry` feeds
+each event to :func:`transition` and then does what entering the new state
+takes (start or cancel the ttl timer, leave the pool's map by key, run the
+close step), the way httpcore's connection pool decides synchronously and
+closes afterwards, shielded.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["EntryEvent", "EntryState", "IllegalTransition", "transition"]
+
+
+class EntryState(enum.Enum):
+    """Where a pool entry stands.
+
+    Only ``ACTIVE`` and ``IDLE`` entries are reachable by key: a consumer
+    that joins finds them. An entry is counted by
+    :meth:`~wool_pooling.SubscriptionPool.statistics` from its creation
+    until it is ``CLOSED``.
+    """
+
+    #: Consumers are attached (or, briefly, the last one was garbage
+    #: collected and its leave is still to be decided on the loop).
+    ACTIVE = "active"
+    #: No consumer attached; kept open until its ttl timer fires. A new entry
+    #: is ``IDLE`` until its first consumer, in the same synchronous step,
+    #: joins it.
+    IDLE = "idle"
+    #: The source ended or failed while consumers were attached: no longer
+    #: reachable by key (the next consumer gets a fresh entry), closed once
+    #: the last of them leaves.
+    ENDED = "ended"
+    #: Being closed: its fan-out (and so the raw iterator), then the raw
+    #: instance's ``aclose()``. Unreachable by key; nothing reopens it.
+    CLOSING = "closing"
+    #: Closed, exactly once; no longer counted by the pool.
+    CLOSED = "closed"
+
+
+class EntryEvent(enum.Enum):
+    """What happens to a pool entry."""
+
+    #: A consumer joined (the entry's consumer count already includes it).
+    JOINED = "joined"
+    #: A consumer left (the count already excludes it). A consumer collected
+    #: as garbage is counted out at once and its leave decided later, on the
+    #: loop, with the count as it stands then.
+    LEFT = "left"
+    #: The ttl timer of an idle entry fired.
+    EXPIRED = "expired"
+    #: The entry's source was found ended or failed (at a join or a leave).
+    SOURCE_ENDED = "source ended"
+    #: The pool is being closed.
+    POOL_CLOSED = "pool closed"
+    #: The close step has finished.
+    CLOSED = "closed"
+
+
+class IllegalTransition(RuntimeError):
+    """An event met an entry in a state where it cannot happen: a bug."""
+
+
+_ACTIVE = EntryState.ACTIVE
+_IDLE = EntryState.IDLE
+_ENDED = EntryState.ENDED
+_CLOSING = EntryState.CLOSING
+_CLOSED = EntryState.CLOSED
+# Members as module constants: a module global is read faster than an
+# enum's class attribute, and joins and leaves call transition().
+_JOINED = EntryEvent.JOINED
+_LEFT = EntryEvent.LEFT
+_EXPIRED = EntryEvent.EXPIRED
+_SOURCE_ENDED = EntryEvent.SOURCE_ENDED
+_POOL_CLOSED = EntryEvent.POOL_CLOSED
+_CLOSED_EVENT = EntryEvent.CLOSED
+
+
+def transition(
+    state: EntryState, event: EntryEvent, consumers: int, ttl: float
+) -> EntryState:
+    """The state an entry in ``state`` moves to on ``event``.
+
+    ``consumers`` is the number attached once the event is counted, ``ttl``
+    the entry's. Pure and synchronous: the caller applies the result.
+
+    ========  ============  ===================================================
+    state     event         next state
+    ========  ============  ===================================================
+    ACTIVE    JOINED        ACTIVE
+    ACTIVE    LEFT          ACTIVE if consumers remain, else IDLE if
+                            ``ttl > 0``, else CLOSING
+    ACTIVE    SOURCE_ENDED  ENDED if consumers remain, else CLOSING
+    ACTIVE    POOL_CLOSED   CLOSING
+    IDLE      JOINED        ACTIVE
+    IDLE      LEFT          IDLE, with no consumer (a garbage-collected
+                            consumer's leave, decided after a later leave
+                            made the entry idle)
+    IDLE      EXPIRED       CLOSING, with no consumer
+    IDLE      SOURCE_ENDED  CLOSING, with no consumer
+    IDLE      POOL_CLOSED   CLOSING, with no consumer
+    ENDED     LEFT          ENDED if consumers remain, else CLOSING
+    ENDED     POOL_CLOSED   CLOSING
+    CLOSING   LEFT          CLOSING
+    CLOSING   POOL_CLOSED   CLOSING
+    CLOSING   CLOSED        CLOSED
+    CLOSED    LEFT          CLOSED
+    ========  ============  ===================================================
+
+    A ``JOINED`` counts its consumer, so it comes with one at least.
+
+    :raises IllegalTransition: for any other case: the caller broke the
+        lifecycle.
+    """
+    if state is _ACTIVE:
+        if event is _JOINED:
+            if consumers:
+                return _ACTIVE
+        elif event is _LEFT:
+            if consumers:
+                return _ACTIVE
+            return _IDLE if ttl > 0 else _CLOSING
+        elif event is _SOURCE_ENDED:
+            return _ENDED if consumers else _CLOSING
+        elif event is _POOL_CLOSED:
+            return _CLOSING
+    elif state is _IDLE:
+        if event is _JOINED:
+            if consumers:
+                return _ACTIVE
+        elif consumers:
+            pass  # an idle entry has no consumer: only a join adds one
+        elif event is _LEFT:
+            return _IDLE
+        elif event is _EXPIRED or event is _SOURCE_ENDED or event is _POOL_CLOSED:
+            return _CLOSING
+    elif state is _ENDED:
+        if event is _LEFT:
+            return _ENDED if consumers else _CLOSING
+        if event is _POOL_CLOSED:
+            return _CLOSING
+    elif state is _CLOSING:
+        if event is _LEFT or event is _POOL_CLOSED:
+            return _CLOSING
+        if event is _CLOSED_EVENT:
+            return _CLOSED
+    elif event is _LEFT:  # CLOSED
+        return _CLOSED
+    raise IllegalTransition(
+        f"a pool entry {state.name} cannot take {event.name} "
+        f"(consumers: {consumers}, ttl: {ttl})"
+    )
