@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
-import pytest
 import redis
 from wool import DiscoveryEvent
 from wool import WorkerMetadata
@@ -138,25 +137,6 @@ def hash_content(url: str, namespace: str) -> dict[uuid.UUID, WorkerMetadata]:
         )
         for uid, payload in records.items()
     }
-
-
-async def refused_on_trio(backend: str, url: str) -> bool:
-    """Under trio, check the clear asyncio-only error and return True.
-
-    redis-py's client (and wool) run on asyncio only: on trio, iterating a
-    subscriber and entering a publisher must each say so, not fail somewhere
-    deep inside asyncio.
-    """
-    if backend != "trio":
-        return False
-    discovery = RedisDiscovery(url, f"trio-{uuid.uuid4().hex}")
-    with pytest.raises(RuntimeError, match="runs on asyncio only"):
-        async for _ in discovery.subscribe():
-            pass  # pragma: no cover - never reached
-    with pytest.raises(RuntimeError, match="runs on asyncio only"):
-        async with discovery.publisher:
-            pass  # pragma: no cover - never reached
-    return True
 
 
 async def eventually(check: Callable[[], bool]) -> None:

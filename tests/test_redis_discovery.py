@@ -5,9 +5,9 @@ persistence off); every test uses a namespace of its own. No mocks: the
 connection counts are read from the server's ``CLIENT LIST``, connections
 are cut with ``CLIENT KILL`` and by restarting the server.
 
-redis-py's client runs on asyncio only, so on trio each test checks instead
-that a subscriber and a publisher refuse with a clear error
-(:func:`refused_on_trio`).
+redis-py's client runs on asyncio only, so these tests run on asyncio only;
+:func:`test_a_subscriber_and_a_publisher_refuse_trio_clearly` pins the clear
+error trio gets instead.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Any
 
 import anyio
 import pytest
+from _loops import asyncio_backend
 from _redis import RedisServer
 from redis_views import View
 from redis_views import add_user
@@ -34,7 +35,6 @@ from redis_views import connections
 from redis_views import eventually
 from redis_views import fake_worker
 from redis_views import hash_content
-from redis_views import refused_on_trio
 
 from wool_pooling import RestartPolicy
 from wool_pooling import SharedSubscription
@@ -44,6 +44,7 @@ from wool_pooling.redis import RedisDiscoveryError
 from wool_pooling.redis import redact
 
 pytestmark = pytest.mark.anyio
+anyio_backend = asyncio_backend
 
 #: Short leases, so expiry tests take about a second.
 LEASE = 1.0
@@ -62,12 +63,10 @@ def discovery(server: RedisServer, **options: Any) -> RedisDiscovery:
 
 @pytest.mark.parametrize("shared", [True, False], ids=["pooled", "unpooled"])
 async def test_fifty_consumers_hold_one_subscription_connection(
-    redis_server: RedisServer, anyio_backend_name: str, shared: bool
+    redis_server: RedisServer, shared: bool
 ) -> None:
     """50 concurrent consumers of the discovery in one process: one pub/sub
     connection for the namespace when pooled, 50 without the decorator."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     redis_discovery = discovery(redis_server, shared=shared)
     workers = [fake_worker(port) for port in range(1, 4)]
     views = [View() for _ in range(50)]
@@ -89,11 +88,9 @@ async def test_fifty_consumers_hold_one_subscription_connection(
 
 
 async def test_filtered_and_unfiltered_proxies_share_the_connection(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """A filter applies per consumer on top of the one shared subscription."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     redis_discovery = discovery(redis_server)
     gpu, cpu = fake_worker(1, tag="gpu"), fake_worker(2)
     everyone, gpus = View(), View()
@@ -116,13 +113,11 @@ async def test_filtered_and_unfiltered_proxies_share_the_connection(
 
 
 async def test_events_arrive_in_order_and_duplicates_are_skipped(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """Added, updated, dropped in publication order; an announcement replayed
     with an old version is skipped; a re-add with the same metadata only
     renews; an update of an unknown worker adds it."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     redis_discovery = discovery(redis_server)
     first, second = fake_worker(1), fake_worker(2)
     moved = fake_worker(3)
@@ -163,13 +158,9 @@ async def test_events_arrive_in_order_and_duplicates_are_skipped(
     assert redis_discovery.statistics().reconnects == 0
 
 
-async def test_a_version_gap_resynchronises(
-    redis_server: RedisServer, anyio_backend_name: str
-) -> None:
+async def test_a_version_gap_resynchronises(redis_server: RedisServer) -> None:
     """An announcement missing from the sequence makes the subscription take a
     new snapshot: the view is the hash's, nothing duplicated."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     redis_discovery = discovery(redis_server)
     namespace = redis_discovery.namespace
     keys = f"wool:{{{namespace}}}"
@@ -200,15 +191,13 @@ async def test_a_version_gap_resynchronises(
 
 
 async def test_client_kill_and_server_restart_converge_to_the_hash(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """``CLIENT KILL`` of the subscription mid-stream, then a server restart
     (its data lost): every consumer's view converges to the hash's content,
     with no duplicate ``worker-added`` and no missed drop (each view checks
     every event as it arrives), and no flapping of the workers that their
     publisher renews after the restart."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     redis_discovery = discovery(redis_server)
     namespace = redis_discovery.namespace
     url = redis_server.url
@@ -263,12 +252,10 @@ async def test_client_kill_and_server_restart_converge_to_the_hash(
 
 
 async def test_unreachable_during_reconnect_gives_up_after_the_attempts(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """With a bounded reconnect policy, a server that stays down ends every
     consumer with a ``RedisDiscoveryError`` after the last attempt."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     own = RedisServer(redis_server.executable)
     own.start()
     try:
@@ -295,12 +282,10 @@ async def test_unreachable_during_reconnect_gives_up_after_the_attempts(
 
 
 async def test_late_joiner_receives_a_thousand_workers_then_live_changes(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """A proxy that starts after 1,000 workers are registered receives all
     1,000 (the snapshot) before any live change."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     redis_discovery = discovery(redis_server, lease=60.0)
     workers = [fake_worker(port) for port in range(1, 1001)]
     async with redis_discovery.publisher as publisher:
@@ -351,12 +336,10 @@ PUBLISH_THEN_HANG = textwrap.dedent(
 
 
 async def test_a_killed_publisher_s_worker_leaves_every_view_within_the_lease(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """SIGKILL the process that published a worker (no drop published): its
     lease is no longer renewed, and every consumer drops it once it expires."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     redis_discovery = discovery(redis_server)
     uid = uuid.uuid4()
     process = subprocess.Popen(  # noqa: ASYNC220 - starts it, waits for nothing
@@ -406,12 +389,10 @@ async def test_a_killed_publisher_s_worker_leaves_every_view_within_the_lease(
 
 
 async def test_a_dead_worker_process_is_no_longer_renewed(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """A worker whose process died (here: a zombie, killed and not yet
     reaped) while its publisher lives on is dropped once its lease expires."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     redis_discovery = discovery(redis_server)
     sleeper = subprocess.Popen(  # noqa: ASYNC220 - starts it, waits for nothing
         [sys.executable, "-c", "import time; time.sleep(600)"]
@@ -439,12 +420,10 @@ async def test_a_dead_worker_process_is_no_longer_renewed(
 
 
 async def test_unreachable_url_fails_within_the_connect_timeout(
-    anyio_backend_name: str, redis_server: RedisServer
+    redis_server: RedisServer,
 ) -> None:
     """A server that accepts the connection and never answers, and a port
     nobody listens on: a clear error within ``connect_timeout``, not a hang."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(16)
@@ -469,12 +448,10 @@ async def test_unreachable_url_fails_within_the_connect_timeout(
 
 
 async def test_invalid_records_are_skipped_with_a_warning_and_counted(
-    redis_server: RedisServer, anyio_backend_name: str, caplog: pytest.LogCaptureFixture
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Garbage in the hash and on the channel: each skipped with a warning and
     counted; the valid workers still arrive, the subscription goes on."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     redis_discovery = discovery(redis_server)
     keys = f"wool:{{{redis_discovery.namespace}}}"
     server = admin(redis_server.url)
@@ -508,12 +485,10 @@ async def test_invalid_records_are_skipped_with_a_warning_and_counted(
 
 
 async def test_a_refusing_server_names_the_url_without_the_password(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """A wrong password, and a user the ACL forbids to subscribe: an error
     naming the URL, without the password, at once (no reconnect loop)."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     add_user(redis_server.url, "alice", "right")
     server = admin(redis_server.url)
     server.acl_setuser(
@@ -558,11 +533,7 @@ def test_bad_arguments_are_refused() -> None:
         RedisDiscovery("redis://localhost", "ns", advertise_host="0.0.0.0").publisher  # noqa: B018
 
 
-async def test_publisher_misuse_is_refused(
-    redis_server: RedisServer, anyio_backend_name: str
-) -> None:
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
+async def test_publisher_misuse_is_refused(redis_server: RedisServer) -> None:
     redis_discovery = discovery(redis_server)
     publisher = redis_discovery.publisher
     with pytest.raises(RuntimeError, match="before publishing"):
@@ -575,12 +546,10 @@ async def test_publisher_misuse_is_refused(
 
 
 async def test_wildcard_bind_is_announced_at_a_reachable_address(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """``bind_host="0.0.0.0"``: wool binds workers there; the announced
     address is ``advertise_host`` (or the default-route address)."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     advertised = discovery(redis_server, bind_host="0.0.0.0", advertise_host="10.1.2.3")
     assert advertised.publisher.bind_host == "0.0.0.0"
     worker = fake_worker(4242)

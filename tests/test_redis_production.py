@@ -16,6 +16,7 @@ import uuid
 
 import anyio
 import pytest
+from _loops import asyncio_backend
 from _redis import RedisServer
 from redis_views import View
 from redis_views import add_user
@@ -25,13 +26,13 @@ from redis_views import eventually
 from redis_views import fake_worker
 from redis_views import hash_content
 from redis_views import namespace
-from redis_views import refused_on_trio
 
 from wool_pooling.redis import RedisDiscovery
 from wool_pooling.redis import RedisDiscoveryError
 from wool_pooling.redis import redact
 
 pytestmark = pytest.mark.anyio
+anyio_backend = asyncio_backend
 
 
 def on_db(server: RedisServer, db: int) -> str:
@@ -42,12 +43,10 @@ def on_db(server: RedisServer, db: int) -> str:
 
 
 async def test_two_databases_of_one_server_do_not_see_each_other(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """Same namespace in ``/1`` and ``/2`` of one server: each consumer sees
     only its own database's workers (pub/sub ignores databases)."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     name = namespace()
     one, two = (
         discovery(on_db(redis_server, 1), name),
@@ -89,13 +88,11 @@ async def test_two_databases_of_one_server_do_not_see_each_other(
 
 @pytest.mark.parametrize("command", ["flushdb", "flushall"])
 async def test_a_flush_while_consumers_stay_connected_resynchronises_them(
-    redis_server: RedisServer, anyio_backend_name: str, command: str
+    redis_server: RedisServer, command: str
 ) -> None:
     """After ``FLUSHDB``/``FLUSHALL`` the version counter starts again at 1:
     consumers notice the new epoch, resynchronise, and see every later add
     and drop (the renewed workers are never dropped meanwhile)."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     redis_discovery = discovery(redis_server.url)
     name = redis_discovery.namespace
     kept = [fake_worker(port) for port in range(1, 4)]
@@ -128,12 +125,10 @@ async def test_a_flush_while_consumers_stay_connected_resynchronises_them(
 
 
 async def test_a_flush_with_nothing_announced_is_noticed_by_the_reaper(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """A flush, then a record written behind the subscription's back: the
     periodic reap sees the new epoch and the view converges to the hash."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     redis_discovery = discovery(redis_server.url, lease=60.0, reap_interval=0.1)
     name = redis_discovery.namespace
     view = View()
@@ -158,13 +153,11 @@ async def test_a_flush_with_nothing_announced_is_noticed_by_the_reaper(
 
 
 async def test_a_junk_announcement_with_the_next_version_hides_no_event(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """Another client publishes junk carrying the next version: it is counted,
     the subscription takes a snapshot, and the real add that follows reaches
     the connected consumers."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     redis_discovery = discovery(redis_server.url)
     keys = f"wool:{{{redis_discovery.namespace}}}"
     first, real = fake_worker(1), fake_worker(2)
@@ -192,14 +185,12 @@ async def test_a_junk_announcement_with_the_next_version_hides_no_event(
 
 @pytest.mark.parametrize("persistent", [False, True], ids=["empty", "persistent"])
 async def test_a_drop_that_failed_during_an_outage_is_not_undone(
-    redis_server: RedisServer, anyio_backend_name: str, persistent: bool
+    redis_server: RedisServer, persistent: bool
 ) -> None:
     """``publish("worker-dropped")`` raising while the server is down: the
     worker is forgotten at once (a restart without data does not see it
     re-added) and its drop is retried once the server is back (a restart
     with its data loses the record too)."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     extra = ("--appendonly", "yes", "--appendfsync", "always") if persistent else ()
     own = RedisServer(redis_server.executable)
     own.extra = extra
@@ -234,12 +225,10 @@ async def test_a_drop_that_failed_during_an_outage_is_not_undone(
 
 
 async def test_a_non_ascii_namespace_connects_and_keeps_its_keys(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """``"ünïcødé"``: connections name themselves with the namespace escaped
     (``CLIENT SETNAME`` takes only ``!``..``~``); the keys hold it as is."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     name = f"ünïcødé {uuid.uuid4().hex[:6]}"
     redis_discovery = discovery(redis_server.url, name)
     worker = fake_worker(1)
@@ -265,12 +254,10 @@ async def test_a_non_ascii_namespace_connects_and_keeps_its_keys(
 
 
 async def test_unix_socket_urls_work_for_subscribers_and_publishers(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """``unix:///path/redis.sock`` (with ``?db=3``): publish and subscribe
     through the socket; the database is honoured."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     url = f"unix://{redis_server.socket_path}?db=3"
     redis_discovery = discovery(url)
     worker = fake_worker(1)
@@ -285,13 +272,10 @@ async def test_unix_socket_urls_work_for_subscribers_and_publishers(
 
 async def test_a_password_in_the_query_string_is_redacted_everywhere(
     redis_server: RedisServer,
-    anyio_backend_name: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """``?password=...`` (redis-py's form for unix sockets) works, and never
     appears in ``redact()``, ``repr``, errors or log lines."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     add_user(redis_server.url, "carol", "s3cr3t-pw")
     url = f"unix://{redis_server.socket_path}?db=0&username=carol&password=s3cr3t-pw"
     assert "s3cr3t-pw" not in redact(url)
@@ -325,13 +309,11 @@ async def test_a_password_in_the_query_string_is_redacted_everywhere(
 
 
 async def test_errors_name_the_action_the_url_and_the_server_s_reason(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """Connection refused, a wrong password, a forbidden command: each
     ``RedisDiscoveryError`` names what was being done, the redacted url and
     what the server (or the OS) said."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     server = admin(redis_server.url)
     server.acl_setuser(
         "dave",
@@ -370,12 +352,10 @@ async def test_errors_name_the_action_the_url_and_the_server_s_reason(
 
 
 async def test_a_junk_version_key_fails_a_new_subscriber_naming_the_key(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """A version key holding ``"junk"``: a ``RedisDiscoveryError`` naming the
     key and what it holds, for a new subscriber and for a publisher."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     redis_discovery = discovery(redis_server.url)
     key = f"wool:{{{redis_discovery.namespace}}}:version"
     server = admin(redis_server.url)
@@ -393,13 +373,11 @@ async def test_a_junk_version_key_fails_a_new_subscriber_naming_the_key(
 
 
 async def test_a_lease_key_replaced_while_consumers_run_is_retried(
-    redis_server: RedisServer, anyio_backend_name: str, caplog: pytest.LogCaptureFixture
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The lease key replaced by a string under running consumers: they stay
     alive, the subscription retries under its reconnect policy (logging the
     key and what it holds), and resumes once the key is repaired."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     redis_discovery = discovery(redis_server.url, reap_interval=0.05)
     leases = f"wool:{{{redis_discovery.namespace}}}:leases"
     caplog.set_level(logging.WARNING, logger="wool_pooling.redis")
