@@ -11,7 +11,9 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterable
+from collections.abc import AsyncIterator
 from collections.abc import Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -22,6 +24,7 @@ from wool import protocol
 
 from wool_pooling import RestartPolicy
 from wool_pooling.redis import RedisDiscovery
+from wool_pooling.redis import RedisPublisher
 
 #: Bound on any single wait.
 DEADLINE = 20
@@ -91,6 +94,26 @@ class View:
     async def consume(self, subscription: AsyncIterable[DiscoveryEvent]) -> None:
         async for event in subscription:
             self.apply(event)
+
+
+@asynccontextmanager
+async def published(
+    discovery: RedisDiscovery, *workers: WorkerMetadata, views: int = 1
+) -> AsyncIterator[tuple[RedisPublisher, list[View]]]:
+    """Within ``discovery``'s publisher, once ``worker-added`` is published
+    for each of ``workers``: that publisher, and ``views`` views, each
+    consuming a subscription of its own and holding exactly ``workers``.
+    The consumers are cancelled on exit."""
+    consumers = [View() for _ in range(views)]
+    async with discovery.publisher as publisher, anyio.create_task_group() as tg:
+        for worker in workers:
+            await publisher.publish("worker-added", worker)
+        for view in consumers:
+            tg.start_soon(view.consume, discovery.subscribe())
+        for view in consumers:
+            await view.has(*(worker.uid for worker in workers))
+        yield publisher, consumers
+        tg.cancel_scope.cancel()
 
 
 def admin(url: str) -> Any:

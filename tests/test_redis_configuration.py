@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -26,6 +27,7 @@ from redis_views import eventually
 from redis_views import fake_worker
 from redis_views import hash_content
 from redis_views import namespace
+from redis_views import published
 
 from wool_pooling import current_pool
 from wool_pooling.redis import RedisDiscovery
@@ -156,13 +158,8 @@ async def test_client_options_reach_redis_py_and_the_url_wins_over_them(
     url = f"redis://erin@127.0.0.1:{redis_server.port}/0"
     options = {"password": "opt-pw", "health_check_interval": 1}
     redis_discovery = discovery(url, client_options=options)
-    worker = fake_worker(1)
-    view = View()
-    async with redis_discovery.publisher as publisher, anyio.create_task_group() as tg:
-        await publisher.publish("worker-added", worker)
-        tg.start_soon(view.consume, redis_discovery.subscribe())
-        await view.has(worker.uid)
-        tg.cancel_scope.cancel()
+    async with published(redis_discovery, fake_worker(1)):
+        pass  # published, and seen by a subscriber
     # A credential provider (rotating tokens) in place of any password: the
     # wrong one is refused, so it is the one used.
     bare = f"redis://127.0.0.1:{redis_server.port}/0"
@@ -250,17 +247,12 @@ async def test_a_user_limited_to_the_documented_acl_rule_works(
     url = f"redis://wool:acl-pw@127.0.0.1:{redis_server.port}/1"
     redis_discovery = discovery(url, reap_interval=0.05)
     worker, later = fake_worker(1), fake_worker(2)
-    view = View()
-    async with redis_discovery.publisher as publisher, anyio.create_task_group() as tg:
-        await publisher.publish("worker-added", worker)
-        tg.start_soon(view.consume, redis_discovery.subscribe())
-        await view.has(worker.uid)
+    async with published(redis_discovery, worker) as (publisher, [view]):
         server.client_kill_filter(_type="pubsub")
         await eventually(lambda: redis_discovery.statistics().reconnects >= 1)
         await publisher.publish("worker-added", later)
         await publisher.publish("worker-dropped", worker)
         await view.has(later.uid)
-        tg.cancel_scope.cancel()
     server.execute_command("ACL", "SETUSER", "wool", "-subscribe")
     with pytest.raises(RedisDiscoveryError, match="NOPERM"):
         async for _ in discovery(url).subscribe():
@@ -288,14 +280,13 @@ TLS = ROOT / "tests" / "tls"
 
 
 async def test_an_ssl_context_in_client_options_is_used_for_tls(
-    redis_server: RedisServer,
+    redis_server: RedisServer, own_redis_server: Callable[..., RedisServer]
 ) -> None:
     """``rediss://`` with ``client_options={"ssl_context": context}``: the
     given context (trusting the test server's self-signed certificate) is
     the one used; without it, the certificate is refused."""
     tls_port = free_port()
-    own = RedisServer(
-        redis_server.executable,
+    own = own_redis_server(
         "--tls-port",
         str(tls_port),
         "--tls-cert-file",
@@ -307,27 +298,16 @@ async def test_an_ssl_context_in_client_options_is_used_for_tls(
         "--tls-auth-clients",
         "no",
     )
-    own.start()
-    try:
-        context = ssl.create_default_context(cafile=str(TLS / "server.crt"))
-        url = f"rediss://127.0.0.1:{tls_port}/0"
-        redis_discovery = discovery(url, client_options={"ssl_context": context})
-        worker = fake_worker(1)
-        view = View()
-        async with (
-            redis_discovery.publisher as publisher,
-            anyio.create_task_group() as tg,
-        ):
-            await publisher.publish("worker-added", worker)
-            tg.start_soon(view.consume, redis_discovery.subscribe())
-            await view.has(worker.uid)
-            tg.cancel_scope.cancel()
-        assert worker.uid in hash_content(own.url, redis_discovery.namespace)
-        with pytest.raises(RedisDiscoveryError, match="CERTIFICATE_VERIFY_FAILED"):
-            async with discovery(url).publisher:
-                pass  # pragma: no cover - never reached
-    finally:
-        own.cleanup()
+    context = ssl.create_default_context(cafile=str(TLS / "server.crt"))
+    url = f"rediss://127.0.0.1:{tls_port}/0"
+    redis_discovery = discovery(url, client_options={"ssl_context": context})
+    worker = fake_worker(1)
+    async with published(redis_discovery, worker):
+        pass  # published, and seen by a subscriber
+    assert worker.uid in hash_content(own.url, redis_discovery.namespace)
+    with pytest.raises(RedisDiscoveryError, match="CERTIFICATE_VERIFY_FAILED"):
+        async with discovery(url).publisher:
+            pass  # pragma: no cover - never reached
     with pytest.raises(ValueError, match="TLS url"):
         RedisDiscovery(redis_server.url, "ns", client_options={"ssl_context": context})
     with pytest.raises(TypeError, match="SSLContext"):

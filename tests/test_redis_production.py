@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
+from collections.abc import Callable
 
 import anyio
 import pytest
@@ -26,6 +27,7 @@ from redis_views import eventually
 from redis_views import fake_worker
 from redis_views import hash_content
 from redis_views import namespace
+from redis_views import published
 
 from wool_pooling.redis import RedisDiscovery
 from wool_pooling.redis import RedisDiscoveryError
@@ -131,12 +133,8 @@ async def test_a_flush_with_nothing_announced_is_noticed_by_the_reaper(
     periodic reap sees the new epoch and the view converges to the hash."""
     redis_discovery = discovery(redis_server.url, lease=60.0, reap_interval=0.1)
     name = redis_discovery.namespace
-    view = View()
     worker, hidden = fake_worker(1), fake_worker(2)
-    async with redis_discovery.publisher as publisher, anyio.create_task_group() as tg:
-        await publisher.publish("worker-added", worker)
-        tg.start_soon(view.consume, redis_discovery.subscribe())
-        await view.has(worker.uid)
+    async with published(redis_discovery, worker) as (_, [view]):
         server = admin(redis_server.url)
         server.flushdb()
         server.hset(
@@ -146,7 +144,6 @@ async def test_a_flush_with_nothing_announced_is_noticed_by_the_reaper(
         )
         await view.until(lambda seen: hidden.uid in seen)
         server.close()
-        tg.cancel_scope.cancel()
 
 
 # -- 3. junk on the channel --
@@ -161,14 +158,8 @@ async def test_a_junk_announcement_with_the_next_version_hides_no_event(
     redis_discovery = discovery(redis_server.url)
     keys = f"wool:{{{redis_discovery.namespace}}}"
     first, real = fake_worker(1), fake_worker(2)
-    views = [View() for _ in range(3)]
     server = admin(redis_server.url)
-    async with redis_discovery.publisher as publisher, anyio.create_task_group() as tg:
-        await publisher.publish("worker-added", first)
-        for view in views:
-            tg.start_soon(view.consume, redis_discovery.subscribe())
-        for view in views:
-            await view.has(first.uid)
+    async with published(redis_discovery, first, views=3) as (publisher, views):
         version = int(server.get(f"{keys}:version"))
         for channel in (f"{keys}:events", f"{keys}:events:0"):
             server.publish(channel, f"{version + 1} worker-added junk".encode())
@@ -176,7 +167,6 @@ async def test_a_junk_announcement_with_the_next_version_hides_no_event(
         for view in views:
             await view.has(first.uid, real.uid)
         assert redis_discovery.statistics().invalid_records >= 1
-        tg.cancel_scope.cancel()
     server.close()
 
 
@@ -185,40 +175,26 @@ async def test_a_junk_announcement_with_the_next_version_hides_no_event(
 
 @pytest.mark.parametrize("persistent", [False, True], ids=["empty", "persistent"])
 async def test_a_drop_that_failed_during_an_outage_is_not_undone(
-    redis_server: RedisServer, persistent: bool
+    own_redis_server: Callable[..., RedisServer], persistent: bool
 ) -> None:
     """``publish("worker-dropped")`` raising while the server is down: the
     worker is forgotten at once (a restart without data does not see it
     re-added) and its drop is retried once the server is back (a restart
     with its data loses the record too)."""
     extra = ("--appendonly", "yes", "--appendfsync", "always") if persistent else ()
-    own = RedisServer(redis_server.executable)
-    own.extra = extra
-    own.start()
-    try:
-        redis_discovery = discovery(own.url, connect_timeout=0.5)
-        name = redis_discovery.namespace
-        dropped, keeper = fake_worker(1), fake_worker(2)
-        view = View()
-        async with (
-            redis_discovery.publisher as publisher,
-            anyio.create_task_group() as tg,
-        ):
-            await publisher.publish("worker-added", dropped)
-            await publisher.publish("worker-added", keeper)
-            tg.start_soon(view.consume, redis_discovery.subscribe())
-            await view.has(dropped.uid, keeper.uid)
-            own.stop()
-            with pytest.raises(RedisDiscoveryError, match="publishing worker-dropped"):
-                await publisher.publish("worker-dropped", dropped)
-            own.start()
-            # The keeper is renewed (and, without the data, added again); the
-            # dropped worker is not, and its record is deleted.
-            await eventually(lambda: set(hash_content(own.url, name)) == {keeper.uid})
-            await view.has(keeper.uid)
-            tg.cancel_scope.cancel()
-    finally:
-        own.cleanup()
+    own = own_redis_server(*extra)
+    redis_discovery = discovery(own.url, connect_timeout=0.5)
+    name = redis_discovery.namespace
+    dropped, keeper = fake_worker(1), fake_worker(2)
+    async with published(redis_discovery, dropped, keeper) as (publisher, [view]):
+        own.stop()
+        with pytest.raises(RedisDiscoveryError, match="publishing worker-dropped"):
+            await publisher.publish("worker-dropped", dropped)
+        own.start()
+        # The keeper is renewed (and, without the data, added again); the
+        # dropped worker is not, and its record is deleted.
+        await eventually(lambda: set(hash_content(own.url, name)) == {keeper.uid})
+        await view.has(keeper.uid)
 
 
 # -- 5. unicode namespaces --
@@ -232,11 +208,7 @@ async def test_a_non_ascii_namespace_connects_and_keeps_its_keys(
     name = f"ünïcødé {uuid.uuid4().hex[:6]}"
     redis_discovery = discovery(redis_server.url, name)
     worker = fake_worker(1)
-    view = View()
-    async with redis_discovery.publisher as publisher, anyio.create_task_group() as tg:
-        await publisher.publish("worker-added", worker)
-        tg.start_soon(view.consume, redis_discovery.subscribe())
-        await view.has(worker.uid)
+    async with published(redis_discovery, worker):
         server = admin(redis_server.url)
         names = [entry["name"] for entry in server.client_list()]
         escaped = name.encode().decode("ascii", "ignore")  # the ASCII letters kept
@@ -247,7 +219,6 @@ async def test_a_non_ascii_namespace_connects_and_keeps_its_keys(
         assert escaped
         assert server.hexists(f"wool:{{{name}}}:workers", str(worker.uid))
         server.close()
-        tg.cancel_scope.cancel()
 
 
 # -- 6. and 8. unix sockets, passwords in the query string --
@@ -261,12 +232,8 @@ async def test_unix_socket_urls_work_for_subscribers_and_publishers(
     url = f"unix://{redis_server.socket_path}?db=3"
     redis_discovery = discovery(url)
     worker = fake_worker(1)
-    view = View()
-    async with redis_discovery.publisher as publisher, anyio.create_task_group() as tg:
-        await publisher.publish("worker-added", worker)
-        tg.start_soon(view.consume, redis_discovery.subscribe())
-        await view.has(worker.uid)
-        tg.cancel_scope.cancel()
+    async with published(redis_discovery, worker):
+        pass  # published, and seen by a subscriber
     assert worker.uid in hash_content(on_db(redis_server, 3), redis_discovery.namespace)
 
 
@@ -285,15 +252,9 @@ async def test_a_password_in_the_query_string_is_redacted_everywhere(
     assert "s3cr3t-pw" not in repr(redis_discovery)
     assert "s3cr3t-pw" not in repr(redis_discovery.subscribe())
     caplog.set_level(logging.INFO, logger="wool_pooling.redis")
-    worker = fake_worker(1)
-    view = View()
-    async with redis_discovery.publisher as publisher, anyio.create_task_group() as tg:
-        await publisher.publish("worker-added", worker)
-        tg.start_soon(view.consume, redis_discovery.subscribe())
-        await view.has(worker.uid)
+    async with published(redis_discovery, fake_worker(1)):
         admin(redis_server.url).client_kill_filter(_type="pubsub")
         await eventually(lambda: redis_discovery.statistics().reconnects >= 1)
-        tg.cancel_scope.cancel()
     wrong = url.replace("s3cr3t-pw", "wr0ng-pw")
     with pytest.raises(RedisDiscoveryError) as raised:
         async for _ in RedisDiscovery(wrong, "x").subscribe():
@@ -382,14 +343,8 @@ async def test_a_lease_key_replaced_while_consumers_run_is_retried(
     leases = f"wool:{{{redis_discovery.namespace}}}:leases"
     caplog.set_level(logging.WARNING, logger="wool_pooling.redis")
     worker, later = fake_worker(1), fake_worker(2)
-    views = [View() for _ in range(3)]
     server = admin(redis_server.url)
-    async with redis_discovery.publisher as publisher, anyio.create_task_group() as tg:
-        await publisher.publish("worker-added", worker)
-        for view in views:
-            tg.start_soon(view.consume, redis_discovery.subscribe())
-        for view in views:
-            await view.has(worker.uid)
+    async with published(redis_discovery, worker, views=3) as (publisher, views):
         server.delete(leases)
         server.set(leases, "a string")
         await eventually(
@@ -402,5 +357,4 @@ async def test_a_lease_key_replaced_while_consumers_run_is_retried(
         await publisher.publish("worker-added", later)
         for view in views:
             await view.has(worker.uid, later.uid)
-        tg.cancel_scope.cancel()
     server.close()
