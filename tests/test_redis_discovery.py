@@ -22,19 +22,22 @@ import sys
 import textwrap
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable
 
 import anyio
 import pytest
 from _loops import asyncio_backend
 from _redis import RedisServer
+from redis_views import LEASE
 from redis_views import View
 from redis_views import add_user
 from redis_views import admin
 from redis_views import connections
+from redis_views import discovery
 from redis_views import eventually
 from redis_views import fake_worker
 from redis_views import hash_content
+from redis_views import published
 
 from wool_pooling import RestartPolicy
 from wool_pooling import SharedSubscription
@@ -46,18 +49,6 @@ from wool_pooling.redis import redact
 pytestmark = pytest.mark.anyio
 anyio_backend = asyncio_backend
 
-#: Short leases, so expiry tests take about a second.
-LEASE = 1.0
-#: Reconnect at once (with a little jitter): the tests cut connections often.
-FAST = RestartPolicy(attempts=None, backoff=0.02, max_backoff=0.2, jitter=0.2)
-
-
-def discovery(server: RedisServer, **options: Any) -> RedisDiscovery:
-    options.setdefault("lease", LEASE)
-    options.setdefault("reconnect", FAST)
-    return RedisDiscovery(server.url, f"test-{uuid.uuid4().hex[:12]}", **options)
-
-
 # -- pooling, measured on the server --
 
 
@@ -67,22 +58,14 @@ async def test_fifty_consumers_hold_one_subscription_connection(
 ) -> None:
     """50 concurrent consumers of the discovery in one process: one pub/sub
     connection for the namespace when pooled, 50 without the decorator."""
-    redis_discovery = discovery(redis_server, shared=shared)
+    redis_discovery = discovery(redis_server.url, shared=shared)
     workers = [fake_worker(port) for port in range(1, 4)]
-    views = [View() for _ in range(50)]
-    async with redis_discovery.publisher as publisher, anyio.create_task_group() as tg:
-        for worker in workers:
-            await publisher.publish("worker-added", worker)
-        for view in views:
-            tg.start_soon(view.consume, redis_discovery.subscribe())
-        for view in views:
-            await view.has(*(worker.uid for worker in workers))
+    async with published(redis_discovery, *workers, views=50):
         expected = 1 if shared else 50
         namespace = redis_discovery.namespace
         assert connections(redis_server.url, "subscriber", namespace) == expected
         assert connections(redis_server.url, "subscriber-cmd", namespace) == expected
         assert connections(redis_server.url, "publisher", namespace) == 1
-        tg.cancel_scope.cancel()
     # Every consumer gone: the shared subscription closed its connections.
     await eventually(lambda: not connections(redis_server.url, "subscriber", namespace))
 
@@ -91,7 +74,7 @@ async def test_filtered_and_unfiltered_proxies_share_the_connection(
     redis_server: RedisServer,
 ) -> None:
     """A filter applies per consumer on top of the one shared subscription."""
-    redis_discovery = discovery(redis_server)
+    redis_discovery = discovery(redis_server.url)
     gpu, cpu = fake_worker(1, tag="gpu"), fake_worker(2)
     everyone, gpus = View(), View()
     async with redis_discovery.publisher as publisher, anyio.create_task_group() as tg:
@@ -118,7 +101,7 @@ async def test_events_arrive_in_order_and_duplicates_are_skipped(
     """Added, updated, dropped in publication order; an announcement replayed
     with an old version is skipped; a re-add with the same metadata only
     renews; an update of an unknown worker adds it."""
-    redis_discovery = discovery(redis_server)
+    redis_discovery = discovery(redis_server.url)
     first, second = fake_worker(1), fake_worker(2)
     moved = fake_worker(3)
     moved = type(moved)(uid=first.uid, address="127.0.0.1:9", pid=0, version="test")
@@ -161,7 +144,7 @@ async def test_events_arrive_in_order_and_duplicates_are_skipped(
 async def test_a_version_gap_resynchronises(redis_server: RedisServer) -> None:
     """An announcement missing from the sequence makes the subscription take a
     new snapshot: the view is the hash's, nothing duplicated."""
-    redis_discovery = discovery(redis_server)
+    redis_discovery = discovery(redis_server.url)
     namespace = redis_discovery.namespace
     keys = f"wool:{{{namespace}}}"
     first, hidden = fake_worker(1), fake_worker(2)
@@ -198,24 +181,19 @@ async def test_client_kill_and_server_restart_converge_to_the_hash(
     with no duplicate ``worker-added`` and no missed drop (each view checks
     every event as it arrives), and no flapping of the workers that their
     publisher renews after the restart."""
-    redis_discovery = discovery(redis_server)
+    redis_discovery = discovery(redis_server.url)
     namespace = redis_discovery.namespace
     url = redis_server.url
-    views = [View() for _ in range(5)]
     workers = [fake_worker(port) for port in range(1, 6)]
 
     async def converged() -> None:
         for view in views:
             await view.until(lambda seen: seen == hash_content(url, namespace))
 
-    async with redis_discovery.publisher as publisher, anyio.create_task_group() as tg:
-        for worker in workers[:3]:
-            await publisher.publish("worker-added", worker)
-        for view in views:
-            tg.start_soon(view.consume, redis_discovery.subscribe())
-        for view in views:
-            await view.has(*(worker.uid for worker in workers[:3]))
-
+    async with published(redis_discovery, *workers[:3], views=5) as (
+        publisher,
+        views,
+    ):
         # Mid-stream: kill the subscription's connections, then change the
         # hash while it reconnects (a drop and an add it must not miss).
         server = admin(url)
@@ -248,34 +226,29 @@ async def test_client_kill_and_server_restart_converge_to_the_hash(
         for view in views:
             assert view.added[workers[2].uid] == 1
             assert view.added[workers[3].uid] == 1
-        tg.cancel_scope.cancel()
 
 
 async def test_unreachable_during_reconnect_gives_up_after_the_attempts(
-    redis_server: RedisServer,
+    own_redis_server: Callable[..., RedisServer],
 ) -> None:
     """With a bounded reconnect policy, a server that stays down ends every
     consumer with a ``RedisDiscoveryError`` after the last attempt."""
-    own = RedisServer(redis_server.executable)
-    own.start()
-    try:
-        redis_discovery = RedisDiscovery(
-            own.url,
-            "gives-up",
-            reconnect=RestartPolicy(attempts=2, backoff=0.01, jitter=0),
-            connect_timeout=1.0,
-        )
-        worker = fake_worker(1)
-        async with redis_discovery.publisher as publisher:
-            await publisher.publish("worker-added", worker)
-            stream = aiter(redis_discovery.subscribe())
-            event = await anext(stream)
-            assert event.metadata.uid == worker.uid
-            own.stop()
-            with pytest.raises(RedisDiscoveryError, match="reconnecting"):
-                await anext(stream)
-    finally:
-        own.cleanup()
+    own = own_redis_server()
+    redis_discovery = RedisDiscovery(
+        own.url,
+        "gives-up",
+        reconnect=RestartPolicy(attempts=2, backoff=0.01, jitter=0),
+        connect_timeout=1.0,
+    )
+    worker = fake_worker(1)
+    async with redis_discovery.publisher as publisher:
+        await publisher.publish("worker-added", worker)
+        stream = aiter(redis_discovery.subscribe())
+        event = await anext(stream)
+        assert event.metadata.uid == worker.uid
+        own.stop()
+        with pytest.raises(RedisDiscoveryError, match="reconnecting"):
+            await anext(stream)
 
 
 # -- late joiners --
@@ -286,7 +259,7 @@ async def test_late_joiner_receives_a_thousand_workers_then_live_changes(
 ) -> None:
     """A proxy that starts after 1,000 workers are registered receives all
     1,000 (the snapshot) before any live change."""
-    redis_discovery = discovery(redis_server, lease=60.0)
+    redis_discovery = discovery(redis_server.url, lease=60.0)
     workers = [fake_worker(port) for port in range(1, 1001)]
     async with redis_discovery.publisher as publisher:
         for worker in workers:
@@ -340,7 +313,7 @@ async def test_a_killed_publisher_s_worker_leaves_every_view_within_the_lease(
 ) -> None:
     """SIGKILL the process that published a worker (no drop published): its
     lease is no longer renewed, and every consumer drops it once it expires."""
-    redis_discovery = discovery(redis_server)
+    redis_discovery = discovery(redis_server.url)
     uid = uuid.uuid4()
     process = subprocess.Popen(  # noqa: ASYNC220 - starts it, waits for nothing
         [
@@ -393,24 +366,15 @@ async def test_a_dead_worker_process_is_no_longer_renewed(
 ) -> None:
     """A worker whose process died (here: a zombie, killed and not yet
     reaped) while its publisher lives on is dropped once its lease expires."""
-    redis_discovery = discovery(redis_server)
+    redis_discovery = discovery(redis_server.url)
     sleeper = subprocess.Popen(  # noqa: ASYNC220 - starts it, waits for nothing
         [sys.executable, "-c", "import time; time.sleep(600)"]
     )
     try:
         dead, alive = fake_worker(1, pid=sleeper.pid), fake_worker(2, pid=os.getpid())
-        view = View()
-        async with (
-            redis_discovery.publisher as publisher,
-            anyio.create_task_group() as tg,
-        ):
-            await publisher.publish("worker-added", dead)
-            await publisher.publish("worker-added", alive)
-            tg.start_soon(view.consume, redis_discovery.subscribe())
-            await view.has(dead.uid, alive.uid)
+        async with published(redis_discovery, dead, alive) as (_, [view]):
             os.kill(sleeper.pid, signal.SIGKILL)  # a zombie until waited for
             await view.has(alive.uid)
-            tg.cancel_scope.cancel()
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -452,17 +416,13 @@ async def test_invalid_records_are_skipped_with_a_warning_and_counted(
 ) -> None:
     """Garbage in the hash and on the channel: each skipped with a warning and
     counted; the valid workers still arrive, the subscription goes on."""
-    redis_discovery = discovery(redis_server)
+    redis_discovery = discovery(redis_server.url)
     keys = f"wool:{{{redis_discovery.namespace}}}"
     server = admin(redis_server.url)
     server.hset(f"{keys}:workers", "not-a-uid", b"\xff\xff not protobuf")
-    view = View()
     good, later = fake_worker(1), fake_worker(2)
     caplog.set_level(logging.WARNING, logger="wool_pooling.redis")
-    async with redis_discovery.publisher as publisher, anyio.create_task_group() as tg:
-        await publisher.publish("worker-added", good)
-        tg.start_soon(view.consume, redis_discovery.subscribe())
-        await view.has(good.uid)
+    async with published(redis_discovery, good) as (publisher, [view]):
         assert redis_discovery.statistics().invalid_records == 1
         # An announcement that is not worker metadata, with the next version,
         # then one that is not an announcement at all: each is counted (and
@@ -477,7 +437,6 @@ async def test_invalid_records_are_skipped_with_a_warning_and_counted(
         server.publish(f"{keys}:events:0", b"garbage")
         await publisher.publish("worker-added", later)
         await view.has(good.uid, later.uid)
-        tg.cancel_scope.cancel()
     server.close()
     assert redis_discovery.statistics().invalid_records == 3
     skipped = [r for r in caplog.records if "not valid worker metadata" in r.message]
@@ -534,7 +493,7 @@ def test_bad_arguments_are_refused() -> None:
 
 
 async def test_publisher_misuse_is_refused(redis_server: RedisServer) -> None:
-    redis_discovery = discovery(redis_server)
+    redis_discovery = discovery(redis_server.url)
     publisher = redis_discovery.publisher
     with pytest.raises(RuntimeError, match="before publishing"):
         await publisher.publish("worker-added", fake_worker())
@@ -550,7 +509,9 @@ async def test_wildcard_bind_is_announced_at_a_reachable_address(
 ) -> None:
     """``bind_host="0.0.0.0"``: wool binds workers there; the announced
     address is ``advertise_host`` (or the default-route address)."""
-    advertised = discovery(redis_server, bind_host="0.0.0.0", advertise_host="10.1.2.3")
+    advertised = discovery(
+        redis_server.url, bind_host="0.0.0.0", advertise_host="10.1.2.3"
+    )
     assert advertised.publisher.bind_host == "0.0.0.0"
     worker = fake_worker(4242)
     wildcard = type(worker)(uid=worker.uid, address="0.0.0.0:4242", pid=0, version="t")
@@ -560,7 +521,7 @@ async def test_wildcard_bind_is_announced_at_a_reachable_address(
         event = await anext(stream)
         assert event.metadata.address == "10.1.2.3:4242"
         await stream.aclose()  # type: ignore[attr-defined]
-    assert discovery(redis_server).publisher.bind_host == "127.0.0.1"
+    assert discovery(redis_server.url).publisher.bind_host == "127.0.0.1"
 
 
 def test_subscriptions_pickle_and_share_by_url_and_namespace() -> None:
