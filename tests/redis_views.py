@@ -121,16 +121,28 @@ def admin(url: str) -> Any:
     return redis.Redis.from_url(url)
 
 
-def add_user(url: str, name: str, password: str) -> None:
-    """Add ACL user ``name`` with ``password`` and every right."""
+#: ACL commands for a user that may connect and call scripts, and run
+#: nothing else (no ``SUBSCRIBE``, no command a script calls).
+CONNECT_ONLY = ("-@all", "+ping", "+client", "+hello", "+evalsha", "+eval")
+
+
+def add_user(
+    url: str,
+    name: str,
+    password: str,
+    commands: tuple[str, ...] = ("+@all",),
+    channels: tuple[str, ...] = ("*",),
+) -> None:
+    """Add ACL user ``name`` with ``password``, every key, and ``commands``
+    and ``channels`` (by default every right)."""
     server = admin(url)
     server.acl_setuser(
         name,
         enabled=True,
         passwords=[f"+{password}"],
         keys=["*"],
-        channels=["*"],
-        commands=["+@all"],
+        channels=list(channels),
+        commands=list(commands),
     )
     server.close()
 

@@ -28,6 +28,7 @@ import anyio
 import pytest
 from _loops import asyncio_backend
 from _redis import RedisServer
+from redis_views import CONNECT_ONLY
 from redis_views import LEASE
 from redis_views import View
 from redis_views import add_user
@@ -449,15 +450,7 @@ async def test_a_refusing_server_names_the_url_without_the_password(
     """A wrong password, and a user the ACL forbids to subscribe: an error
     naming the URL, without the password, at once (no reconnect loop)."""
     add_user(redis_server.url, "alice", "right")
-    server = admin(redis_server.url)
-    server.acl_setuser(
-        "bob",
-        enabled=True,
-        passwords=["+secret"],
-        keys=["*"],
-        commands=["-@all", "+ping", "+client", "+hello", "+evalsha", "+eval"],
-    )
-    server.close()
+    add_user(redis_server.url, "bob", "secret", CONNECT_ONLY, channels=())
     base = f"127.0.0.1:{redis_server.port}/0"
     wrong = f"redis://alice:wrong-password@{base}"
     with pytest.raises(RedisDiscoveryError) as raised:

@@ -19,6 +19,7 @@ import anyio
 import pytest
 from _loops import asyncio_backend
 from _redis import RedisServer
+from redis_views import CONNECT_ONLY
 from redis_views import View
 from redis_views import add_user
 from redis_views import admin
@@ -275,15 +276,7 @@ async def test_errors_name_the_action_the_url_and_the_server_s_reason(
     """Connection refused, a wrong password, a forbidden command: each
     ``RedisDiscoveryError`` names what was being done, the redacted url and
     what the server (or the OS) said."""
-    server = admin(redis_server.url)
-    server.acl_setuser(
-        "dave",
-        enabled=True,
-        passwords=["+pw"],
-        keys=["*"],
-        commands=["-@all", "+ping", "+client", "+hello", "+evalsha", "+eval"],
-    )
-    server.close()
+    add_user(redis_server.url, "dave", "pw", CONNECT_ONLY, channels=())
     closed = RedisServer(redis_server.executable)  # never started: refused
     refused = f"redis://127.0.0.1:{closed.port}/0"
     with pytest.raises(RedisDiscoveryError) as raised:
