@@ -1,6 +1,8 @@
 """Which event loops the suite runs on, chosen by ``WOOL_POOLING_TEST_LOOP``.
 
-Every async test runs on asyncio and on trio. The asyncio loop is, per the
+Every async test runs on asyncio and on trio, but for the code built on
+asyncio-only libraries (redis-py's client, wool), which runs on asyncio only
+(:func:`asyncio_backend`, :data:`asyncio_only`). The asyncio loop is, per the
 variable: ``asyncio`` (the default, a plain loop), ``eager`` (a plain loop
 with :func:`asyncio.eager_task_factory` installed, CPython 3.12+) or
 ``uvloop``. CI runs the whole suite under each.
@@ -51,6 +53,21 @@ BACKENDS = [
     pytest.param(("asyncio", asyncio_options()), id="asyncio"),
     pytest.param(("trio", {}), id="trio"),
 ]
+
+
+#: Runs the test it marks on asyncio only, the loop as configured, instead of
+#: the conftest's ``anyio_backend`` (direct parametrisation overrides that
+#: fixture): for code built on redis-py's asyncio client or on wool.
+asyncio_only = pytest.mark.parametrize("anyio_backend", BACKENDS[:1])
+
+
+@pytest.fixture(params=BACKENDS[:1])
+def asyncio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
+    """``anyio_backend`` for a whole module whose code runs on asyncio only
+    (``anyio_backend = asyncio_backend`` in it): asyncio, the loop as
+    configured. ``test_redis_asyncio_only`` pins that such code refuses trio
+    clearly."""
+    return request.param
 
 
 def run(body: Callable[[], Awaitable[T]], backend: tuple[str, dict[str, Any]]) -> T:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,3 +35,24 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
     finally:
         server.cleanup()
+
+
+@pytest.fixture
+def own_redis_server(redis_server: RedisServer) -> Iterator[Callable[..., RedisServer]]:
+    """Starts a ``redis-server`` of the test's own (one it may stop and
+    restart, or run with ``extra`` arguments): ``own_redis_server(*extra)``,
+    the same executable as ``redis_server``; each is cleaned up after the
+    test."""
+    started: list[RedisServer] = []
+
+    def start(*extra: str) -> RedisServer:
+        server = RedisServer(redis_server.executable, *extra)
+        started.append(server)
+        server.start()
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.cleanup()

@@ -11,11 +11,12 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterable
+from collections.abc import AsyncIterator
 from collections.abc import Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
-import pytest
 import redis
 from wool import DiscoveryEvent
 from wool import WorkerMetadata
@@ -23,6 +24,7 @@ from wool import protocol
 
 from wool_pooling import RestartPolicy
 from wool_pooling.redis import RedisDiscovery
+from wool_pooling.redis import RedisPublisher
 
 #: Bound on any single wait.
 DEADLINE = 20
@@ -94,21 +96,53 @@ class View:
             self.apply(event)
 
 
+@asynccontextmanager
+async def published(
+    discovery: RedisDiscovery, *workers: WorkerMetadata, views: int = 1
+) -> AsyncIterator[tuple[RedisPublisher, list[View]]]:
+    """Within ``discovery``'s publisher, once ``worker-added`` is published
+    for each of ``workers``: that publisher, and ``views`` views, each
+    consuming a subscription of its own and holding exactly ``workers``.
+    The consumers are cancelled on exit."""
+    consumers = [View() for _ in range(views)]
+    async with discovery.publisher as publisher, anyio.create_task_group() as tg:
+        for worker in workers:
+            await publisher.publish("worker-added", worker)
+        for view in consumers:
+            tg.start_soon(view.consume, discovery.subscribe())
+        for view in consumers:
+            await view.has(*(worker.uid for worker in workers))
+        yield publisher, consumers
+        tg.cancel_scope.cancel()
+
+
 def admin(url: str) -> Any:
     """A plain (synchronous) redis-py client for inspecting the server."""
     return redis.Redis.from_url(url)
 
 
-def add_user(url: str, name: str, password: str) -> None:
-    """Add ACL user ``name`` with ``password`` and every right."""
+#: ACL commands for a user that may connect and call scripts, and run
+#: nothing else (no ``SUBSCRIBE``, no command a script calls).
+CONNECT_ONLY = ("-@all", "+ping", "+client", "+hello", "+evalsha", "+eval")
+
+
+def add_user(
+    url: str,
+    name: str,
+    password: str,
+    commands: tuple[str, ...] = ("+@all",),
+    channels: tuple[str, ...] = ("*",),
+) -> None:
+    """Add ACL user ``name`` with ``password``, every key, and ``commands``
+    and ``channels`` (by default every right)."""
     server = admin(url)
     server.acl_setuser(
         name,
         enabled=True,
         passwords=[f"+{password}"],
         keys=["*"],
-        channels=["*"],
-        commands=["+@all"],
+        channels=list(channels),
+        commands=list(commands),
     )
     server.close()
 
@@ -138,25 +172,6 @@ def hash_content(url: str, namespace: str) -> dict[uuid.UUID, WorkerMetadata]:
         )
         for uid, payload in records.items()
     }
-
-
-async def refused_on_trio(backend: str, url: str) -> bool:
-    """Under trio, check the clear asyncio-only error and return True.
-
-    redis-py's client (and wool) run on asyncio only: on trio, iterating a
-    subscriber and entering a publisher must each say so, not fail somewhere
-    deep inside asyncio.
-    """
-    if backend != "trio":
-        return False
-    discovery = RedisDiscovery(url, f"trio-{uuid.uuid4().hex}")
-    with pytest.raises(RuntimeError, match="runs on asyncio only"):
-        async for _ in discovery.subscribe():
-            pass  # pragma: no cover - never reached
-    with pytest.raises(RuntimeError, match="runs on asyncio only"):
-        async with discovery.publisher:
-            pass  # pragma: no cover - never reached
-    return True
 
 
 async def eventually(check: Callable[[], bool]) -> None:

@@ -23,9 +23,9 @@ import anyio
 import cloudpickle
 import pytest
 import wool
+from _loops import asyncio_only
 from _redis import RedisServer
 from redis_views import fake_worker
-from redis_views import refused_on_trio
 from subscribers import NamedSubscriber
 from subscribers import announcement
 from subscribers import first_uid
@@ -539,13 +539,12 @@ def test_a_discovery_with_its_own_reduce_travels_by_it() -> None:
     assert cloudpickle.loads(cloudpickle.dumps(shared)).inner == Reduced("a")
 
 
+@asyncio_only
 async def test_a_live_redis_discovery_proxy_carries_no_connection(
-    redis_server: RedisServer, anyio_backend_name: str, tmp_path: Path
+    redis_server: RedisServer, tmp_path: Path
 ) -> None:
     """A proxy on SharedDiscovery(RedisDiscovery), its subscription live,
     pickles without a client or connection, and unpickles opening none."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     inner = RedisDiscovery(redis_server.url, f"pickle-{uuid.uuid4().hex[:12]}")
     shared = SharedDiscovery(inner)
     worker = fake_worker()

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import re
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
 import pytest
+from _loops import asyncio_backend
 from _redis import RedisServer
 from _redis import free_port
 from redis.credentials import UsernamePasswordCredentialProvider
@@ -25,7 +27,7 @@ from redis_views import eventually
 from redis_views import fake_worker
 from redis_views import hash_content
 from redis_views import namespace
-from redis_views import refused_on_trio
+from redis_views import published
 
 from wool_pooling import current_pool
 from wool_pooling.redis import RedisDiscovery
@@ -33,6 +35,7 @@ from wool_pooling.redis import RedisDiscoveryError
 from wool_pooling.redis import RedisPublisher
 
 pytestmark = pytest.mark.anyio
+anyio_backend = asyncio_backend
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -94,12 +97,10 @@ def test_valid_urls_of_every_scheme_are_accepted_and_logged_safely() -> None:
 
 
 async def test_one_server_spelled_three_ways_is_one_subscription(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """``redis://127.0.0.1:p/0``, ``redis://127.0.0.1:p`` and
     ``redis://localhost:p/0``: one pool entry, one pub/sub connection."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     name = namespace()
     port = redis_server.port
     urls = [
@@ -148,24 +149,17 @@ def test_a_subscriber_with_other_options_than_the_live_one_is_warned() -> None:
 
 
 async def test_client_options_reach_redis_py_and_the_url_wins_over_them(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """A password and ``health_check_interval`` given as client options are
     used, and so is a ``credential_provider``; a password in the url wins
     over the one in the options; a reserved option is refused."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     add_user(redis_server.url, "erin", "opt-pw")
     url = f"redis://erin@127.0.0.1:{redis_server.port}/0"
     options = {"password": "opt-pw", "health_check_interval": 1}
     redis_discovery = discovery(url, client_options=options)
-    worker = fake_worker(1)
-    view = View()
-    async with redis_discovery.publisher as publisher, anyio.create_task_group() as tg:
-        await publisher.publish("worker-added", worker)
-        tg.start_soon(view.consume, redis_discovery.subscribe())
-        await view.has(worker.uid)
-        tg.cancel_scope.cancel()
+    async with published(redis_discovery, fake_worker(1)):
+        pass  # published, and seen by a subscriber
     # A credential provider (rotating tokens) in place of any password: the
     # wrong one is refused, so it is the one used.
     bare = f"redis://127.0.0.1:{redis_server.port}/0"
@@ -192,12 +186,10 @@ async def test_client_options_reach_redis_py_and_the_url_wins_over_them(
 
 
 async def test_a_key_prefix_moves_every_key_and_the_channel(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """``key_prefix="tenant-a:"``: the records live under it, nothing under
     ``wool:``; a discovery with another prefix does not see them."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     name = namespace()
     prefixed = discovery(redis_server.url, name, key_prefix="tenant-a:")
     plain = discovery(redis_server.url, name)
@@ -241,13 +233,11 @@ def documented_acl_rule() -> str:
 
 
 async def test_a_user_limited_to_the_documented_acl_rule_works(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """A user with exactly the rule of ``docs/redis.rst`` (password swapped
     in) publishes, subscribes on database 1, reaps, reconnects; a user with
     one command less cannot."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     rule = documented_acl_rule()
     assert ">PASSWORD" in rule
     server = admin(redis_server.url)
@@ -257,17 +247,12 @@ async def test_a_user_limited_to_the_documented_acl_rule_works(
     url = f"redis://wool:acl-pw@127.0.0.1:{redis_server.port}/1"
     redis_discovery = discovery(url, reap_interval=0.05)
     worker, later = fake_worker(1), fake_worker(2)
-    view = View()
-    async with redis_discovery.publisher as publisher, anyio.create_task_group() as tg:
-        await publisher.publish("worker-added", worker)
-        tg.start_soon(view.consume, redis_discovery.subscribe())
-        await view.has(worker.uid)
+    async with published(redis_discovery, worker) as (publisher, [view]):
         server.client_kill_filter(_type="pubsub")
         await eventually(lambda: redis_discovery.statistics().reconnects >= 1)
         await publisher.publish("worker-added", later)
         await publisher.publish("worker-dropped", worker)
         await view.has(later.uid)
-        tg.cancel_scope.cancel()
     server.execute_command("ACL", "SETUSER", "wool", "-subscribe")
     with pytest.raises(RedisDiscoveryError, match="NOPERM"):
         async for _ in discovery(url).subscribe():
@@ -276,13 +261,11 @@ async def test_a_user_limited_to_the_documented_acl_rule_works(
 
 
 async def test_an_option_redis_py_refuses_is_a_redis_discovery_error(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """A client option redis-py's connection does not take (here
     ``socket_keepalive`` on a unix socket): a ``RedisDiscoveryError`` from
     ``__aenter__`` and from the first subscription, never a raw ``TypeError``."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     url = f"unix://{redis_server.socket_path}"
     redis_discovery = discovery(url, client_options={"socket_keepalive": True})
     with pytest.raises(RedisDiscoveryError, match="socket_keepalive"):
@@ -297,16 +280,13 @@ TLS = ROOT / "tests" / "tls"
 
 
 async def test_an_ssl_context_in_client_options_is_used_for_tls(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer, own_redis_server: Callable[..., RedisServer]
 ) -> None:
     """``rediss://`` with ``client_options={"ssl_context": context}``: the
     given context (trusting the test server's self-signed certificate) is
     the one used; without it, the certificate is refused."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     tls_port = free_port()
-    own = RedisServer(
-        redis_server.executable,
+    own = own_redis_server(
         "--tls-port",
         str(tls_port),
         "--tls-cert-file",
@@ -318,27 +298,16 @@ async def test_an_ssl_context_in_client_options_is_used_for_tls(
         "--tls-auth-clients",
         "no",
     )
-    own.start()
-    try:
-        context = ssl.create_default_context(cafile=str(TLS / "server.crt"))
-        url = f"rediss://127.0.0.1:{tls_port}/0"
-        redis_discovery = discovery(url, client_options={"ssl_context": context})
-        worker = fake_worker(1)
-        view = View()
-        async with (
-            redis_discovery.publisher as publisher,
-            anyio.create_task_group() as tg,
-        ):
-            await publisher.publish("worker-added", worker)
-            tg.start_soon(view.consume, redis_discovery.subscribe())
-            await view.has(worker.uid)
-            tg.cancel_scope.cancel()
-        assert worker.uid in hash_content(own.url, redis_discovery.namespace)
-        with pytest.raises(RedisDiscoveryError, match="CERTIFICATE_VERIFY_FAILED"):
-            async with discovery(url).publisher:
-                pass  # pragma: no cover - never reached
-    finally:
-        own.cleanup()
+    context = ssl.create_default_context(cafile=str(TLS / "server.crt"))
+    url = f"rediss://127.0.0.1:{tls_port}/0"
+    redis_discovery = discovery(url, client_options={"ssl_context": context})
+    worker = fake_worker(1)
+    async with published(redis_discovery, worker):
+        pass  # published, and seen by a subscriber
+    assert worker.uid in hash_content(own.url, redis_discovery.namespace)
+    with pytest.raises(RedisDiscoveryError, match="CERTIFICATE_VERIFY_FAILED"):
+        async with discovery(url).publisher:
+            pass  # pragma: no cover - never reached
     with pytest.raises(ValueError, match="TLS url"):
         RedisDiscovery(redis_server.url, "ns", client_options={"ssl_context": context})
     with pytest.raises(TypeError, match="SSLContext"):

@@ -5,9 +5,9 @@ persistence off); every test uses a namespace of its own. No mocks: the
 connection counts are read from the server's ``CLIENT LIST``, connections
 are cut with ``CLIENT KILL`` and by restarting the server.
 
-redis-py's client runs on asyncio only, so on trio each test checks instead
-that a subscriber and a publisher refuse with a clear error
-(:func:`refused_on_trio`).
+redis-py's client runs on asyncio only, so these tests run on asyncio only;
+:func:`test_a_subscriber_and_a_publisher_refuse_trio_clearly` pins the clear
+error trio gets instead.
 """
 
 from __future__ import annotations
@@ -22,19 +22,23 @@ import sys
 import textwrap
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable
 
 import anyio
 import pytest
+from _loops import asyncio_backend
 from _redis import RedisServer
+from redis_views import CONNECT_ONLY
+from redis_views import LEASE
 from redis_views import View
 from redis_views import add_user
 from redis_views import admin
 from redis_views import connections
+from redis_views import discovery
 from redis_views import eventually
 from redis_views import fake_worker
 from redis_views import hash_content
-from redis_views import refused_on_trio
+from redis_views import published
 
 from wool_pooling import RestartPolicy
 from wool_pooling import SharedSubscription
@@ -44,57 +48,34 @@ from wool_pooling.redis import RedisDiscoveryError
 from wool_pooling.redis import redact
 
 pytestmark = pytest.mark.anyio
-
-#: Short leases, so expiry tests take about a second.
-LEASE = 1.0
-#: Reconnect at once (with a little jitter): the tests cut connections often.
-FAST = RestartPolicy(attempts=None, backoff=0.02, max_backoff=0.2, jitter=0.2)
-
-
-def discovery(server: RedisServer, **options: Any) -> RedisDiscovery:
-    options.setdefault("lease", LEASE)
-    options.setdefault("reconnect", FAST)
-    return RedisDiscovery(server.url, f"test-{uuid.uuid4().hex[:12]}", **options)
-
+anyio_backend = asyncio_backend
 
 # -- pooling, measured on the server --
 
 
 @pytest.mark.parametrize("shared", [True, False], ids=["pooled", "unpooled"])
 async def test_fifty_consumers_hold_one_subscription_connection(
-    redis_server: RedisServer, anyio_backend_name: str, shared: bool
+    redis_server: RedisServer, shared: bool
 ) -> None:
     """50 concurrent consumers of the discovery in one process: one pub/sub
     connection for the namespace when pooled, 50 without the decorator."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
-    redis_discovery = discovery(redis_server, shared=shared)
+    redis_discovery = discovery(redis_server.url, shared=shared)
     workers = [fake_worker(port) for port in range(1, 4)]
-    views = [View() for _ in range(50)]
-    async with redis_discovery.publisher as publisher, anyio.create_task_group() as tg:
-        for worker in workers:
-            await publisher.publish("worker-added", worker)
-        for view in views:
-            tg.start_soon(view.consume, redis_discovery.subscribe())
-        for view in views:
-            await view.has(*(worker.uid for worker in workers))
+    async with published(redis_discovery, *workers, views=50):
         expected = 1 if shared else 50
         namespace = redis_discovery.namespace
         assert connections(redis_server.url, "subscriber", namespace) == expected
         assert connections(redis_server.url, "subscriber-cmd", namespace) == expected
         assert connections(redis_server.url, "publisher", namespace) == 1
-        tg.cancel_scope.cancel()
     # Every consumer gone: the shared subscription closed its connections.
     await eventually(lambda: not connections(redis_server.url, "subscriber", namespace))
 
 
 async def test_filtered_and_unfiltered_proxies_share_the_connection(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """A filter applies per consumer on top of the one shared subscription."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
-    redis_discovery = discovery(redis_server)
+    redis_discovery = discovery(redis_server.url)
     gpu, cpu = fake_worker(1, tag="gpu"), fake_worker(2)
     everyone, gpus = View(), View()
     async with redis_discovery.publisher as publisher, anyio.create_task_group() as tg:
@@ -116,14 +97,12 @@ async def test_filtered_and_unfiltered_proxies_share_the_connection(
 
 
 async def test_events_arrive_in_order_and_duplicates_are_skipped(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """Added, updated, dropped in publication order; an announcement replayed
     with an old version is skipped; a re-add with the same metadata only
     renews; an update of an unknown worker adds it."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
-    redis_discovery = discovery(redis_server)
+    redis_discovery = discovery(redis_server.url)
     first, second = fake_worker(1), fake_worker(2)
     moved = fake_worker(3)
     moved = type(moved)(uid=first.uid, address="127.0.0.1:9", pid=0, version="test")
@@ -163,14 +142,10 @@ async def test_events_arrive_in_order_and_duplicates_are_skipped(
     assert redis_discovery.statistics().reconnects == 0
 
 
-async def test_a_version_gap_resynchronises(
-    redis_server: RedisServer, anyio_backend_name: str
-) -> None:
+async def test_a_version_gap_resynchronises(redis_server: RedisServer) -> None:
     """An announcement missing from the sequence makes the subscription take a
     new snapshot: the view is the hash's, nothing duplicated."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
-    redis_discovery = discovery(redis_server)
+    redis_discovery = discovery(redis_server.url)
     namespace = redis_discovery.namespace
     keys = f"wool:{{{namespace}}}"
     first, hidden = fake_worker(1), fake_worker(2)
@@ -200,33 +175,26 @@ async def test_a_version_gap_resynchronises(
 
 
 async def test_client_kill_and_server_restart_converge_to_the_hash(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """``CLIENT KILL`` of the subscription mid-stream, then a server restart
     (its data lost): every consumer's view converges to the hash's content,
     with no duplicate ``worker-added`` and no missed drop (each view checks
     every event as it arrives), and no flapping of the workers that their
     publisher renews after the restart."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
-    redis_discovery = discovery(redis_server)
+    redis_discovery = discovery(redis_server.url)
     namespace = redis_discovery.namespace
     url = redis_server.url
-    views = [View() for _ in range(5)]
     workers = [fake_worker(port) for port in range(1, 6)]
 
     async def converged() -> None:
         for view in views:
             await view.until(lambda seen: seen == hash_content(url, namespace))
 
-    async with redis_discovery.publisher as publisher, anyio.create_task_group() as tg:
-        for worker in workers[:3]:
-            await publisher.publish("worker-added", worker)
-        for view in views:
-            tg.start_soon(view.consume, redis_discovery.subscribe())
-        for view in views:
-            await view.has(*(worker.uid for worker in workers[:3]))
-
+    async with published(redis_discovery, *workers[:3], views=5) as (
+        publisher,
+        views,
+    ):
         # Mid-stream: kill the subscription's connections, then change the
         # hash while it reconnects (a drop and an add it must not miss).
         server = admin(url)
@@ -259,49 +227,40 @@ async def test_client_kill_and_server_restart_converge_to_the_hash(
         for view in views:
             assert view.added[workers[2].uid] == 1
             assert view.added[workers[3].uid] == 1
-        tg.cancel_scope.cancel()
 
 
 async def test_unreachable_during_reconnect_gives_up_after_the_attempts(
-    redis_server: RedisServer, anyio_backend_name: str
+    own_redis_server: Callable[..., RedisServer],
 ) -> None:
     """With a bounded reconnect policy, a server that stays down ends every
     consumer with a ``RedisDiscoveryError`` after the last attempt."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
-    own = RedisServer(redis_server.executable)
-    own.start()
-    try:
-        redis_discovery = RedisDiscovery(
-            own.url,
-            "gives-up",
-            reconnect=RestartPolicy(attempts=2, backoff=0.01, jitter=0),
-            connect_timeout=1.0,
-        )
-        worker = fake_worker(1)
-        async with redis_discovery.publisher as publisher:
-            await publisher.publish("worker-added", worker)
-            stream = aiter(redis_discovery.subscribe())
-            event = await anext(stream)
-            assert event.metadata.uid == worker.uid
-            own.stop()
-            with pytest.raises(RedisDiscoveryError, match="reconnecting"):
-                await anext(stream)
-    finally:
-        own.cleanup()
+    own = own_redis_server()
+    redis_discovery = RedisDiscovery(
+        own.url,
+        "gives-up",
+        reconnect=RestartPolicy(attempts=2, backoff=0.01, jitter=0),
+        connect_timeout=1.0,
+    )
+    worker = fake_worker(1)
+    async with redis_discovery.publisher as publisher:
+        await publisher.publish("worker-added", worker)
+        stream = aiter(redis_discovery.subscribe())
+        event = await anext(stream)
+        assert event.metadata.uid == worker.uid
+        own.stop()
+        with pytest.raises(RedisDiscoveryError, match="reconnecting"):
+            await anext(stream)
 
 
 # -- late joiners --
 
 
 async def test_late_joiner_receives_a_thousand_workers_then_live_changes(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """A proxy that starts after 1,000 workers are registered receives all
     1,000 (the snapshot) before any live change."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
-    redis_discovery = discovery(redis_server, lease=60.0)
+    redis_discovery = discovery(redis_server.url, lease=60.0)
     workers = [fake_worker(port) for port in range(1, 1001)]
     async with redis_discovery.publisher as publisher:
         for worker in workers:
@@ -351,13 +310,11 @@ PUBLISH_THEN_HANG = textwrap.dedent(
 
 
 async def test_a_killed_publisher_s_worker_leaves_every_view_within_the_lease(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """SIGKILL the process that published a worker (no drop published): its
     lease is no longer renewed, and every consumer drops it once it expires."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
-    redis_discovery = discovery(redis_server)
+    redis_discovery = discovery(redis_server.url)
     uid = uuid.uuid4()
     process = subprocess.Popen(  # noqa: ASYNC220 - starts it, waits for nothing
         [
@@ -406,30 +363,19 @@ async def test_a_killed_publisher_s_worker_leaves_every_view_within_the_lease(
 
 
 async def test_a_dead_worker_process_is_no_longer_renewed(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """A worker whose process died (here: a zombie, killed and not yet
     reaped) while its publisher lives on is dropped once its lease expires."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
-    redis_discovery = discovery(redis_server)
+    redis_discovery = discovery(redis_server.url)
     sleeper = subprocess.Popen(  # noqa: ASYNC220 - starts it, waits for nothing
         [sys.executable, "-c", "import time; time.sleep(600)"]
     )
     try:
         dead, alive = fake_worker(1, pid=sleeper.pid), fake_worker(2, pid=os.getpid())
-        view = View()
-        async with (
-            redis_discovery.publisher as publisher,
-            anyio.create_task_group() as tg,
-        ):
-            await publisher.publish("worker-added", dead)
-            await publisher.publish("worker-added", alive)
-            tg.start_soon(view.consume, redis_discovery.subscribe())
-            await view.has(dead.uid, alive.uid)
+        async with published(redis_discovery, dead, alive) as (_, [view]):
             os.kill(sleeper.pid, signal.SIGKILL)  # a zombie until waited for
             await view.has(alive.uid)
-            tg.cancel_scope.cancel()
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -439,12 +385,10 @@ async def test_a_dead_worker_process_is_no_longer_renewed(
 
 
 async def test_unreachable_url_fails_within_the_connect_timeout(
-    anyio_backend_name: str, redis_server: RedisServer
+    redis_server: RedisServer,
 ) -> None:
     """A server that accepts the connection and never answers, and a port
     nobody listens on: a clear error within ``connect_timeout``, not a hang."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(16)
@@ -469,23 +413,17 @@ async def test_unreachable_url_fails_within_the_connect_timeout(
 
 
 async def test_invalid_records_are_skipped_with_a_warning_and_counted(
-    redis_server: RedisServer, anyio_backend_name: str, caplog: pytest.LogCaptureFixture
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Garbage in the hash and on the channel: each skipped with a warning and
     counted; the valid workers still arrive, the subscription goes on."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
-    redis_discovery = discovery(redis_server)
+    redis_discovery = discovery(redis_server.url)
     keys = f"wool:{{{redis_discovery.namespace}}}"
     server = admin(redis_server.url)
     server.hset(f"{keys}:workers", "not-a-uid", b"\xff\xff not protobuf")
-    view = View()
     good, later = fake_worker(1), fake_worker(2)
     caplog.set_level(logging.WARNING, logger="wool_pooling.redis")
-    async with redis_discovery.publisher as publisher, anyio.create_task_group() as tg:
-        await publisher.publish("worker-added", good)
-        tg.start_soon(view.consume, redis_discovery.subscribe())
-        await view.has(good.uid)
+    async with published(redis_discovery, good) as (publisher, [view]):
         assert redis_discovery.statistics().invalid_records == 1
         # An announcement that is not worker metadata, with the next version,
         # then one that is not an announcement at all: each is counted (and
@@ -500,7 +438,6 @@ async def test_invalid_records_are_skipped_with_a_warning_and_counted(
         server.publish(f"{keys}:events:0", b"garbage")
         await publisher.publish("worker-added", later)
         await view.has(good.uid, later.uid)
-        tg.cancel_scope.cancel()
     server.close()
     assert redis_discovery.statistics().invalid_records == 3
     skipped = [r for r in caplog.records if "not valid worker metadata" in r.message]
@@ -508,22 +445,12 @@ async def test_invalid_records_are_skipped_with_a_warning_and_counted(
 
 
 async def test_a_refusing_server_names_the_url_without_the_password(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """A wrong password, and a user the ACL forbids to subscribe: an error
     naming the URL, without the password, at once (no reconnect loop)."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     add_user(redis_server.url, "alice", "right")
-    server = admin(redis_server.url)
-    server.acl_setuser(
-        "bob",
-        enabled=True,
-        passwords=["+secret"],
-        keys=["*"],
-        commands=["-@all", "+ping", "+client", "+hello", "+evalsha", "+eval"],
-    )
-    server.close()
+    add_user(redis_server.url, "bob", "secret", CONNECT_ONLY, channels=())
     base = f"127.0.0.1:{redis_server.port}/0"
     wrong = f"redis://alice:wrong-password@{base}"
     with pytest.raises(RedisDiscoveryError) as raised:
@@ -558,12 +485,8 @@ def test_bad_arguments_are_refused() -> None:
         RedisDiscovery("redis://localhost", "ns", advertise_host="0.0.0.0").publisher  # noqa: B018
 
 
-async def test_publisher_misuse_is_refused(
-    redis_server: RedisServer, anyio_backend_name: str
-) -> None:
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
-    redis_discovery = discovery(redis_server)
+async def test_publisher_misuse_is_refused(redis_server: RedisServer) -> None:
+    redis_discovery = discovery(redis_server.url)
     publisher = redis_discovery.publisher
     with pytest.raises(RuntimeError, match="before publishing"):
         await publisher.publish("worker-added", fake_worker())
@@ -575,13 +498,13 @@ async def test_publisher_misuse_is_refused(
 
 
 async def test_wildcard_bind_is_announced_at_a_reachable_address(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """``bind_host="0.0.0.0"``: wool binds workers there; the announced
     address is ``advertise_host`` (or the default-route address)."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
-    advertised = discovery(redis_server, bind_host="0.0.0.0", advertise_host="10.1.2.3")
+    advertised = discovery(
+        redis_server.url, bind_host="0.0.0.0", advertise_host="10.1.2.3"
+    )
     assert advertised.publisher.bind_host == "0.0.0.0"
     worker = fake_worker(4242)
     wildcard = type(worker)(uid=worker.uid, address="0.0.0.0:4242", pid=0, version="t")
@@ -591,7 +514,7 @@ async def test_wildcard_bind_is_announced_at_a_reachable_address(
         event = await anext(stream)
         assert event.metadata.address == "10.1.2.3:4242"
         await stream.aclose()  # type: ignore[attr-defined]
-    assert discovery(redis_server).publisher.bind_host == "127.0.0.1"
+    assert discovery(redis_server.url).publisher.bind_host == "127.0.0.1"
 
 
 def test_subscriptions_pickle_and_share_by_url_and_namespace() -> None:

@@ -13,10 +13,13 @@ from __future__ import annotations
 import logging
 import re
 import uuid
+from collections.abc import Callable
 
 import anyio
 import pytest
+from _loops import asyncio_backend
 from _redis import RedisServer
+from redis_views import CONNECT_ONLY
 from redis_views import View
 from redis_views import add_user
 from redis_views import admin
@@ -25,13 +28,14 @@ from redis_views import eventually
 from redis_views import fake_worker
 from redis_views import hash_content
 from redis_views import namespace
-from redis_views import refused_on_trio
+from redis_views import published
 
 from wool_pooling.redis import RedisDiscovery
 from wool_pooling.redis import RedisDiscoveryError
 from wool_pooling.redis import redact
 
 pytestmark = pytest.mark.anyio
+anyio_backend = asyncio_backend
 
 
 def on_db(server: RedisServer, db: int) -> str:
@@ -42,12 +46,10 @@ def on_db(server: RedisServer, db: int) -> str:
 
 
 async def test_two_databases_of_one_server_do_not_see_each_other(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """Same namespace in ``/1`` and ``/2`` of one server: each consumer sees
     only its own database's workers (pub/sub ignores databases)."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     name = namespace()
     one, two = (
         discovery(on_db(redis_server, 1), name),
@@ -89,13 +91,11 @@ async def test_two_databases_of_one_server_do_not_see_each_other(
 
 @pytest.mark.parametrize("command", ["flushdb", "flushall"])
 async def test_a_flush_while_consumers_stay_connected_resynchronises_them(
-    redis_server: RedisServer, anyio_backend_name: str, command: str
+    redis_server: RedisServer, command: str
 ) -> None:
     """After ``FLUSHDB``/``FLUSHALL`` the version counter starts again at 1:
     consumers notice the new epoch, resynchronise, and see every later add
     and drop (the renewed workers are never dropped meanwhile)."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     redis_discovery = discovery(redis_server.url)
     name = redis_discovery.namespace
     kept = [fake_worker(port) for port in range(1, 4)]
@@ -128,20 +128,14 @@ async def test_a_flush_while_consumers_stay_connected_resynchronises_them(
 
 
 async def test_a_flush_with_nothing_announced_is_noticed_by_the_reaper(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """A flush, then a record written behind the subscription's back: the
     periodic reap sees the new epoch and the view converges to the hash."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     redis_discovery = discovery(redis_server.url, lease=60.0, reap_interval=0.1)
     name = redis_discovery.namespace
-    view = View()
     worker, hidden = fake_worker(1), fake_worker(2)
-    async with redis_discovery.publisher as publisher, anyio.create_task_group() as tg:
-        await publisher.publish("worker-added", worker)
-        tg.start_soon(view.consume, redis_discovery.subscribe())
-        await view.has(worker.uid)
+    async with published(redis_discovery, worker) as (_, [view]):
         server = admin(redis_server.url)
         server.flushdb()
         server.hset(
@@ -151,31 +145,22 @@ async def test_a_flush_with_nothing_announced_is_noticed_by_the_reaper(
         )
         await view.until(lambda seen: hidden.uid in seen)
         server.close()
-        tg.cancel_scope.cancel()
 
 
 # -- 3. junk on the channel --
 
 
 async def test_a_junk_announcement_with_the_next_version_hides_no_event(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """Another client publishes junk carrying the next version: it is counted,
     the subscription takes a snapshot, and the real add that follows reaches
     the connected consumers."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     redis_discovery = discovery(redis_server.url)
     keys = f"wool:{{{redis_discovery.namespace}}}"
     first, real = fake_worker(1), fake_worker(2)
-    views = [View() for _ in range(3)]
     server = admin(redis_server.url)
-    async with redis_discovery.publisher as publisher, anyio.create_task_group() as tg:
-        await publisher.publish("worker-added", first)
-        for view in views:
-            tg.start_soon(view.consume, redis_discovery.subscribe())
-        for view in views:
-            await view.has(first.uid)
+    async with published(redis_discovery, first, views=3) as (publisher, views):
         version = int(server.get(f"{keys}:version"))
         for channel in (f"{keys}:events", f"{keys}:events:0"):
             server.publish(channel, f"{version + 1} worker-added junk".encode())
@@ -183,7 +168,6 @@ async def test_a_junk_announcement_with_the_next_version_hides_no_event(
         for view in views:
             await view.has(first.uid, real.uid)
         assert redis_discovery.statistics().invalid_records >= 1
-        tg.cancel_scope.cancel()
     server.close()
 
 
@@ -192,62 +176,40 @@ async def test_a_junk_announcement_with_the_next_version_hides_no_event(
 
 @pytest.mark.parametrize("persistent", [False, True], ids=["empty", "persistent"])
 async def test_a_drop_that_failed_during_an_outage_is_not_undone(
-    redis_server: RedisServer, anyio_backend_name: str, persistent: bool
+    own_redis_server: Callable[..., RedisServer], persistent: bool
 ) -> None:
     """``publish("worker-dropped")`` raising while the server is down: the
     worker is forgotten at once (a restart without data does not see it
     re-added) and its drop is retried once the server is back (a restart
     with its data loses the record too)."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     extra = ("--appendonly", "yes", "--appendfsync", "always") if persistent else ()
-    own = RedisServer(redis_server.executable)
-    own.extra = extra
-    own.start()
-    try:
-        redis_discovery = discovery(own.url, connect_timeout=0.5)
-        name = redis_discovery.namespace
-        dropped, keeper = fake_worker(1), fake_worker(2)
-        view = View()
-        async with (
-            redis_discovery.publisher as publisher,
-            anyio.create_task_group() as tg,
-        ):
-            await publisher.publish("worker-added", dropped)
-            await publisher.publish("worker-added", keeper)
-            tg.start_soon(view.consume, redis_discovery.subscribe())
-            await view.has(dropped.uid, keeper.uid)
-            own.stop()
-            with pytest.raises(RedisDiscoveryError, match="publishing worker-dropped"):
-                await publisher.publish("worker-dropped", dropped)
-            own.start()
-            # The keeper is renewed (and, without the data, added again); the
-            # dropped worker is not, and its record is deleted.
-            await eventually(lambda: set(hash_content(own.url, name)) == {keeper.uid})
-            await view.has(keeper.uid)
-            tg.cancel_scope.cancel()
-    finally:
-        own.cleanup()
+    own = own_redis_server(*extra)
+    redis_discovery = discovery(own.url, connect_timeout=0.5)
+    name = redis_discovery.namespace
+    dropped, keeper = fake_worker(1), fake_worker(2)
+    async with published(redis_discovery, dropped, keeper) as (publisher, [view]):
+        own.stop()
+        with pytest.raises(RedisDiscoveryError, match="publishing worker-dropped"):
+            await publisher.publish("worker-dropped", dropped)
+        own.start()
+        # The keeper is renewed (and, without the data, added again); the
+        # dropped worker is not, and its record is deleted.
+        await eventually(lambda: set(hash_content(own.url, name)) == {keeper.uid})
+        await view.has(keeper.uid)
 
 
 # -- 5. unicode namespaces --
 
 
 async def test_a_non_ascii_namespace_connects_and_keeps_its_keys(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """``"ünïcødé"``: connections name themselves with the namespace escaped
     (``CLIENT SETNAME`` takes only ``!``..``~``); the keys hold it as is."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     name = f"ünïcødé {uuid.uuid4().hex[:6]}"
     redis_discovery = discovery(redis_server.url, name)
     worker = fake_worker(1)
-    view = View()
-    async with redis_discovery.publisher as publisher, anyio.create_task_group() as tg:
-        await publisher.publish("worker-added", worker)
-        tg.start_soon(view.consume, redis_discovery.subscribe())
-        await view.has(worker.uid)
+    async with published(redis_discovery, worker):
         server = admin(redis_server.url)
         names = [entry["name"] for entry in server.client_list()]
         escaped = name.encode().decode("ascii", "ignore")  # the ASCII letters kept
@@ -258,40 +220,30 @@ async def test_a_non_ascii_namespace_connects_and_keeps_its_keys(
         assert escaped
         assert server.hexists(f"wool:{{{name}}}:workers", str(worker.uid))
         server.close()
-        tg.cancel_scope.cancel()
 
 
 # -- 6. and 8. unix sockets, passwords in the query string --
 
 
 async def test_unix_socket_urls_work_for_subscribers_and_publishers(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """``unix:///path/redis.sock`` (with ``?db=3``): publish and subscribe
     through the socket; the database is honoured."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     url = f"unix://{redis_server.socket_path}?db=3"
     redis_discovery = discovery(url)
     worker = fake_worker(1)
-    view = View()
-    async with redis_discovery.publisher as publisher, anyio.create_task_group() as tg:
-        await publisher.publish("worker-added", worker)
-        tg.start_soon(view.consume, redis_discovery.subscribe())
-        await view.has(worker.uid)
-        tg.cancel_scope.cancel()
+    async with published(redis_discovery, worker):
+        pass  # published, and seen by a subscriber
     assert worker.uid in hash_content(on_db(redis_server, 3), redis_discovery.namespace)
 
 
 async def test_a_password_in_the_query_string_is_redacted_everywhere(
     redis_server: RedisServer,
-    anyio_backend_name: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """``?password=...`` (redis-py's form for unix sockets) works, and never
     appears in ``redact()``, ``repr``, errors or log lines."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     add_user(redis_server.url, "carol", "s3cr3t-pw")
     url = f"unix://{redis_server.socket_path}?db=0&username=carol&password=s3cr3t-pw"
     assert "s3cr3t-pw" not in redact(url)
@@ -301,15 +253,9 @@ async def test_a_password_in_the_query_string_is_redacted_everywhere(
     assert "s3cr3t-pw" not in repr(redis_discovery)
     assert "s3cr3t-pw" not in repr(redis_discovery.subscribe())
     caplog.set_level(logging.INFO, logger="wool_pooling.redis")
-    worker = fake_worker(1)
-    view = View()
-    async with redis_discovery.publisher as publisher, anyio.create_task_group() as tg:
-        await publisher.publish("worker-added", worker)
-        tg.start_soon(view.consume, redis_discovery.subscribe())
-        await view.has(worker.uid)
+    async with published(redis_discovery, fake_worker(1)):
         admin(redis_server.url).client_kill_filter(_type="pubsub")
         await eventually(lambda: redis_discovery.statistics().reconnects >= 1)
-        tg.cancel_scope.cancel()
     wrong = url.replace("s3cr3t-pw", "wr0ng-pw")
     with pytest.raises(RedisDiscoveryError) as raised:
         async for _ in RedisDiscovery(wrong, "x").subscribe():
@@ -325,22 +271,12 @@ async def test_a_password_in_the_query_string_is_redacted_everywhere(
 
 
 async def test_errors_name_the_action_the_url_and_the_server_s_reason(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """Connection refused, a wrong password, a forbidden command: each
     ``RedisDiscoveryError`` names what was being done, the redacted url and
     what the server (or the OS) said."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
-    server = admin(redis_server.url)
-    server.acl_setuser(
-        "dave",
-        enabled=True,
-        passwords=["+pw"],
-        keys=["*"],
-        commands=["-@all", "+ping", "+client", "+hello", "+evalsha", "+eval"],
-    )
-    server.close()
+    add_user(redis_server.url, "dave", "pw", CONNECT_ONLY, channels=())
     closed = RedisServer(redis_server.executable)  # never started: refused
     refused = f"redis://127.0.0.1:{closed.port}/0"
     with pytest.raises(RedisDiscoveryError) as raised:
@@ -370,12 +306,10 @@ async def test_errors_name_the_action_the_url_and_the_server_s_reason(
 
 
 async def test_a_junk_version_key_fails_a_new_subscriber_naming_the_key(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """A version key holding ``"junk"``: a ``RedisDiscoveryError`` naming the
     key and what it holds, for a new subscriber and for a publisher."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     redis_discovery = discovery(redis_server.url)
     key = f"wool:{{{redis_discovery.namespace}}}:version"
     server = admin(redis_server.url)
@@ -393,25 +327,17 @@ async def test_a_junk_version_key_fails_a_new_subscriber_naming_the_key(
 
 
 async def test_a_lease_key_replaced_while_consumers_run_is_retried(
-    redis_server: RedisServer, anyio_backend_name: str, caplog: pytest.LogCaptureFixture
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The lease key replaced by a string under running consumers: they stay
     alive, the subscription retries under its reconnect policy (logging the
     key and what it holds), and resumes once the key is repaired."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     redis_discovery = discovery(redis_server.url, reap_interval=0.05)
     leases = f"wool:{{{redis_discovery.namespace}}}:leases"
     caplog.set_level(logging.WARNING, logger="wool_pooling.redis")
     worker, later = fake_worker(1), fake_worker(2)
-    views = [View() for _ in range(3)]
     server = admin(redis_server.url)
-    async with redis_discovery.publisher as publisher, anyio.create_task_group() as tg:
-        await publisher.publish("worker-added", worker)
-        for view in views:
-            tg.start_soon(view.consume, redis_discovery.subscribe())
-        for view in views:
-            await view.has(worker.uid)
+    async with published(redis_discovery, worker, views=3) as (publisher, views):
         server.delete(leases)
         server.set(leases, "a string")
         await eventually(
@@ -424,5 +350,4 @@ async def test_a_lease_key_replaced_while_consumers_run_is_retried(
         await publisher.publish("worker-added", later)
         for view in views:
             await view.has(worker.uid, later.uid)
-        tg.cancel_scope.cancel()
     server.close()

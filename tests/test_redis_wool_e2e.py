@@ -3,9 +3,9 @@
 A pool process (``redis_pool_process.py``) spawns wool workers and publishes
 them through ``RedisDiscovery``; this process is the client: its pool has no
 workers of its own and finds them only through Redis. wool itself is
-asyncio-only, so on trio the tests check that ``RedisDiscovery`` refuses
-clearly; under ``WOOL_POOLING_TEST_LOOP=eager`` the asyncio run uses a plain
-loop (wool 0.15.7 fails under the eager task factory, see ``test_wool_e2e``).
+asyncio-only, so these tests run on asyncio only; under
+``WOOL_POOLING_TEST_LOOP=eager`` they use a plain loop (wool 0.15.7 fails
+under the eager task factory, see ``test_wool_e2e``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from _redis import RedisServer
 from e2e_routines import worker_pid
 from redis_views import View
 from redis_views import hash_content
-from redis_views import refused_on_trio
 
 from wool_pooling.redis import RedisDiscovery
 
@@ -41,10 +40,10 @@ TESTS = Path(__file__).resolve().parent
 LEASE = 1.0
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
-    if request.param == "trio":
-        return ("trio", {})
+@pytest.fixture(params=["asyncio"])
+def anyio_backend() -> tuple[str, dict[str, Any]]:
+    """Asyncio only (wool is): the loop as configured, but a plain one for
+    ``eager``."""
     return ("asyncio", {} if TEST_LOOP == "eager" else asyncio_options())
 
 
@@ -85,12 +84,10 @@ def parent_of(pid: int) -> int:
 
 
 async def test_client_dispatches_to_a_worker_found_only_through_redis(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """Pool process spawns workers and publishes them; this process's pool has
     no workers and no other discovery, yet runs a routine on one of them."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     namespace = f"e2e-{uuid.uuid4().hex[:12]}"
     with pool_process(redis_server.url, namespace, spawn=2) as pool:
         published = hash_content(redis_server.url, namespace)
@@ -105,13 +102,11 @@ async def test_client_dispatches_to_a_worker_found_only_through_redis(
 
 
 async def test_a_sigkilled_worker_leaves_every_view_within_the_lease(
-    redis_server: RedisServer, anyio_backend_name: str
+    redis_server: RedisServer,
 ) -> None:
     """SIGKILL one wool worker process (no drop published): its pool stops
     renewing its lease and every consumer drops it; then SIGKILL the pool
     process itself: the other worker goes the same way."""
-    if await refused_on_trio(anyio_backend_name, redis_server.url):
-        return
     namespace = f"e2e-{uuid.uuid4().hex[:12]}"
     with pool_process(redis_server.url, namespace, spawn=2) as pool:
         workers = list(hash_content(redis_server.url, namespace).values())

@@ -71,6 +71,13 @@ def state(*workers: WorkerMetadata) -> View:
     return {metadata.uid: metadata for metadata in workers}
 
 
+async def first_events(sub: SharedSubscription, n: int) -> list[DiscoveryEvent]:
+    """The first ``n`` events one consumer of ``sub`` reads, in a pool of its
+    own, closed before returning."""
+    async with SubscriptionPool():
+        return await take(aiter(sub), n)
+
+
 class Script:
     """The plan of each run of a raw stream, and a log of what happened.
 
@@ -243,11 +250,9 @@ async def test_drop_in_new_stream_of_unknown_worker_is_suppressed() -> None:
         [added(same(a)), dropped(stranger), dropped(b), added(same(a))],
     )
     sub = subscribe(fast(settle=5), script)
-    async with SubscriptionPool():
-        it = aiter(sub)
-        events = await take(it, 3)
-        assert pairs(events[2:]) == [("worker-dropped", b)]
-        assert apply({}, events) == state(a)
+    events = await first_events(sub, 3)
+    assert pairs(events[2:]) == [("worker-dropped", b)]
+    assert apply({}, events) == state(a)
 
 
 async def test_unreported_worker_dropped_after_settle_on_silent_stream() -> None:
@@ -374,11 +379,9 @@ async def test_unlimited_attempts_keep_restarting() -> None:
         [added(a), FAIL], *([FAIL] for _ in range(8)), [added(same(a)), added(b)]
     )
     sub = subscribe(fast(attempts=None, settle=5), script)
-    async with SubscriptionPool():
-        it = aiter(sub)
-        events = await take(it, 2)
-        assert pairs(events) == [("worker-added", a), ("worker-added", b)]
-        assert script.started == 10
+    events = await first_events(sub, 2)
+    assert pairs(events) == [("worker-added", a), ("worker-added", b)]
+    assert script.started == 10
 
 
 async def test_failure_counter_resets_after_an_event() -> None:
@@ -392,11 +395,9 @@ async def test_failure_counter_resets_after_an_event() -> None:
     runs[-1].pop()  # the last run does not fail
     script = Script(*runs)
     sub = subscribe(fast(attempts=1, settle=5), script)
-    async with SubscriptionPool():
-        it = aiter(sub)
-        events = await take(it, 5)
-        assert pairs(events) == [("worker-added", w) for w in workers]
-        assert script.started == 5
+    events = await first_events(sub, 5)
+    assert pairs(events) == [("worker-added", w) for w in workers]
+    assert script.started == 5
 
 
 async def test_restart_on_end_restarts_after_normal_end() -> None:
@@ -404,11 +405,9 @@ async def test_restart_on_end_restarts_after_normal_end() -> None:
     a, b = meta(), meta()
     script = Script([added(a), END], [added(same(a)), added(b)])
     sub = subscribe(fast(restart_on_end=True, settle=5), script)
-    async with SubscriptionPool():
-        it = aiter(sub)
-        events = await take(it, 2)
-        assert pairs(events) == [("worker-added", a), ("worker-added", b)]
-        assert script.started == 2
+    events = await first_events(sub, 2)
+    assert pairs(events) == [("worker-added", a), ("worker-added", b)]
+    assert script.started == 2
 
 
 async def test_normal_end_ends_consumers_by_default() -> None:

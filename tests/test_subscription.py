@@ -13,6 +13,7 @@ from _stubs import drain
 from _stubs import ended
 from _stubs import entry_of
 from _stubs import ev
+from _stubs import join
 from _stubs import make_stub
 from _stubs import meta
 from _stubs import pairs
@@ -34,19 +35,9 @@ pytestmark = pytest.mark.anyio
 async def test_consumer_receives_event() -> None:
     """A consumer receives the event its raw subscriber yields."""
     stub = make_stub()
-    m = meta()
     async with SubscriptionPool():
         it = aiter(subscribe(stub))
-        async with anyio.create_task_group() as tg:
-            received: list[DiscoveryEvent] = []
-
-            async def read() -> None:
-                received.extend(await take(it, 1))
-
-            tg.start_soon(read)
-            await anyio.wait_all_tasks_blocked()
-            stub.instances[-1].push(ev("worker-added", m))
-        assert pairs(received) == [("worker-added", m)]
+        await join(stub, it, first=ev("worker-added", meta()))  # asserts it
         await it.aclose()
 
 
@@ -57,18 +48,10 @@ async def test_two_consumers_receive_every_event() -> None:
     async with SubscriptionPool():
         sub = subscribe(stub)
         first, second = aiter(sub), aiter(sub)
-        results: dict[str, list[DiscoveryEvent]] = {}
-
-        async def read(name: str, it: AsyncIterator[DiscoveryEvent]) -> None:
-            results[name] = await take(it, 3)
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(read, "first", first)
-            tg.start_soon(read, "second", second)
-            await anyio.wait_all_tasks_blocked()
-            stub.instances[-1].push(*events)
-        assert pairs(results["first"]) == pairs(events)
-        assert pairs(results["second"]) == pairs(events)
+        await join(stub, first, second, first=events[0])
+        stub.instances[-1].push(*events[1:])
+        assert pairs(await take(first, 2)) == pairs(events[1:])
+        assert pairs(await take(second, 2)) == pairs(events[1:])
         assert len(stub.instances) == 1
         await first.aclose()
         await second.aclose()
@@ -86,11 +69,8 @@ async def test_each_aiter_is_an_independent_consumer() -> None:
         assert isinstance(first, AsyncIterator)
         async with first, second:
             # Join both (the first event is pulled once, for both).
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(take, first, 1)
-                tg.start_soon(take, second, 1)
-                await anyio.wait_all_tasks_blocked()
-                stub.instances[-1].push(*events)
+            await join(stub, first, second, first=events[0])
+            stub.instances[-1].push(*events[1:])
             assert pairs(await take(first, 3)) == pairs(events[1:])
             assert pairs(await take(second, 1)) == pairs(events[1:2])
             assert pairs(await take(second, 2)) == pairs(events[2:])
@@ -188,13 +168,10 @@ async def test_late_joiner_replay_then_live_no_gap_no_duplicate() -> None:
     async with SubscriptionPool():
         sub = subscribe(stub)
         ahead, behind = aiter(sub), aiter(sub)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(take, behind, 1)
-            tg.start_soon(take, ahead, 1)
-            await anyio.wait_all_tasks_blocked()
-            raw = stub.instances[-1]
-            # Pushed but not yet pulled: the source is demand-driven.
-            raw.push(*early, ev("worker-dropped", w2), ev("worker-added", meta()))
+        await join(stub, behind, ahead, first=early[0])
+        raw = stub.instances[-1]
+        # Pushed but not yet pulled: the source is demand-driven.
+        raw.push(*early[1:], ev("worker-dropped", w2), ev("worker-added", meta()))
         # `ahead` pulls up to w3; `behind` still has three of them buffered.
         assert pairs(await take(ahead, 3)) == pairs(early[1:])
         late = aiter(sub)
@@ -236,11 +213,9 @@ async def test_replay_after_add_update_drop() -> None:
     async with SubscriptionPool():
         sub = subscribe(stub)
         async with aiter(sub) as first:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(take, first, 1)
-                await anyio.wait_all_tasks_blocked()
-                raw = stub.instances[-1]
-                raw.push(*history)
+            await join(stub, first, first=history[0])
+            raw = stub.instances[-1]
+            raw.push(*history[1:])
             await take(first, 4)
             async with aiter(sub) as late:
                 assert pairs(await take(late, 1)) == [("worker-added", kept2)]
@@ -259,13 +234,10 @@ async def test_replay_state_does_not_depend_on_consumers_reading() -> None:
     async with SubscriptionPool():
         sub = subscribe(stub)
         idle, active = aiter(sub), aiter(sub)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(take, idle, 1)
-            tg.start_soon(take, active, 1)
-            await anyio.wait_all_tasks_blocked()
-            raw = stub.instances[-1]
-            raw.push(ev("worker-added", x), ev("worker-added", a))
-            raw.push(ev("worker-added", b), ev("worker-dropped", a))
+        await join(stub, idle, active, first=ev("worker-added", x))
+        raw = stub.instances[-1]
+        raw.push(ev("worker-added", a))
+        raw.push(ev("worker-added", b), ev("worker-dropped", a))
         await take(active, 3)  # `idle` never reads again
         late = aiter(sub)
         replay = await take(late, 2)
@@ -332,12 +304,10 @@ async def test_finite_source_first_gets_all_second_gets_replay() -> None:
     async with SubscriptionPool() as pool:
         sub = subscribe(stub)
         first = aiter(sub)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(take, first, 1)
-            await anyio.wait_all_tasks_blocked()
-            raw = stub.instances[-1]
-            raw.push(ev("worker-updated", m1), ev("worker-added", m2))
-            raw.end()
+        await join(stub, first, first=ev("worker-updated", m1))
+        raw = stub.instances[-1]
+        raw.push(ev("worker-added", m2))
+        raw.end()
         assert pairs(await take(first, 1)) == [("worker-added", m2)]
         second = aiter(sub)
         second_events = await drain(second)
@@ -444,13 +414,9 @@ async def test_consumer_joining_failed_entry_gets_fresh_instance() -> None:
     async with SubscriptionPool() as pool:
         sub = subscribe(stub)
         failed, holder = aiter(sub), aiter(sub)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(take, failed, 1)
-            tg.start_soon(take, holder, 1)
-            await anyio.wait_all_tasks_blocked()
-            old = stub.instances[-1]
-            old.push(ev("worker-added", meta()))
-            old.fail(RuntimeError("gone"))
+        await join(stub, failed, holder, first=ev("worker-added", meta()))
+        old = stub.instances[-1]
+        old.fail(RuntimeError("gone"))
         with pytest.raises(RuntimeError, match="gone"):
             await take(failed, 1)
         assert pool.statistics().consumers == 1  # `holder` has not seen it yet
@@ -534,10 +500,8 @@ async def test_async_for_replay_stops_when_the_consumer_is_closed_mid_replay() -
     async with SubscriptionPool():
         sub = subscribe(stub)
         async with aiter(sub) as first:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(take, first, 1)
-                await anyio.wait_all_tasks_blocked()
-                stub.instances[-1].push(*events)
+            await join(stub, first, first=events[0])
+            stub.instances[-1].push(*events[1:])
             assert pairs(await take(first, 4)) == pairs(events[1:])
             late = aiter(sub)
             seen: list[DiscoveryEvent] = []

@@ -18,6 +18,7 @@ from _stubs import drain
 from _stubs import ended
 from _stubs import entry_of
 from _stubs import ev
+from _stubs import join
 from _stubs import make_stub
 from _stubs import meta
 from _stubs import pairs
@@ -49,12 +50,8 @@ async def test_each_way_of_ending_releases_the_reference(how: str) -> None:
         sub = subscribe(stub)
         other = aiter(sub)
         it = aiter(sub)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(take, other, 1)
-            tg.start_soon(take, it, 1)
-            await anyio.wait_all_tasks_blocked()
-            raw = stub.instances[-1]
-            raw.push(ev("worker-added", meta()))
+        await join(stub, other, it, first=ev("worker-added", meta()))
+        raw = stub.instances[-1]
         assert pool.statistics().consumers == 2
 
         async def end(consumer: AsyncIterator[DiscoveryEvent]) -> None:
@@ -104,11 +101,7 @@ async def test_cancelled_anext_ends_consumer_and_propagates() -> None:
     async with SubscriptionPool() as pool:
         sub = subscribe(stub)
         keeper, it = aiter(sub), aiter(sub)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(take, keeper, 1)
-            tg.start_soon(take, it, 1)
-            await anyio.wait_all_tasks_blocked()
-            stub.instances[-1].push(ev("worker-added", meta()))
+        await join(stub, keeper, it, first=ev("worker-added", meta()))
         outcome: list[str] = []
 
         async def pending() -> None:
@@ -218,11 +211,8 @@ async def test_ended_consumer_object_does_not_pin_raw_instance() -> None:
     stub = make_stub()
     async with SubscriptionPool() as pool:
         it = aiter(subscribe(stub))
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(take, it, 1)
-            await anyio.wait_all_tasks_blocked()
-            raw = stub.instances.pop()
-            raw.push(ev("worker-added", meta()))
+        await join(stub, it, first=ev("worker-added", meta()))
+        raw = stub.instances.pop()
         await it.aclose()
         assert pool.statistics().entries == 0
         ref = weakref.ref(raw)
@@ -239,12 +229,8 @@ async def test_in_flight_pull_cancelled_only_at_finalisation() -> None:
     async with SubscriptionPool() as pool:
         sub = subscribe(stub)
         puller, last = aiter(sub), aiter(sub)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(take, puller, 1)
-            tg.start_soon(take, last, 1)
-            await anyio.wait_all_tasks_blocked()
-            raw = stub.instances[-1]
-            raw.push(ev("worker-added", meta()))
+        await join(stub, puller, last, first=ev("worker-added", meta()))
+        raw = stub.instances[-1]
         async with anyio.create_task_group() as tg:
             tg.start_soon(anext, puller)
             await anyio.wait_all_tasks_blocked()
