@@ -10,6 +10,21 @@ from _redis import RedisServer
 from _redis import require_redis_server
 from _stubs import Probe
 
+#: Fixtures that start a real redis-server: a test using one is a ``redis`` test.
+_REDIS_FIXTURES = frozenset({"redis_server", "own_redis_server"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark as ``redis`` every test that needs a real redis-server: those of
+    the Redis test modules (``test_redis_*.py``, which start servers of their
+    own too) and any other that uses a server fixture. The other markers
+    (``docs``, ``benchmarks``, ``wool_processes``) are set by each module."""
+    for item in items:
+        if item.path.name.startswith("test_redis_") or _REDIS_FIXTURES.intersection(
+            getattr(item, "fixturenames", ())
+        ):
+            item.add_marker(pytest.mark.redis)
+
 
 @pytest.fixture(params=BACKENDS)
 def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:

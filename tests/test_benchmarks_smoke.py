@@ -18,8 +18,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pyperf
 import pytest
+from _tools import require_modules
+
+require_modules("pyperf", "matplotlib", "asyncstdlib", extra="bench")
+
+import pyperf  # noqa: E402
+
+pytestmark = pytest.mark.benchmarks
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 RESULTS = BENCHMARKS / "results"

@@ -15,6 +15,8 @@ import pytest
 
 import wool_pooling
 
+pytestmark = pytest.mark.docs
+
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 

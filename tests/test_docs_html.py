@@ -14,9 +14,14 @@ from pathlib import Path
 
 import attrs
 import pytest
+from _tools import require_modules
 
 import wool_pooling
 import wool_pooling.redis
+
+require_modules("sphinx", extra="docs")
+
+pytestmark = pytest.mark.docs
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import redis
 from _redis import RedisServer
 from _redis import require_redis_server
+
+pytestmark = pytest.mark.wool_processes
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

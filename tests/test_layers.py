@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.docs
+
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "wool_pooling"
 
 

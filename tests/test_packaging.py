@@ -19,8 +19,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from _tools import require_modules
 
 import wool_pooling
+
+require_modules("build", "hatchling", extra="release")
+
+pytestmark = pytest.mark.docs
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]

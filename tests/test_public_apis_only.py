@@ -13,6 +13,8 @@ from typing import NamedTuple
 
 import pytest
 
+pytestmark = pytest.mark.docs
+
 DEFAULT_ROOT = Path(__file__).parents[1] / "src" / "wool_pooling"
 SCAN_ROOT = Path(os.environ.get("WOOL_POOLING_SCAN_ROOT") or DEFAULT_ROOT)
 OWN = "wool_pooling"

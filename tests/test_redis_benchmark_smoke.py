@@ -12,7 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from _redis import RedisServer
+
+pytestmark = pytest.mark.benchmarks
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "pooling_redis.py"
 

@@ -28,7 +28,7 @@ from wool import protocol
 from wool_pooling import SharedDiscovery
 from wool_pooling.redis import RedisDiscovery
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.wool_processes, pytest.mark.anyio]
 
 #: Bound on the whole pool's life in a test (workers spawn as processes).
 DEADLINE = 90

@@ -34,7 +34,7 @@ from redis_views import hash_content
 
 from wool_pooling.redis import RedisDiscovery
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.wool_processes, pytest.mark.anyio]
 
 TESTS = Path(__file__).resolve().parent
 LEASE = 1.0

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.benchmarks
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "soak.py"
 
 

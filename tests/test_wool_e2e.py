@@ -47,7 +47,7 @@ from wool_pooling import SharedSubscription
 from wool_pooling import SubscriptionPool
 from wool_pooling import current_pool
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.wool_processes, pytest.mark.anyio]
 
 #: Seconds between scans of the namespace by every LocalDiscovery subscriber.
 POLL = 0.05
