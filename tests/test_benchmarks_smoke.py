@@ -314,11 +314,13 @@ def test_throughput_plot_shows_ratios_to_wool_per_backend_with_the_limit() -> No
 
     sys.path.insert(0, str(BENCHMARKS))
     try:
-        import report
+        import _report_fanout
+        import _report_plot
     finally:
         sys.path.remove(str(BENCHMARKS))
-    _, rates = report.load_throughput(RESULTS / "throughput-cpython3.11.json")
-    figure = report.ratio_figure("cpython3.11", rates)
+    path = RESULTS / "throughput-cpython3.11.json"
+    _, rates = _report_fanout.load_throughput(path)
+    figure = _report_plot.ratio_figure("cpython3.11", rates)
     try:
         axes = figure.get_axes()
         assert [ax.get_title() for ax in axes[:3]] == [
