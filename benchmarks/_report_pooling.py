@@ -37,7 +37,11 @@ def median_of(rows: list[Row], get: Callable[[Row], Any]) -> Any:
 
 
 def median_ratio(
-    pooled: list[Row], raw: list[Row], get: Callable[[Row], Any], unit: str, digits=1
+    pooled: list[Row],
+    raw: list[Row],
+    get: Callable[[Row], Any],
+    unit: str,
+    digits: int = 1,
 ) -> str:
     """The median over runs of each run's pooled / raw, then both medians."""
     raw_by_run = {row.get("run", 0): row for row in raw}
