@@ -18,6 +18,8 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.doctest",
     "sphinx.ext.intersphinx",
+    # benchmarks/results/report.md, the rendered benchmark report, is Markdown.
+    "myst_parser",
 ]
 
 root_doc = "index"

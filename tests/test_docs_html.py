@@ -19,7 +19,7 @@ from _tools import require_modules
 import wool_pooling
 import wool_pooling.redis
 
-require_modules("sphinx", extra="docs")
+require_modules("sphinx", "myst_parser", extra="docs")
 
 pytestmark = pytest.mark.docs
 
@@ -122,3 +122,25 @@ def test_signatures_show_public_names_and_literal_defaults(built: Path) -> None:
     assert any(
         each.endswith("class wool_pooling.FanoutConsumer¶") for each in signatures
     )
+
+
+def test_benchmark_page_shows_every_table_and_plot_of_the_report(built: Path) -> None:
+    """The docs' benchmark results page is ``benchmarks/results/report.md``
+    as rendered: each of its Markdown tables is an HTML table there, with
+    the same header row, and each plot it shows is copied into the build."""
+    report = (ROOT / "benchmarks" / "results" / "report.md").read_text()
+    headers = re.findall(r"^(\|.*\|)\n\|[-:|]+\|$", report, flags=re.MULTILINE)
+    page = (built / "benchmark-results.html").read_text()
+    tables = re.findall(r"<table.*?</table>", page, flags=re.DOTALL)
+    assert len(headers) > 10
+    assert len(tables) == len(headers)
+    for header, table in zip(headers, tables, strict=True):
+        head = table[table.index("<thead") : table.index("</thead>")]
+        cells = [cell.strip() for cell in header.strip("|").split(" | ")]
+        shown = _text(head).replace("\u2019", "'")  # Sphinx's smart quotes
+        assert shown == _text(" ".join(cells).replace("`", "")), header
+    images = re.findall(r"\]\((throughput-[\w.]+\.png)\)", report)
+    assert images
+    for image in images:
+        assert f'src="_images/{image}"' in page
+        assert (built / "_images" / image).is_file()
