@@ -152,11 +152,15 @@ class RedisServer:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def _sentinel_answers(port: int, service: str) -> tuple[str, int] | None:
+def _sentinel_answers(
+    port: int, service: str, password: str | None = None
+) -> tuple[str, int] | None:
     """The master a sentinel reports, if it answers."""
     import redis
 
-    client = redis.Redis(port=port, socket_timeout=1, decode_responses=True)
+    client = redis.Redis(
+        port=port, password=password, socket_timeout=1, decode_responses=True
+    )
     try:
         address = client.sentinel_get_master_addr_by_name(service)
         return None if address is None else (str(address[0]), int(address[1]))
@@ -169,14 +173,24 @@ def _sentinel_answers(port: int, service: str) -> tuple[str, int] | None:
 class SentinelSet:
     """A master, one replica and three sentinels (``redis-server --sentinel``)
     on loopback, tuned to fail over within a few seconds (a master is down after 1 s
-    without answering: short, yet no false failover on a loaded machine)."""
+    without answering: short, yet no false failover on a loaded machine).
+
+    With a ``password``, every one of them requires it (``requirepass``), and
+    the replica and the sentinels give it to the master (``masterauth``,
+    ``sentinel auth-pass``): the usual hardening."""
 
     SERVICE = "wool-master"
 
-    def __init__(self, executable: str) -> None:
+    def __init__(self, executable: str, *, password: str | None = None) -> None:
         self.executable = executable
-        self.master = RedisServer(executable)
-        self.replica = RedisServer(executable)
+        self.password = password
+        auth = (
+            ()
+            if password is None
+            else ("--requirepass", password, "--masterauth", password)
+        )
+        self.master = RedisServer(executable, *auth)
+        self.replica = RedisServer(executable, *auth)
         self.sentinel_ports = [free_port() for _ in range(3)]
         self.directory = Path(tempfile.mkdtemp(prefix="wool-pooling-sentinel-"))
         self.sentinels: list[subprocess.Popen[bytes]] = []
@@ -188,7 +202,12 @@ class SentinelSet:
 
     def start(self) -> None:
         self.master.start()
-        self.replica.extra = ("--replicaof", "127.0.0.1", str(self.master.port))
+        self.replica.extra = (
+            *self.replica.extra,
+            "--replicaof",
+            "127.0.0.1",
+            str(self.master.port),
+        )
         self.replica.start()
         for port in self.sentinel_ports:
             config = self.directory / f"sentinel-{port}.conf"
@@ -201,6 +220,12 @@ class SentinelSet:
                 f"sentinel failover-timeout {self.SERVICE} 2000\n"
                 f"sentinel parallel-syncs {self.SERVICE} 1\n"
             )
+            if self.password is not None:
+                with config.open("a") as file:
+                    file.write(
+                        f"requirepass {self.password}\n"
+                        f"sentinel auth-pass {self.SERVICE} {self.password}\n"
+                    )
             self.sentinels.append(
                 subprocess.Popen(
                     [self.executable, str(config), "--sentinel"],
@@ -219,7 +244,9 @@ class SentinelSet:
         while True:
             ready = 0
             for port in self.sentinel_ports:
-                client = redis.Redis(port=port, socket_timeout=1)
+                client = redis.Redis(
+                    port=port, password=self.password, socket_timeout=1
+                )
                 try:
                     replicas = client.sentinel_slaves(self.SERVICE)
                     others = client.sentinel_sentinels(self.SERVICE)
@@ -240,7 +267,7 @@ class SentinelSet:
 
     def current_master(self) -> tuple[str, int] | None:
         for port in self.sentinel_ports:
-            address = _sentinel_answers(port, self.SERVICE)
+            address = _sentinel_answers(port, self.SERVICE, self.password)
             if address is not None:
                 return address
         return None
