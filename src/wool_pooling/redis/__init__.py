@@ -83,9 +83,19 @@ renewal. A worker whose publisher died, or whose process died, is dropped
 reap_interval`` seconds of its last renewal, by whichever publisher or
 subscriber of the namespace reaps first (each subscribing process reaps
 every ``reap_interval`` seconds, ``lease / 4`` by default, and checks the
-epoch then). Records in the hash without a lease never expire. A drop
-that fails (the server unreachable) still raises, but the publisher forgets
-the worker at once and retries the drop until the server takes it.
+epoch then). A drop that fails (the server unreachable) still raises, but
+the publisher forgets the worker at once and retries the drop until the
+server takes it.
+
+**Namespace lifecycle.** No key stays for ever: every script of a
+publisher or a subscriber gives the namespace's keys (hash, leases,
+version, epoch) one shared expiry, 10 times the larger of its ``lease``
+and ``reap_interval`` from now, never shortening a later one. Publishers
+run one every ``lease / 3`` and subscribers every ``reap_interval``, so
+the keys stay, epoch unchanged, while any of them lives, and expire once
+the namespace has had no worker, publisher or subscriber for that long. An
+expiry under a live subscriber (a process stalled for ten leases) is the
+lost-data case above: a new epoch, and subscribers take a new snapshot.
 
 **Invalid records.** A record or announcement that is not valid worker
 metadata is skipped with a warning on ``wool_pooling.redis`` and counted
