@@ -4,6 +4,13 @@ Persistence is off (``--save "" --appendonly no``), so a restart empties it,
 as a crashed cache server would. Without ``redis-server`` on ``PATH`` the
 tests that need it skip, saying how to install it, unless
 ``WOOL_POOLING_REQUIRE_REDIS=1`` (CI sets it) turns the skip into a failure.
+
+``WOOL_POOLING_REDIS_SERVER`` chooses another server: a path (or a name on
+``PATH``) of an executable that takes ``redis-server``'s arguments, such as
+``valkey-server``, another version's ``redis-server``, or a wrapper script
+that execs one (``.ci/servers`` writes such wrappers). Sentinels run
+as ``<it> <config> --sentinel``. A variable naming nothing executable fails
+the tests (never a skip: the server was asked for).
 """
 
 from __future__ import annotations
@@ -25,10 +32,25 @@ INSTALL_HINT = (
 )
 
 
+#: The environment variable that chooses the server binary (see above).
+SERVER_VARIABLE = "WOOL_POOLING_REDIS_SERVER"
+
+
 def require_redis_server() -> str:
-    """The path of ``redis-server``; skip (or fail, under
-    ``WOOL_POOLING_REQUIRE_REDIS=1``) when there is none."""
-    path = shutil.which("redis-server")
+    """The path of the server binary: ``$WOOL_POOLING_REDIS_SERVER`` if set
+    (failing if it is not executable), else ``redis-server`` on ``PATH``;
+    skip (or fail, under ``WOOL_POOLING_REQUIRE_REDIS=1``) when there is
+    none."""
+    chosen = os.environ.get(SERVER_VARIABLE, "")
+    if chosen:
+        path = shutil.which(chosen)
+        if path is None:
+            pytest.fail(
+                f"{SERVER_VARIABLE}={chosen!r} names no executable (a path, or "
+                "a name on PATH, of a redis-server compatible server)"
+            )
+    else:
+        path = shutil.which("redis-server")
     if path is None:
         if os.environ.get("WOOL_POOLING_REQUIRE_REDIS") == "1":
             pytest.fail(f"WOOL_POOLING_REQUIRE_REDIS=1 but {INSTALL_HINT}")
