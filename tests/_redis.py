@@ -199,13 +199,22 @@ class SentinelSet:
 
     With a ``password``, every one of them requires it (``requirepass``), and
     the replica and the sentinels give it to the master (``masterauth``,
-    ``sentinel auth-pass``): the usual hardening."""
+    ``sentinel auth-pass``): the usual hardening. ``open_sentinels=True``
+    leaves the sentinels without one (the data nodes still require it)."""
 
     SERVICE = "wool-master"
 
-    def __init__(self, executable: str, *, password: str | None = None) -> None:
+    def __init__(
+        self,
+        executable: str,
+        *,
+        password: str | None = None,
+        open_sentinels: bool = False,
+    ) -> None:
         self.executable = executable
         self.password = password
+        #: What the sentinels require, if anything.
+        self.sentinel_password = None if open_sentinels else password
         auth = (
             ()
             if password is None
@@ -244,10 +253,9 @@ class SentinelSet:
             )
             if self.password is not None:
                 with config.open("a") as file:
-                    file.write(
-                        f"requirepass {self.password}\n"
-                        f"sentinel auth-pass {self.SERVICE} {self.password}\n"
-                    )
+                    file.write(f"sentinel auth-pass {self.SERVICE} {self.password}\n")
+                    if self.sentinel_password is not None:
+                        file.write(f"requirepass {self.sentinel_password}\n")
             self.sentinels.append(
                 subprocess.Popen(
                     [self.executable, str(config), "--sentinel"],
@@ -267,7 +275,7 @@ class SentinelSet:
             ready = 0
             for port in self.sentinel_ports:
                 client = redis.Redis(
-                    port=port, password=self.password, socket_timeout=1
+                    port=port, password=self.sentinel_password, socket_timeout=1
                 )
                 try:
                     replicas = client.sentinel_slaves(self.SERVICE)
@@ -289,7 +297,7 @@ class SentinelSet:
 
     def current_master(self) -> tuple[str, int] | None:
         for port in self.sentinel_ports:
-            address = _sentinel_answers(port, self.SERVICE, self.password)
+            address = _sentinel_answers(port, self.SERVICE, self.sentinel_password)
             if address is not None:
                 return address
         return None

@@ -156,3 +156,38 @@ async def test_a_refusing_sentinel_is_a_prompt_clear_error_without_the_password(
         assert "TimeoutError" not in message
         assert WRONG not in chain(caught.value)
         assert PASSWORD not in chain(caught.value)
+
+
+async def test_sentinels_without_a_password_take_theirs_from_sentinel_kwargs() -> None:
+    """Sentinels without a password (data nodes with one): ``sentinel_kwargs={}``
+    sends them none while the url's password still reaches the master; one
+    that refuses a password it does not expect (``AUTH`` over RESP2) is the
+    same prompt, clear error, naming the cure."""
+    group = SentinelSet(require_redis_server(), password=PASSWORD, open_sentinels=True)
+    try:
+        group.start()
+        url = sentinel_url(group, PASSWORD)
+        await round_trip(
+            RedisDiscovery(
+                url,
+                namespace(),
+                connect_timeout=CONNECT_TIMEOUT,
+                client_options={"sentinel_kwargs": {}},
+            )
+        )
+        refused = RedisDiscovery(
+            url,
+            namespace(),
+            connect_timeout=CONNECT_TIMEOUT,
+            client_options={"sentinel_kwargs": {"password": WRONG, "protocol": 2}},
+        )
+        start = time.monotonic()
+        with pytest.raises(RedisDiscoveryError) as caught:
+            async with refused.publisher:
+                pass
+        assert time.monotonic() - start < PROMPTLY
+        assert "refused authentication" in str(caught.value)
+        assert "sentinel_kwargs" in str(caught.value)
+        assert WRONG not in chain(caught.value)
+    finally:
+        group.cleanup()
