@@ -282,9 +282,10 @@ def reason(error: BaseException) -> str:
         if text:
             if text.startswith("invalid username-password pair"):
                 text = f"WRONGPASS {text}"  # redis-py's text for it
-            for cls, code in _CODES:
-                if isinstance(current, SentinelAuthenticationError):
-                    break  # its text quotes the sentinel's, code included
+            # (a SentinelAuthenticationError quotes the sentinel's reason, code
+            # included)
+            codes = () if isinstance(current, SentinelAuthenticationError) else _CODES
+            for cls, code in codes:
                 if isinstance(current, cls):
                     if not text.startswith(code):
                         text = f"{code} {text}"
@@ -381,12 +382,13 @@ class _Sentinels(Sentinel):
     authentication.
 
     redis-py reports any failure to find the master as
-    ``MasterNotFoundError``, a connection error its retries ask again (until
-    the caller's timeout). When no sentinel gave a master, each is asked for
-    a ``PING``: the first refusal of authentication
-    (``NOAUTH``, ``WRONGPASS``, a password the sentinel does not expect)
-    replaces the ``MasterNotFoundError``, as a
-    :class:`SentinelAuthenticationError` that retries do not ask again.
+    ``MasterNotFoundError``, which hides a refusal among "no answer yet".
+    When no sentinel gave a master, each is asked for a ``PING``: the first
+    refusal of authentication (``NOAUTH``, ``WRONGPASS``, a password the
+    sentinel does not expect) replaces the ``MasterNotFoundError``, as a
+    :class:`SentinelAuthenticationError` naming the sentinel and quoting its
+    reason. (Still a connection error: a connection's retries ask again, a
+    few quick round trips, well within ``connect_timeout``.)
     """
 
     async def discover_master(self, service_name: str) -> Any:
