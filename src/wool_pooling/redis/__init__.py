@@ -14,8 +14,10 @@ asyncio client). ``RedisDiscovery(url, namespace)`` is a wool ``DiscoveryLike``:
 
 **Urls.** ``redis://`` and ``rediss://`` (TLS), ``unix:///path/redis.sock``,
 and ``redis+sentinel://[user:password@]host:port[,host:port...]/service_name[/db]``
-(a master monitored by Sentinel: a failover is a reconnect like any other),
-checked at construction. ``client_options`` go to redis-py's client (the
+(a master monitored by Sentinel: a failover is a reconnect like any other;
+the user and password reach the sentinels too, unless
+``client_options["sentinel_kwargs"]`` gives theirs), checked at
+construction. ``client_options`` go to redis-py's client (the
 url wins over them, they win over the defaults); ``key_prefix`` replaces
 ``wool:`` in every key and channel. ``docs/redis.rst`` lists the keys,
 channels and commands, and an ACL rule that suffices.
