@@ -4,6 +4,13 @@ Persistence is off (``--save "" --appendonly no``), so a restart empties it,
 as a crashed cache server would. Without ``redis-server`` on ``PATH`` the
 tests that need it skip, saying how to install it, unless
 ``WOOL_POOLING_REQUIRE_REDIS=1`` (CI sets it) turns the skip into a failure.
+
+``WOOL_POOLING_REDIS_SERVER`` chooses another server: a path (or a name on
+``PATH``) of an executable that takes ``redis-server``'s arguments, such as
+``valkey-server``, another version's ``redis-server``, or a wrapper script
+that execs one (``.ci/servers`` writes such wrappers). Sentinels run
+as ``<it> <config> --sentinel``. A variable naming nothing executable fails
+the tests (never a skip: the server was asked for).
 """
 
 from __future__ import annotations
@@ -25,10 +32,25 @@ INSTALL_HINT = (
 )
 
 
+#: The environment variable that chooses the server binary (see above).
+SERVER_VARIABLE = "WOOL_POOLING_REDIS_SERVER"
+
+
 def require_redis_server() -> str:
-    """The path of ``redis-server``; skip (or fail, under
-    ``WOOL_POOLING_REQUIRE_REDIS=1``) when there is none."""
-    path = shutil.which("redis-server")
+    """The path of the server binary: ``$WOOL_POOLING_REDIS_SERVER`` if set
+    (failing if it is not executable), else ``redis-server`` on ``PATH``;
+    skip (or fail, under ``WOOL_POOLING_REQUIRE_REDIS=1``) when there is
+    none."""
+    chosen = os.environ.get(SERVER_VARIABLE, "")
+    if chosen:
+        path = shutil.which(chosen)
+        if path is None:
+            pytest.fail(
+                f"{SERVER_VARIABLE}={chosen!r} names no executable (a path, or "
+                "a name on PATH, of a redis-server compatible server)"
+            )
+    else:
+        path = shutil.which("redis-server")
     if path is None:
         if os.environ.get("WOOL_POOLING_REQUIRE_REDIS") == "1":
             pytest.fail(f"WOOL_POOLING_REQUIRE_REDIS=1 but {INSTALL_HINT}")
@@ -152,11 +174,15 @@ class RedisServer:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def _sentinel_answers(port: int, service: str) -> tuple[str, int] | None:
+def _sentinel_answers(
+    port: int, service: str, password: str | None = None
+) -> tuple[str, int] | None:
     """The master a sentinel reports, if it answers."""
     import redis
 
-    client = redis.Redis(port=port, socket_timeout=1, decode_responses=True)
+    client = redis.Redis(
+        port=port, password=password, socket_timeout=1, decode_responses=True
+    )
     try:
         address = client.sentinel_get_master_addr_by_name(service)
         return None if address is None else (str(address[0]), int(address[1]))
@@ -169,14 +195,33 @@ def _sentinel_answers(port: int, service: str) -> tuple[str, int] | None:
 class SentinelSet:
     """A master, one replica and three sentinels (``redis-server --sentinel``)
     on loopback, tuned to fail over within a few seconds (a master is down after 1 s
-    without answering: short, yet no false failover on a loaded machine)."""
+    without answering: short, yet no false failover on a loaded machine).
+
+    With a ``password``, every one of them requires it (``requirepass``), and
+    the replica and the sentinels give it to the master (``masterauth``,
+    ``sentinel auth-pass``): the usual hardening. ``open_sentinels=True``
+    leaves the sentinels without one (the data nodes still require it)."""
 
     SERVICE = "wool-master"
 
-    def __init__(self, executable: str) -> None:
+    def __init__(
+        self,
+        executable: str,
+        *,
+        password: str | None = None,
+        open_sentinels: bool = False,
+    ) -> None:
         self.executable = executable
-        self.master = RedisServer(executable)
-        self.replica = RedisServer(executable)
+        self.password = password
+        #: What the sentinels require, if anything.
+        self.sentinel_password = None if open_sentinels else password
+        auth = (
+            ()
+            if password is None
+            else ("--requirepass", password, "--masterauth", password)
+        )
+        self.master = RedisServer(executable, *auth)
+        self.replica = RedisServer(executable, *auth)
         self.sentinel_ports = [free_port() for _ in range(3)]
         self.directory = Path(tempfile.mkdtemp(prefix="wool-pooling-sentinel-"))
         self.sentinels: list[subprocess.Popen[bytes]] = []
@@ -188,7 +233,12 @@ class SentinelSet:
 
     def start(self) -> None:
         self.master.start()
-        self.replica.extra = ("--replicaof", "127.0.0.1", str(self.master.port))
+        self.replica.extra = (
+            *self.replica.extra,
+            "--replicaof",
+            "127.0.0.1",
+            str(self.master.port),
+        )
         self.replica.start()
         for port in self.sentinel_ports:
             config = self.directory / f"sentinel-{port}.conf"
@@ -201,6 +251,11 @@ class SentinelSet:
                 f"sentinel failover-timeout {self.SERVICE} 2000\n"
                 f"sentinel parallel-syncs {self.SERVICE} 1\n"
             )
+            if self.password is not None:
+                with config.open("a") as file:
+                    file.write(f"sentinel auth-pass {self.SERVICE} {self.password}\n")
+                    if self.sentinel_password is not None:
+                        file.write(f"requirepass {self.sentinel_password}\n")
             self.sentinels.append(
                 subprocess.Popen(
                     [self.executable, str(config), "--sentinel"],
@@ -219,7 +274,9 @@ class SentinelSet:
         while True:
             ready = 0
             for port in self.sentinel_ports:
-                client = redis.Redis(port=port, socket_timeout=1)
+                client = redis.Redis(
+                    port=port, password=self.sentinel_password, socket_timeout=1
+                )
                 try:
                     replicas = client.sentinel_slaves(self.SERVICE)
                     others = client.sentinel_sentinels(self.SERVICE)
@@ -240,7 +297,7 @@ class SentinelSet:
 
     def current_master(self) -> tuple[str, int] | None:
         for port in self.sentinel_ports:
-            address = _sentinel_answers(port, self.SERVICE)
+            address = _sentinel_answers(port, self.SERVICE, self.sentinel_password)
             if address is not None:
                 return address
         return None

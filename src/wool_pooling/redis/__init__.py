@@ -14,8 +14,10 @@ asyncio client). ``RedisDiscovery(url, namespace)`` is a wool ``DiscoveryLike``:
 
 **Urls.** ``redis://`` and ``rediss://`` (TLS), ``unix:///path/redis.sock``,
 and ``redis+sentinel://[user:password@]host:port[,host:port...]/service_name[/db]``
-(a master monitored by Sentinel: a failover is a reconnect like any other),
-checked at construction. ``client_options`` go to redis-py's client (the
+(a master monitored by Sentinel: a failover is a reconnect like any other;
+the user and password reach the sentinels too, unless
+``client_options["sentinel_kwargs"]`` gives theirs), checked at
+construction. ``client_options`` go to redis-py's client (the
 url wins over them, they win over the defaults); ``key_prefix`` replaces
 ``wool:`` in every key and channel. ``docs/redis.rst`` lists the keys,
 channels and commands, and an ACL rule that suffices.
@@ -83,9 +85,19 @@ renewal. A worker whose publisher died, or whose process died, is dropped
 reap_interval`` seconds of its last renewal, by whichever publisher or
 subscriber of the namespace reaps first (each subscribing process reaps
 every ``reap_interval`` seconds, ``lease / 4`` by default, and checks the
-epoch then). Records in the hash without a lease never expire. A drop
-that fails (the server unreachable) still raises, but the publisher forgets
-the worker at once and retries the drop until the server takes it.
+epoch then). A drop that fails (the server unreachable) still raises, but
+the publisher forgets the worker at once and retries the drop until the
+server takes it.
+
+**Namespace lifecycle.** No key stays for ever: every script of a
+publisher or a subscriber gives the namespace's keys (hash, leases,
+version, epoch) one shared expiry, 10 times the larger of its ``lease``
+and ``reap_interval`` from now, never shortening a later one. Publishers
+run one every ``lease / 3`` and subscribers every ``reap_interval``, so
+the keys stay, epoch unchanged, while any of them lives, and expire once
+the namespace has had no worker, publisher or subscriber for that long. An
+expiry under a live subscriber (a process stalled for ten leases) is the
+lost-data case above: a new epoch, and subscribers take a new snapshot.
 
 **Invalid records.** A record or announcement that is not valid worker
 metadata is skipped with a warning on ``wool_pooling.redis`` and counted

@@ -9,7 +9,8 @@ one fails there with a :exc:`ValueError` or :exc:`TypeError`, never later in
 - ``unix://[user[:password]@]/path/to/redis.sock[?db=N&password=...]``
 - ``redis+sentinel://[user[:password]@]host:port[,host:port...]/service[/db]``
   (``rediss+sentinel://`` for TLS): the sentinels, and the name of the
-  master they monitor; the user and password are the master's.
+  master they monitor; the user and password are the master's, and the
+  sentinels' too unless ``client_options["sentinel_kwargs"]`` gives theirs.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from redis.asyncio.connection import ConnectionPool
 from redis.asyncio.connection import SSLConnection
 from redis.asyncio.connection import parse_url as parse_redis_url
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import MasterNotFoundError
 from redis.asyncio.sentinel import Sentinel
 from redis.asyncio.sentinel import SentinelManagedSSLConnection
 from redis.backoff import EqualJitterBackoff
@@ -39,6 +41,7 @@ from redis.backoff import NoBackoff
 __all__ = [
     "RESERVED_CLIENT_OPTIONS",
     "Connection",
+    "SentinelAuthenticationError",
     "Target",
     "check_client_options",
     "client_name",
@@ -279,7 +282,10 @@ def reason(error: BaseException) -> str:
         if text:
             if text.startswith("invalid username-password pair"):
                 text = f"WRONGPASS {text}"  # redis-py's text for it
-            for cls, code in _CODES:
+            # (a SentinelAuthenticationError quotes the sentinel's reason, code
+            # included)
+            codes = () if isinstance(current, SentinelAuthenticationError) else _CODES
+            for cls, code in codes:
                 if isinstance(current, cls):
                     if not text.startswith(code):
                         text = f"{code} {text}"
@@ -365,6 +371,48 @@ def client_name(role: str, namespace: str) -> str:
     return f"wool-pooling:{role}:{_escape(namespace)}:{host}:{os.getpid()}"
 
 
+class SentinelAuthenticationError(redis_errors.AuthenticationError):
+    """The sentinels refused to authenticate the client, so no master can be
+    found: the message says which sentinel refused and what it said (never
+    the password)."""
+
+
+class _Sentinels(Sentinel):
+    """redis-py's ``Sentinel``, saying so when the sentinels refuse
+    authentication.
+
+    redis-py reports any failure to find the master as
+    ``MasterNotFoundError``, which hides a refusal among "no answer yet".
+    When no sentinel gave a master, each is asked for a ``PING``: the first
+    refusal of authentication (``NOAUTH``, ``WRONGPASS``, a password the
+    sentinel does not expect) replaces the ``MasterNotFoundError``, as a
+    :class:`SentinelAuthenticationError` naming the sentinel and quoting its
+    reason. (Still a connection error: a connection's retries ask again, a
+    few quick round trips, well within ``connect_timeout``.)
+    """
+
+    async def discover_master(self, service_name: str) -> Any:
+        try:
+            return await super().discover_master(service_name)  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+        except MasterNotFoundError as not_found:
+            for each in self.sentinels:
+                try:
+                    await each.ping()  # pyright: ignore[reportUnknownMemberType]
+                except redis_errors.AuthenticationError as error:
+                    kwargs = each.get_connection_kwargs()
+                    where = f"{kwargs.get('host')}:{kwargs.get('port')}"
+                    raise SentinelAuthenticationError(
+                        f"the sentinel at {where} refused authentication, so "
+                        f"no master for {service_name!r} could be found: "
+                        f"{reason(error)} (the url's user and password are "
+                        "the sentinels' too, unless client_options "
+                        "sentinel_kwargs gives theirs)"
+                    ) from not_found
+                except (redis_errors.RedisError, OSError):
+                    continue
+            raise
+
+
 @attrs.define
 class Connection:
     """A redis-py asyncio client, and what else must be closed with it."""
@@ -447,7 +495,15 @@ def open_client(
         sentinel_options = {
             name: value for name, value in options.items() if name.startswith("socket_")
         }
-    sentinel = Sentinel(
+        # The url names the sentinels: its credentials are theirs too.
+        if target.username is not None:
+            sentinel_options["username"] = target.username
+        if password is not None:
+            sentinel_options["password"] = password
+    # One attempt per sentinel: the next sentinel is the retry (redis-py's
+    # default retry would ask a refusing sentinel again for seconds).
+    sentinel_options = {"retry": Retry(NoBackoff(), 0), **sentinel_options}
+    sentinel = _Sentinels(
         list(target.hosts), sentinel_kwargs=dict(sentinel_options), **options
     )
     client = sentinel.master_for(  # pyright: ignore[reportUnknownMemberType]

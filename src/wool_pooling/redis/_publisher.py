@@ -32,6 +32,7 @@ from ._errors import watched
 from ._scripts import DEFAULT_KEY_PREFIX
 from ._scripts import PUBLISH
 from ._scripts import RENEW
+from ._scripts import idle_expiry_ms
 from ._settings import PublisherSettings
 from ._settings import check_key_prefix
 from ._settings import check_namespace
@@ -283,7 +284,8 @@ class RedisPublisher:
         return dataclasses.replace(metadata, address=f"{host}:{port}")
 
     def _args(self, *rest: Any) -> list[Any]:
-        return [self.keys_for.channel, uuid.uuid4().hex, *rest]
+        keep = idle_expiry_ms(self.lease)
+        return [self.keys_for.channel, uuid.uuid4().hex, keep, *rest]
 
     async def _run_publish(self, type: str, uid: str, payload: bytes) -> None:
         lease_ms = max(1, round(self.lease * 1000))

@@ -24,6 +24,19 @@ a slot):
 Every script first checks the types of these keys: a key holding something
 else fails the script with ``WRONGDATA <key> holds <what>, not <wanted>``.
 Leases are read against the server's clock (``TIME``), never a client's.
+
+**Idle expiry.** Every script ends by giving the four keys one expiry: the
+later of the one they have and ``keep`` milliseconds from now (its caller's
+:func:`idle_expiry_ms`: :data:`IDLE_EXPIRY_LEASES` times the larger of its
+lease and reap interval). Publishers run a script every ``lease / 3``
+seconds and subscribers every ``reap_interval``, so while any of them lives
+the keys stay; once none is left, they expire together, and a namespace
+nobody uses leaves nothing behind. The four keys share one deadline, so they
+never outlive each other: a version counter without its records (or records
+without their counter) never happens. If they expired under a live
+subscriber all the same (a process stalled for that long), the counter is
+missing: a new epoch, the same as lost data, and subscribers take a new
+snapshot.
 """
 
 from __future__ import annotations
@@ -32,12 +45,14 @@ import attrs
 
 __all__ = [
     "DEFAULT_KEY_PREFIX",
+    "IDLE_EXPIRY_LEASES",
     "PUBLISH",
     "REAP",
     "RENEW",
     "SNAPSHOT",
     "WRONG_DATA",
     "Keys",
+    "idle_expiry_ms",
 ]
 
 #: The prefix of every key and channel, unless ``key_prefix`` says otherwise.
@@ -45,6 +60,16 @@ DEFAULT_KEY_PREFIX = "wool:"
 
 #: The code of the error a script raises when a key holds the wrong data.
 WRONG_DATA = "WRONGDATA"
+
+#: A namespace's keys expire this many times the larger of ``lease`` and
+#: ``reap_interval`` after the last script of its publishers and subscribers.
+IDLE_EXPIRY_LEASES = 10
+
+
+def idle_expiry_ms(lease: float, reap_interval: float = 0.0) -> int:
+    """How long, in ms, a caller with this ``lease`` (and ``reap_interval``)
+    keeps the namespace's keys after its last script."""
+    return max(1, round(IDLE_EXPIRY_LEASES * max(lease, reap_interval) * 1000))
 
 
 @attrs.frozen
@@ -74,9 +99,11 @@ class Keys:
 
 
 # KEYS: workers, leases, version, epoch. ARGV[1]: channel, ARGV[2]: a new epoch
-# (used if the version or the epoch is missing). Shared prelude: the keys'
-# types checked, the epoch, the server's clock in ms, and announce(type, uid,
-# payload), which bumps the version and publishes.
+# (used if the version or the epoch is missing), ARGV[3]: keep (ms, the idle
+# expiry). Shared prelude: the keys' types checked, the epoch, the server's
+# clock in ms, announce(type, uid, payload), which bumps the version and
+# publishes, and finish(result), which sets the keys' shared expiry and
+# returns result (every script returns through it).
 _PRELUDE = """
 local function wrong(key, found, wanted)
   error({err = 'WRONGDATA ' .. key .. ' holds ' .. found .. ', not ' .. wanted})
@@ -110,6 +137,18 @@ local function announce(kind, uid, payload)
     version .. ' ' .. epoch .. ' ' .. kind .. ' ' .. uid .. ' ' .. payload)
   return version
 end
+local keep = tonumber(ARGV[3])
+local function finish(result)
+  local deadline = keep
+  for i = 1, 4 do
+    local left = redis.call('PTTL', KEYS[i])
+    if left > deadline then deadline = left end
+  end
+  for i = 1, 4 do
+    redis.call('PEXPIRE', KEYS[i], deadline)
+  end
+  return result
+end
 local function reap()
   local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
   for _, uid in ipairs(expired) do
@@ -124,39 +163,41 @@ local function reap()
 end
 """
 
-#: ARGV: channel, new epoch, type, uid, payload, lease (ms). Returns the
-#: announcement's version, or 0 when nothing changed (a drop of an unknown
-#: worker, a re-add with the same metadata, which only renews the lease).
+#: ARGV: channel, new epoch, keep (ms), type, uid, payload, lease (ms).
+#: Returns the announcement's version, or 0 when nothing changed (a drop of
+#: an unknown worker, a re-add with the same metadata, which only renews the
+#: lease).
 PUBLISH = (
     _PRELUDE
     + """
-local kind, uid, payload = ARGV[3], ARGV[4], ARGV[5]
+local kind, uid, payload = ARGV[4], ARGV[5], ARGV[6]
 local old = redis.call('HGET', KEYS[1], uid)
 if kind == 'worker-dropped' then
   redis.call('ZREM', KEYS[2], uid)
-  if not old then return 0 end
+  if not old then return finish(0) end
   redis.call('HDEL', KEYS[1], uid)
-  return announce('worker-dropped', uid, old)
+  return finish(announce('worker-dropped', uid, old))
 end
-redis.call('ZADD', KEYS[2], now + tonumber(ARGV[6]), uid)
-if old == payload then return 0 end
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[7]), uid)
+if old == payload then return finish(0) end
 redis.call('HSET', KEYS[1], uid, payload)
 if old then
-  return announce('worker-updated', uid, payload)
+  return finish(announce('worker-updated', uid, payload))
 end
-return announce('worker-added', uid, payload)
+return finish(announce('worker-added', uid, payload))
 """
 )
 
-#: ARGV: channel, new epoch, lease (ms), then uid, payload pairs. Renews each
-#: lease; a record that is gone (expired, or lost with the server's data) is
-#: added again. Then reaps. Returns how many records were added again.
+#: ARGV: channel, new epoch, keep (ms), lease (ms), then uid, payload pairs.
+#: Renews each lease; a record that is gone (expired, or lost with the
+#: server's data) is added again. Then reaps. Returns how many records were
+#: added again.
 RENEW = (
     _PRELUDE
     + """
-local lease = tonumber(ARGV[3])
+local lease = tonumber(ARGV[4])
 local readded = 0
-for i = 4, #ARGV, 2 do
+for i = 5, #ARGV, 2 do
   local uid, payload = ARGV[i], ARGV[i + 1]
   redis.call('ZADD', KEYS[2], now + lease, uid)
   if redis.call('HSETNX', KEYS[1], uid, payload) == 1 then
@@ -165,28 +206,28 @@ for i = 4, #ARGV, 2 do
   end
 end
 reap()
-return readded
+return finish(readded)
 """
 )
 
-#: ARGV: channel, new epoch. Drops the records whose lease has expired
-#: (announcing each drop). Returns the epoch (a subscriber that finds another
-#: than its snapshot's takes a new snapshot).
+#: ARGV: channel, new epoch, keep (ms). Drops the records whose lease has
+#: expired (announcing each drop). Returns the epoch (a subscriber that finds
+#: another than its snapshot's takes a new snapshot).
 REAP = (
     _PRELUDE
     + """
 reap()
-return epoch
+return finish(epoch)
 """
 )
 
-#: ARGV: channel, new epoch. Reaps, then returns {version, epoch, {uid,
-#: payload, ...}}.
+#: ARGV: channel, new epoch, keep (ms). Reaps, then returns {version, epoch,
+#: {uid, payload, ...}}.
 SNAPSHOT = (
     _PRELUDE
     + """
 reap()
 local version = tonumber(redis.call('GET', KEYS[3]))
-return {version, epoch, redis.call('HGETALL', KEYS[1])}
+return finish({version, epoch, redis.call('HGETALL', KEYS[1])})
 """
 )

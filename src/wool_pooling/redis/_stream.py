@@ -35,6 +35,7 @@ from ._errors import require_asyncio
 from ._errors import watched
 from ._scripts import REAP
 from ._scripts import SNAPSHOT
+from ._scripts import idle_expiry_ms
 from ._settings import SubscriberOptions
 from ._settings import SubscriberSettings
 from ._settings import keys_for
@@ -52,6 +53,7 @@ class _Session:
         self, target: Target, namespace: str, options: SubscriberOptions
     ) -> None:
         self.keys = keys_for(target, namespace, options.key_prefix)
+        self.options = options
         self.command: Connection | None = None
         self.listening: Connection | None = None
         self.pubsub: Any = None
@@ -80,8 +82,9 @@ class _Session:
         self.snapshot_script: Any = self.command.client.register_script(SNAPSHOT)
         self.reap_script: Any = self.command.client.register_script(REAP)
 
-    def _args(self) -> list[str]:
-        return [self.keys.channel, uuid.uuid4().hex]
+    def _args(self) -> list[str | int]:
+        keep = idle_expiry_ms(self.options.settle, self.options.reap_interval)
+        return [self.keys.channel, uuid.uuid4().hex, keep]
 
     async def open(self) -> tuple[int, bytes, list[bytes]]:
         """Subscribe, wait for the confirmation, then snapshot:
