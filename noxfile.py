@@ -91,7 +91,7 @@ def docs(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", "-q", "-m", "docs", *session.posargs)
 
 
-@nox.session(python="3.11")
+@nox.session(python=PYTHONS)
 def benchmarks(session: nox.Session) -> None:
     """The benchmark scripts in quick mode, and the committed report."""
     session.install("-e", ".[test,bench]")

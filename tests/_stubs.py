@@ -37,6 +37,7 @@ import anyio.lowlevel
 import attrs
 import pytest
 import sniffio
+from _loops import WITH_TRIO
 from _loops import asyncio_options
 from wool import DiscoveryEvent
 from wool import WorkerMetadata
@@ -237,7 +238,7 @@ def _uvloop_param() -> list[object]:
 WITH_UVLOOP = [
     pytest.param(("asyncio", asyncio_options()), id="asyncio"),
     *_uvloop_param(),
-    pytest.param("trio", id="trio"),
+    *([pytest.param("trio", id="trio")] if WITH_TRIO else []),
 ]
 
 #: Runs the test it marks on :data:`WITH_UVLOOP` instead of the conftest's

@@ -118,18 +118,37 @@ def test_version_comes_from_the_installed_metadata() -> None:
 
 
 def test_ci_builds_checks_and_installs_the_wheel_outside_the_repository() -> None:
-    """``.ci/run`` builds both distributions, runs ``twine check --strict``,
-    installs the wheel (not editable) into a fresh venv outside the checkout
-    and runs the demo and ``import wool_pooling.redis`` with it."""
-    script = (ROOT / ".ci" / "run").read_text()
-    release = script[script.index("# Release checks") :]
+    """The ``release`` session builds both distributions, runs ``twine check
+    --strict``, installs the wheel (not editable) into a fresh venv outside
+    the checkout and runs the demo and ``import wool_pooling.redis`` with it;
+    ``.ci/run`` runs that session."""
+    noxfile = (ROOT / "noxfile.py").read_text()
+    release = noxfile[noxfile.index("def release(") :]
     for step in (
-        '.venv/bin/pip install -q -e ".[release]"',
-        ".venv/bin/python -m build --outdir",
-        ".venv/bin/twine check --strict",
-        '-m venv "$release_venv"',
-        '"$release_venv/bin/python" -m wool_pooling',
-        '"$release_venv/bin/python" -c "import wool_pooling.redis',
+        '"python", "-m", "build", "--outdir"',
+        '"twine", "check", "--strict"',
+        '"python", "-m", "venv", str(venv)',
+        '"install", "-q", f"{wheel}[redis]"',
+        'python, "-m", "wool_pooling"',
+        '"import wool_pooling.redis, wool_pooling; "',
+        "with session.chdir(work):",
     ):
         assert step in release, step
-    assert "-e " not in release.split(".venv/bin/twine check", 1)[1]
+    assert '"-e"' not in release
+    assert " release\n" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_ci_runs_the_readme_test_command_first_then_the_nox_sessions() -> None:
+    """``.ci/run`` runs the README's test command verbatim before any nox
+    session, and every session ``nox -l`` lists by default runs in CI."""
+    readme = (ROOT / "README.md").read_text()
+    command = re.search(r"^python3 -m venv \.venv && .*pytest -q$", readme, re.M)
+    assert command is not None
+    script = (ROOT / ".ci" / "run").read_text()
+    first_nox = script.index('"${nox[@]}" -s')
+    assert script.index(command.group(0)) < first_nox
+    for session in ("lint", "typecheck", "docs", "benchmarks-3.11", "release"):
+        assert session in script[first_nox:], session
+    assert '"tests-3.13(asyncio)"' in script
+    for python in ("3.14", "3.15"):
+        assert f'"tests-{python}(asyncio)"' in script, python
