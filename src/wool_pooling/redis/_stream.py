@@ -263,12 +263,12 @@ class RedisStream:
                 heard = max(heard, time.monotonic())
                 continue
             if now >= next_reap:
-                with _within(deadline, liveness):
+                with _within(deadline, liveness, "to a reap"):
                     state.reaped(await session.reap())
                 next_reap = time.monotonic() + options.reap_interval
                 continue
             if not pinged and now >= heard + liveness / 2:
-                with _within(deadline, liveness):
+                with _within(deadline, liveness, "to a PING"):
                     await session.ping()
                 pinged = True
                 continue
@@ -341,23 +341,22 @@ class RedisStream:
         return f"{type(self).__name__}({redact(self.url)!r}, {self.namespace!r})"
 
 
-def _silent(liveness: float) -> TimeoutError:
-    return TimeoutError(
-        f"no answer on the pub/sub connection within {liveness:g}s (liveness_timeout)"
-    )
+def _silent(liveness: float, what: str = "on the pub/sub connection") -> TimeoutError:
+    return TimeoutError(f"no answer {what} within {liveness:g}s (liveness_timeout)")
 
 
 @contextlib.contextmanager
-def _within(deadline: float, liveness: float) -> Generator[None]:
+def _within(deadline: float, liveness: float, what: str) -> Generator[None]:
     """Cut the block short at ``deadline`` (monotonic), as a silent
-    connection: a :exc:`TimeoutError` naming ``liveness_timeout``."""
+    connection: a :exc:`TimeoutError` naming ``what`` and
+    ``liveness_timeout``."""
     try:
         with anyio.fail_after(max(deadline - time.monotonic(), MIN_WAIT)):
             yield
     except TimeoutError as error:
         if str(error):
             raise  # redis-py's own timeout
-        raise _silent(liveness) from None
+        raise _silent(liveness, what) from None
 
 
 def _subscriber_key(cls: type, settings: SubscriberSettings) -> Hashable:
