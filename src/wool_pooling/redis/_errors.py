@@ -89,10 +89,13 @@ async def watched(awaitable: Awaitable[T]) -> T:
 
 
 #: How a server that refuses ``CLIENT SETNAME`` says so: an ACL's ``NOPERM
-#: ... 'client|setname' command``, an ``unknown command 'CLIENT'`` (a proxy,
-#: a managed service), or redis-py's ``Error setting client name``.
+#: ... 'client|setname' command`` (Redis 6: ``... the 'client' command``), an
+#: ``unknown command 'CLIENT'`` (a proxy, a managed service), or redis-py's
+#: ``Error setting client name``.
 _REFUSED_CLIENT = re.compile(
-    r"client\|setname|command [`'\"]?client\b|setting client name", re.IGNORECASE
+    r"client\|setname|[`'\"]client[`'\"]|command [`'\"]?client\b"
+    r"|setting client name",
+    re.IGNORECASE,
 )
 
 
