@@ -124,6 +124,7 @@ publisher_options = st.fixed_dictionaries(
         "connect_timeout": seconds,
         "client_options": client_options,
         "key_prefix": key_prefixes,
+        "name_connections": st.booleans(),
     }
 )
 #: One value per optional argument of RedisDiscovery.
@@ -138,6 +139,8 @@ discovery_options = st.fixed_dictionaries(
         "shared": st.booleans(),
         "client_options": client_options,
         "key_prefix": key_prefixes,
+        "liveness_timeout": seconds,
+        "name_connections": st.booleans(),
     }
 )
 
@@ -146,7 +149,7 @@ def _checked(arguments: Mapping[str, Any]) -> dict[str, Any]:
     """The arguments as the constructor keeps them: seconds as floats, and
     ``reap_interval`` resolved (``lease / 4`` when not given)."""
     kept = dict(arguments)
-    for name in ("lease", "connect_timeout", "reap_interval"):
+    for name in ("lease", "connect_timeout", "reap_interval", "liveness_timeout"):
         if kept.get(name) is not None:
             kept[name] = float(kept[name])
     if "reap_interval" in kept and kept["reap_interval"] is None:
@@ -262,6 +265,8 @@ def test_a_redis_subscriber_pickles_with_every_setting(
     assert settings.options.reap_interval == kept["reap_interval"]
     assert settings.options.reconnect == kept["reconnect"]
     assert settings.options.settle == kept["lease"]
+    assert settings.options.liveness_timeout == kept["liveness_timeout"]
+    assert settings.options.name_connections == kept["name_connections"]
 
     filtered = discovery.subscribe(accept_every_worker)
     assert isinstance(filtered, afilter)

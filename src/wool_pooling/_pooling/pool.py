@@ -325,7 +325,6 @@ class SubscriptionPool:
     closing the raw iterator), then the raw instance's ``aclose()`` (if it
     has one) is awaited, exactly once. An entry whose source ended or failed
     is never reused (``ENDED``): the next consumer gets a fresh raw instance.
-    See :class:`EntryState` and :func:`transition`.
 
     ``async with SubscriptionPool() as pool:`` makes the pool current for the
     block (see :func:`current_pool`) and, on exit, closes every entry: their

@@ -56,10 +56,29 @@ replayed the known workers by the pool, not by a new snapshot. Filters are
 applied per consumer by :class:`~wool_pooling.afilter`. ``shared=False``
 gives every iteration its own connections (for comparison).
 
+**Managed services.** ``name_connections=False`` (on the discovery, which
+passes it to its publisher, or on a publisher) sends no ``CLIENT`` command
+at all: no ``CLIENT SETNAME``, nor redis-py's own ``CLIENT SETINFO`` and
+``CLIENT MAINT_NOTIFICATIONS``, for servers that refuse them (Memorystore,
+some proxies); ``CLIENT LIST`` then shows no names. With the default, such
+a server's refusal is a :class:`RedisDiscoveryError` naming ``CLIENT
+SETNAME`` and the option.
+
+**Dead connections.** A pub/sub connection whose peer stops answering
+without closing it (a NAT or load balancer that dropped its state, a
+stalled server) is a lost connection too, noticed within
+``liveness_timeout`` seconds (10 by default) of the last thing read from
+it: after ``liveness_timeout / 2`` seconds without an announcement the
+subscription sends a ``PING`` on it, and when nothing has answered by
+``liveness_timeout`` it reconnects (a reap under way on the command
+connection is held to the same deadline). The cost: one ``PING`` per
+``liveness_timeout / 2`` seconds on a quiet connection.
+
 **Reconnects.** When a connection is lost (server restart, ``CLIENT
-KILL``, a network error, a version gap), the subscription closes both
-connections, waits as its ``reconnect`` :class:`~wool_pooling.RestartPolicy`
-says (exponential backoff with jitter; unlimited attempts by default;
+KILL``, a network error, a version gap, a silent peer), the subscription
+closes both connections, waits as its ``reconnect``
+:class:`~wool_pooling.RestartPolicy` says (exponential backoff with
+jitter; unlimited attempts by default;
 ``settle`` and ``restart_on_end`` do not apply), logging each attempt on
 the ``wool_pooling.redis`` logger, subscribes again and takes a new
 snapshot. Consumers then receive only the difference between the workers

@@ -16,6 +16,7 @@ one fails there with a :exc:`ValueError` or :exc:`TypeError`, never later in
 from __future__ import annotations
 
 import functools
+import importlib.util
 import ipaddress
 import os
 import re
@@ -413,6 +414,25 @@ class _Sentinels(Sentinel):
             raise
 
 
+def _no_client_commands() -> dict[str, Any]:
+    """Options that make redis-py send no ``CLIENT`` command of its own: no
+    ``CLIENT SETINFO`` (``driver_info`` since redis-py 7, which warns about
+    the older ``lib_name`` and ``lib_version``), no ``CLIENT
+    MAINT_NOTIFICATIONS`` (redis-py 7 and later, on RESP3)."""
+    quiet: dict[str, Any] = (
+        {"driver_info": None}
+        if importlib.util.find_spec("redis.driver_info") is not None
+        else {"lib_name": None, "lib_version": None}
+    )
+    try:
+        from redis.maint_notifications import MaintNotificationsConfig
+    except ImportError:  # pragma: no cover - redis-py before 7
+        pass
+    else:
+        quiet["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
+    return quiet
+
+
 @attrs.define
 class Connection:
     """A redis-py asyncio client, and what else must be closed with it."""
@@ -437,8 +457,12 @@ def open_client(
     *,
     retries: int,
     client_options: Mapping[str, Any],
+    named: bool = True,
 ) -> Connection:
-    """A client for ``target`` whose connections name themselves.
+    """A client for ``target`` whose connections name themselves (with
+    ``named=False``: that send no ``CLIENT`` command at all, neither
+    ``CLIENT SETNAME`` nor redis-py's ``CLIENT SETINFO`` and ``CLIENT
+    MAINT_NOTIFICATIONS``).
 
     Precedence: the url's own parts (and, for ``redis://``, ``rediss://``
     and ``unix://``, its query parameters) win over ``client_options``,
@@ -468,10 +492,12 @@ def open_client(
             else _GivenContextSSLConnection
         )
     options.update(
-        client_name=client_name(role, namespace),
+        client_name=client_name(role, namespace) if named else None,
         retry=retry,
         retry_on_error=[redis_errors.ConnectionError, redis_errors.TimeoutError],
     )
+    if not named:
+        options.update(_no_client_commands())
     if not target.sentinel:
         if given is None:
             return Connection(
@@ -500,6 +526,8 @@ def open_client(
             sentinel_options["username"] = target.username
         if password is not None:
             sentinel_options["password"] = password
+        if not named:
+            sentinel_options.update(_no_client_commands())
     # One attempt per sentinel: the next sentinel is the retry (redis-py's
     # default retry would ask a refusing sentinel again for seconds).
     sentinel_options = {"retry": Retry(NoBackoff(), 0), **sentinel_options}

@@ -27,6 +27,7 @@ from ._publisher import RedisPublisher
 from ._publisher import is_wildcard
 from ._scripts import DEFAULT_KEY_PREFIX
 from ._settings import DiscoverySettings
+from ._settings import check_flag
 from ._settings import check_key_prefix
 from ._settings import check_namespace
 from ._settings import check_seconds
@@ -93,13 +94,29 @@ class RedisDiscovery:
         options do.
     :param key_prefix: The prefix of every key and channel, ``"wool:"`` by
         default (no braces).
+    :param liveness_timeout: Bound, in seconds, on how long a subscription's
+        pub/sub connection may stay silent: after ``liveness_timeout / 2``
+        seconds without an announcement the subscription sends a ``PING``
+        on it, and a connection that has answered nothing ``liveness_timeout``
+        seconds after it last did (a peer that stopped answering without
+        closing: a NAT or load balancer that dropped its state, a stalled
+        server) is treated as lost: reconnect, new snapshot, only the
+        changes passed on. Costs one ``PING`` per ``liveness_timeout / 2``
+        seconds on a quiet connection. A reap on the command connection is
+        held to the same deadline.
+    :param name_connections: ``True``: each connection names itself with
+        ``CLIENT SETNAME`` (``CLIENT LIST`` shows who holds it). ``False``:
+        no ``CLIENT`` command is sent at all (nor redis-py's ``CLIENT
+        SETINFO``), for servers that refuse them (managed services such as
+        Memorystore, some proxies). Passed on to the publisher.
     :raises TypeError: if ``url``, ``namespace`` or ``key_prefix`` is not a
         ``str``, ``client_options`` is not a mapping (or its ``ssl_context``
-        not an ``ssl.SSLContext``), or ``reconnect`` is not a
-        ``RestartPolicy``.
+        not an ``ssl.SSLContext``), ``reconnect`` is not a
+        ``RestartPolicy``, or ``name_connections`` not a ``bool``.
     :raises ValueError: for a malformed url (scheme, host or socket path,
         port, database, Sentinel service), an empty namespace, a lease,
-        reap interval or timeout that is not a finite number > 0, a
+        reap interval, timeout or liveness timeout that is not a finite
+        number > 0, a
         reserved client option, an ``ssl_context`` for a url without TLS,
         or braces in ``key_prefix``.
     """
@@ -118,11 +135,15 @@ class RedisDiscovery:
         shared: bool = True,
         client_options: Mapping[str, Any] | None = None,
         key_prefix: str = DEFAULT_KEY_PREFIX,
+        liveness_timeout: float = 10.0,
+        name_connections: bool = True,
     ) -> None:
         target = parse_url(url)
         check_namespace(namespace)
         lease = check_seconds("lease", lease)
         connect_timeout = check_seconds("connect_timeout", connect_timeout)
+        liveness_timeout = check_seconds("liveness_timeout", liveness_timeout)
+        check_flag("name_connections", name_connections)
         reap_interval = (
             lease / 4
             if reap_interval is None
@@ -149,6 +170,8 @@ class RedisDiscovery:
             shared=shared,
             client_options=options,
             key_prefix=key_prefix,
+            liveness_timeout=liveness_timeout,
+            name_connections=name_connections,
         )
         self._subscriber = self._settings.subscriber()
         self._target = target
@@ -208,6 +231,17 @@ class RedisDiscovery:
     def key_prefix(self) -> str:
         """The prefix of every key and channel."""
         return self._settings.key_prefix
+
+    @property
+    def liveness_timeout(self) -> float:
+        """Seconds the subscription's pub/sub connection may stay silent
+        before it is treated as lost."""
+        return self._settings.liveness_timeout
+
+    @property
+    def name_connections(self) -> bool:
+        """Whether each connection names itself with ``CLIENT SETNAME``."""
+        return self._settings.name_connections
 
     @functools.cached_property
     def _key(self) -> Hashable:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -48,7 +49,9 @@ class RedisDiscoveryError(Exception):
     the reason the server (or the OS) gave: ``connecting at redis://...
     failed: ConnectionError: Error 111 connecting to ... Connection
     refused``, ``... WRONGPASS ...``, ``... NOPERM ...``, ``... WRONGDATA
-    wool:{ns}:version holds "junk", not a version number``.
+    wool:{ns}:version holds "junk", not a version number``. A server
+    that refuses ``CLIENT SETNAME`` gets a message naming it and the
+    ``name_connections`` option that turns it off.
     """
 
 
@@ -85,5 +88,26 @@ async def watched(awaitable: Awaitable[T]) -> T:
     return result
 
 
+#: How a server that refuses ``CLIENT SETNAME`` says so: an ACL's ``NOPERM
+#: ... 'client|setname' command`` (Redis 6: ``... the 'client' command``), an
+#: ``unknown command 'CLIENT'`` (a proxy, a managed service), or redis-py's
+#: ``Error setting client name``.
+_REFUSED_CLIENT = re.compile(
+    r"client\|setname|[`'\"]client[`'\"]|command [`'\"]?client\b"
+    r"|setting client name",
+    re.IGNORECASE,
+)
+
+
 def failed(url: str, action: str, error: BaseException) -> RedisDiscoveryError:
-    return RedisDiscoveryError(f"{action} at {redact(url)} failed: {reason(error)}")
+    """The error for ``action`` failing at ``url``; for a server that refused
+    ``CLIENT SETNAME``, it says how to do without."""
+    why = reason(error)
+    message = f"{action} at {redact(url)} failed: {why}"
+    if _REFUSED_CLIENT.search(why):
+        message += (
+            " (the server refuses CLIENT SETNAME, which names each connection: "
+            "pass name_connections=False to send no CLIENT command, as managed "
+            "services such as Memorystore and some proxies require)"
+        )
+    return RedisDiscoveryError(message)

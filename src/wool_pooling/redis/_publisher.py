@@ -34,6 +34,7 @@ from ._scripts import PUBLISH
 from ._scripts import RENEW
 from ._scripts import idle_expiry_ms
 from ._settings import PublisherSettings
+from ._settings import check_flag
 from ._settings import check_key_prefix
 from ._settings import check_namespace
 from ._settings import check_seconds
@@ -107,9 +108,9 @@ class RedisPublisher:
     Commands are retried (3 times, with jittered backoff) on a lost
     connection; a command that still fails raises :class:`RedisDiscoveryError`
     naming the action, the url without its password and the server's
-    reason. ``url``, ``namespace``, ``client_options`` and ``key_prefix``
-    are as for :class:`RedisDiscovery` (and checked the same way, at
-    construction). Asyncio only.
+    reason. ``url``, ``namespace``, ``client_options``, ``key_prefix`` and
+    ``name_connections`` are as for :class:`RedisDiscovery` (and checked the
+    same way, at construction). Asyncio only.
 
     It pickles as the arguments it was built with, every one: the copy is
     unentered, with no connection and none of this one's workers. It
@@ -127,6 +128,7 @@ class RedisPublisher:
         connect_timeout: float = 5.0,
         client_options: Mapping[str, Any] | None = None,
         key_prefix: str = DEFAULT_KEY_PREFIX,
+        name_connections: bool = True,
     ) -> None:
         self._target = parse_url(url)
         check_namespace(namespace)
@@ -143,6 +145,7 @@ class RedisPublisher:
             connect_timeout=check_seconds("connect_timeout", connect_timeout),
             client_options=check_client_options(client_options, self._target),
             key_prefix=check_key_prefix(key_prefix),
+            name_connections=check_flag("name_connections", name_connections),
         )
         #: Where wool binds the workers announced here: as given (an
         #: attribute, as wool's ``DiscoveryPublisherLike`` declares it; the
@@ -193,6 +196,11 @@ class RedisPublisher:
         """The prefix of every key and channel."""
         return self._settings.key_prefix
 
+    @property
+    def name_connections(self) -> bool:
+        """Whether the connection names itself with ``CLIENT SETNAME``."""
+        return self._settings.name_connections
+
     def __eq__(self, other: object) -> bool:
         """Equal to a publisher made of equal arguments (what either has
         published is not compared)."""
@@ -221,6 +229,7 @@ class RedisPublisher:
                 self.connect_timeout,
                 retries=3,
                 client_options=self.client_options,
+                named=self.name_connections,
             )
             try:
                 with anyio.fail_after(self.connect_timeout):

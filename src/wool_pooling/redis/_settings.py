@@ -57,6 +57,12 @@ def check_seconds(name: str, value: object) -> float:
     return float(value)
 
 
+def check_flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return value
+
+
 def keys_for(target: Target, namespace: str, prefix: str) -> Keys:
     return Keys.of(namespace, target.db, prefix)
 
@@ -75,6 +81,11 @@ class SubscriberOptions:
     client_options: Mapping[str, Any] = attrs.field(
         factory=lambda: dict[str, Any](), hash=False
     )
+    #: Seconds the pub/sub connection may stay silent (a PING unanswered)
+    #: before it is treated as lost.
+    liveness_timeout: float = 10.0
+    #: Whether each connection names itself (``CLIENT SETNAME``).
+    name_connections: bool = True
 
 
 @attrs.frozen
@@ -108,6 +119,7 @@ class PublisherSettings:
     #: Compared by value; out of the hash (a mapping is not hashable).
     client_options: Mapping[str, Any] = attrs.field(hash=False)
     key_prefix: str
+    name_connections: bool
 
 
 @attrs.frozen
@@ -127,6 +139,8 @@ class DiscoverySettings:
     #: Compared by value; out of the hash (a mapping is not hashable).
     client_options: Mapping[str, Any] = attrs.field(hash=False)
     key_prefix: str
+    liveness_timeout: float
+    name_connections: bool
 
     def publisher(self) -> PublisherSettings:
         """The publisher's arguments: each of its fields, taken by name."""
@@ -146,6 +160,8 @@ class DiscoverySettings:
                 settle=self.lease,
                 key_prefix=self.key_prefix,
                 client_options=self.client_options,
+                liveness_timeout=self.liveness_timeout,
+                name_connections=self.name_connections,
             ),
         )
 

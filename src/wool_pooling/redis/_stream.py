@@ -12,6 +12,7 @@ from collections.abc import AsyncGenerator
 from collections.abc import AsyncIterator
 from collections.abc import Awaitable
 from collections.abc import Callable
+from collections.abc import Generator
 from collections.abc import Hashable
 from typing import Any
 from typing import cast
@@ -69,6 +70,7 @@ class _Session:
             timeout,
             retries=0,
             client_options=options.client_options,
+            named=options.name_connections,
         )
         self.listening = open_client(
             target,
@@ -77,6 +79,7 @@ class _Session:
             timeout,
             retries=0,
             client_options=options.client_options,
+            named=options.name_connections,
         )
         self.pubsub = self.listening.client.pubsub()
         self.snapshot_script: Any = self.command.client.register_script(SNAPSHOT)
@@ -106,6 +109,11 @@ class _Session:
         return await watched(
             self.pubsub.get_message(ignore_subscribe_messages=True, timeout=wait)
         )
+
+    async def ping(self) -> None:
+        """Send a ``PING`` on the pub/sub connection (its answer comes as a
+        ``pong`` message)."""
+        await watched(self.pubsub.ping())
 
     async def reap(self) -> bytes:
         """Reap expired leases; the namespace's epoch."""
@@ -231,30 +239,60 @@ class RedisStream:
     async def _follow(
         self, session: _Session, state: SubscriptionState
     ) -> AsyncGenerator[DiscoveryEvent, None]:
-        """The session's events: announcements, settled drops, reaps."""
+        """The session's events: announcements, settled drops, reaps.
+
+        Liveness: after ``liveness_timeout / 2`` seconds with nothing read
+        from the pub/sub connection it sends a ``PING`` there; once
+        ``liveness_timeout`` seconds have passed since it last read
+        anything (an announcement or a ``pong``), a read that finds nothing
+        ends the session with a :exc:`TimeoutError` (a lost connection). A
+        reap, or the ``PING``, under way at that deadline is cut short by it.
+        Time spent suspended at a ``yield`` (slow consumers) is not counted:
+        the connection is not read then.
+        """
         options = self.options
-        next_reap = time.monotonic() + options.reap_interval
+        liveness = options.liveness_timeout
+        heard = time.monotonic()
+        next_reap = heard + options.reap_interval
+        pinged = False
         while True:
             now = time.monotonic()
+            deadline = heard + liveness
             if state.held and now >= state.settle_until:
                 for event in state.settle():
                     yield event
+                # Time spent suspended, while consumers were slow, is not
+                # silence: the connection was not being read.
+                heard = max(heard, time.monotonic())
                 continue
             if now >= next_reap:
-                state.reaped(await session.reap())
+                with _within(deadline, liveness, "to a reap"):
+                    state.reaped(await session.reap())
                 next_reap = time.monotonic() + options.reap_interval
                 continue
-            wait = next_reap - now
+            if not pinged and now >= heard + liveness / 2:
+                with _within(deadline, liveness, "to a PING"):
+                    await session.ping()
+                pinged = True
+                continue
+            wait = min(next_reap, deadline if pinged else heard + liveness / 2) - now
             if state.held:
                 wait = min(wait, state.settle_until - now)
             # Never a very short read: a read cut short by its timeout
             # mid-message is what redis-py's pub/sub handles worst.
             message = await session.next_message(max(wait, MIN_WAIT))
             if message is None:
+                if pinged and time.monotonic() >= deadline:
+                    raise _silent(liveness)
                 continue
+            heard = time.monotonic()
+            pinged = False
+            if message.get("type") != "message":
+                continue  # a pong: the connection answers
             event = state.message(message.get("data"))
             if event is not None:
                 yield event
+                heard = max(heard, time.monotonic())
 
     def _reconnected(self, lost: bool) -> None:
         count(self._stats_key, reconnects=1)
@@ -306,6 +344,24 @@ class RedisStream:
         return f"{type(self).__name__}({redact(self.url)!r}, {self.namespace!r})"
 
 
+def _silent(liveness: float, what: str = "on the pub/sub connection") -> TimeoutError:
+    return TimeoutError(f"no answer {what} within {liveness:g}s (liveness_timeout)")
+
+
+@contextlib.contextmanager
+def _within(deadline: float, liveness: float, what: str) -> Generator[None]:
+    """Cut the block short at ``deadline`` (monotonic), as a silent
+    connection: a :exc:`TimeoutError` naming ``what`` and
+    ``liveness_timeout``."""
+    try:
+        with anyio.fail_after(max(deadline - time.monotonic(), MIN_WAIT)):
+            yield
+    except TimeoutError as error:
+        if str(error):
+            raise  # redis-py's own timeout
+        raise _silent(liveness, what) from None
+
+
 def _subscriber_key(cls: type, settings: SubscriberSettings) -> Hashable:
     """Subscriptions are shared by normalised connection (scheme, resolved
     host, port, database, user), key prefix and namespace."""
@@ -331,7 +387,8 @@ def note_options(
             "a RedisDiscovery subscriber shares the subscription of an earlier "
             "one to the same connection and namespace but was given other "
             "options (connect_timeout, reap_interval, reconnect, lease, "
-            "client_options): the earlier subscriber's apply",
+            "client_options, liveness_timeout, name_connections): the earlier "
+            "subscriber's apply",
             RuntimeWarning,
             stacklevel=3,
         )
