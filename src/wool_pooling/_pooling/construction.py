@@ -11,12 +11,14 @@ from typing import cast
 
 import attrs
 
+from .._core.signatures import signature_of
 from .restart import RestartPolicy
 
 __all__ = [
     "CONFIG_ATTRIBUTE",
     "SubscriptionConfig",
     "build_raw",
+    "check_key",
     "derive_key",
     "named_arguments",
     "short_repr",
@@ -84,6 +86,62 @@ def derive_key(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hash
             f"{cls.__qualname__}: subscription key {key!r} is not hashable"
         ) from error
     return key
+
+
+def check_key(cls: type, key: KeyFunction) -> None:
+    """At decoration: check that ``key`` can be called as ``key(cls, ...)``
+    with the arguments some call of ``cls`` would pass it.
+
+    Only what no call could mend is refused: whichever of the required
+    parameters of ``cls.__init__`` are passed by position (the first ones,
+    in order) and which by name, the key cannot take them (it has no
+    parameter for ``cls``, too few positional ones, or none of a name the
+    call passes); adding optional arguments cannot mend that. A key whose
+    signature, or a class whose ``__init__`` signature, cannot be read is
+    checked as far as it can be.
+
+    :raises TypeError: naming the class, the key function, the call it
+        cannot take and Python's reason.
+    """
+    key_signature = signature_of(key)
+    if key_signature is None:
+        return
+    positional: list[str] = []  # required, passed by position only
+    either: list[str] = []  # required, by position or by name
+    named: list[str] = []  # required, by name only
+    init = signature_of(cls.__init__)
+    if init is not None:
+        for parameter in list(init.parameters.values())[1:]:
+            if parameter.default is not inspect.Parameter.empty:
+                continue
+            if parameter.kind is inspect.Parameter.POSITIONAL_ONLY:
+                positional.append(parameter.name)
+            elif parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
+                either.append(parameter.name)
+            elif parameter.kind is inspect.Parameter.KEYWORD_ONLY:
+                named.append(parameter.name)
+    first: tuple[str, str] | None = None
+    for split in range(len(either), -1, -1):
+        by_position = [*positional, *either[:split]]
+        by_name = [*either[split:], *named]
+        try:
+            key_signature.bind_partial(
+                cls, *by_position, **dict.fromkeys(by_name, None)
+            )
+        except TypeError as error:
+            if first is None:
+                shown = ", ".join(["cls", *by_position, *(f"{n}=" for n in by_name)])
+                first = (shown, str(error))
+            continue
+        return
+    assert first is not None
+    shown, reason = first
+    raise TypeError(
+        f"@shared_subscription: {cls.__qualname__}'s key function "
+        f"{_describe(key)} cannot take key({shown}), the call "
+        f"{cls.__qualname__}(...) makes ({reason}); a key takes the class "
+        "first, then the arguments of __init__"
+    )
 
 
 def _describe(function: Callable[..., Any]) -> str:

@@ -17,6 +17,7 @@ from .._core.fanout import validate_read_ahead
 from .construction import CONFIG_ATTRIBUTE
 from .construction import KeyFunction
 from .construction import SubscriptionConfig
+from .construction import check_key
 from .construction import derive_key
 from .restart import RestartPolicy
 from .subscription import SharedSubscription
@@ -158,6 +159,8 @@ def shared_subscription(
                 f"{method!r}, not a method; only async-iterable subscriber "
                 "classes can be shared"
             )
+        if key is not None:
+            check_key(target, key)
         config = SubscriptionConfig(
             key=key,
             ttl=float(ttl),

@@ -50,6 +50,7 @@ from wool.runtime.discovery import __subscriber_pool__
 from .._core.backend import EventLoop
 from .._core.backend import current_loop
 from .._core.iterators import aclose_iterator
+from .._core.signatures import check_keywords
 from .._pooling.decorator import shared_subscription
 from .._pooling.subscription import SharedSubscription
 from .afilter import afilter
@@ -158,7 +159,12 @@ class SharedDiscovery:
         ``subscribe``).
     :param subscribe_options: Keyword arguments for ``inner.subscribe``.
     :raises TypeError: if ``inner`` has no callable ``subscribe``, if an
-        option value is not hashable, or if nothing of ``inner`` can reach
+        option is not a parameter of ``inner.subscribe`` (the message names
+        it, the closest parameter and every accepted one; a ``subscribe``
+        taking ``**kwargs`` accepts any name) or the options do not bind to
+        its signature otherwise (a positional-only parameter given by name,
+        a required parameter left out), if an option value is not hashable,
+        or if nothing of ``inner`` can reach
         another process: it is neither wool's ``LocalDiscovery`` or
         ``LanDiscovery`` nor a class with a ``__reduce__`` of its own, and
         ``inner.subscribe(**subscribe_options)`` raises or returns what does
@@ -195,6 +201,13 @@ class SharedDiscovery:
                 "SharedDiscovery wraps a wool discovery (with publisher and "
                 f"subscribe), got {type(inner).__name__}: {inner!r}"
             )
+        # First, before anything calls it (a discovery that cannot travel
+        # has its subscribe called below): the options must fit subscribe.
+        check_keywords(
+            cast(Any, inner).subscribe,
+            subscribe_options,
+            f"SharedDiscovery: {type(inner).__qualname__}.subscribe()",
+        )
         options = tuple(sorted(subscribe_options.items()))
         try:
             hash(options)
