@@ -33,6 +33,7 @@ from ._scripts import DEFAULT_KEY_PREFIX
 from ._scripts import PUBLISH
 from ._scripts import RENEW
 from ._settings import PublisherSettings
+from ._settings import check_hosts
 from ._settings import check_key_prefix
 from ._settings import check_namespace
 from ._settings import check_seconds
@@ -129,6 +130,7 @@ class RedisPublisher:
     ) -> None:
         self._target = parse_url(url)
         check_namespace(namespace)
+        check_hosts(bind_host, advertise_host)
         if advertise_host is not None and is_wildcard(advertise_host):
             raise ValueError(
                 f"advertise_host must not be a wildcard: {advertise_host!r}"
