@@ -238,6 +238,31 @@ def test_a_key_that_some_call_fits_is_accepted() -> None:
     assert Keyed(namespace="a").key == "a"
 
 
+def test_arguments_that_do_not_fit_init_fail_at_construction_with_a_key() -> None:
+    """With a key taking anything, ``Cls(...)`` with arguments ``__init__``
+    does not take fails at construction (as without a key), not when the
+    first consumer builds the raw instance; the key is not called."""
+    called: list[object] = []
+
+    def by_anything(cls: type, *args: Any, **kwargs: Any) -> str:
+        called.append(args)
+        return "one"
+
+    class Anything(_Named):
+        pass
+
+    Keyed = shared_subscription(key=by_anything)(Anything)
+    with pytest.raises(
+        TypeError,
+        match=r"^.*Anything\(\): got an unexpected keyword argument 'sise'$",
+    ):
+        Keyed("a", sise=2)
+    with pytest.raises(TypeError, match=r"Anything\(\): too many positional"):
+        Keyed("a", 2, 3)
+    assert called == []
+    assert Keyed("a", size=2).key == "one"
+
+
 # -- afilter's predicate, and Fanout's on_skip ----------------------------------
 
 

@@ -64,11 +64,14 @@ def derive_key(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hash
     spellings of the same call share a key.
 
     :raises Exception: whatever the key function raises, with the note.
-    :raises TypeError: if the key is not hashable, or the arguments do not
-        fit ``__init__``; the message names the class.
+    :raises TypeError: if the arguments do not fit ``__init__`` (checked
+        before a key function is called: the raw instance is built from
+        them later), or the key is not hashable; the message names the
+        class.
     """
     config: SubscriptionConfig = getattr(cls, CONFIG_ATTRIBUTE)
     if config.key is not None:
+        _check_fits(cls, args, kwargs)
         try:
             key = config.key(cls, *args, **kwargs)
         except Exception as error:
@@ -201,23 +204,59 @@ def named_arguments(
     return named
 
 
+def _init_signature(cls: type) -> inspect.Signature | None:
+    """The signature of ``cls.__init__`` (cached), ``None`` if unreadable."""
+    if cls in _signatures:
+        return _signatures[cls]
+    signature = _signatures[cls] = signature_of(cls.__init__)
+    return signature
+
+
+def _bind(
+    cls: type,
+    signature: inspect.Signature,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> inspect.BoundArguments:
+    """``args`` and ``kwargs`` bound to ``__init__``'s ``signature``.
+
+    :raises TypeError: naming the class, if they do not fit.
+    """
+    try:
+        return signature.bind(None, *args, **kwargs)
+    except TypeError as error:
+        raise TypeError(f"{cls.__qualname__}(): {error}") from error
+
+
+#: The shapes of call (positional count, keyword names) found to fit each
+#: class's ``__init__``: whether arguments bind depends on nothing else, and
+#: binding costs several times what a keyed construction does otherwise.
+_fitting: weakref.WeakKeyDictionary[type, set[tuple[int, frozenset[str]]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _check_fits(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Check that ``cls(*args, **kwargs)`` fits ``__init__``: the raw
+    instance is built from them at the first iteration, and ones that do not
+    fit fail here instead, naming the class."""
+    shape = (len(args), frozenset(kwargs))
+    fitting = _fitting.get(cls)
+    if fitting is not None and shape in fitting:
+        return
+    signature = _init_signature(cls)
+    if signature is not None:
+        _bind(cls, signature, args, kwargs)
+    _fitting.setdefault(cls, set()).add(shape)
+
+
 def _bound_arguments(
     cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[Any, ...]:
-    if cls in _signatures:
-        signature = _signatures[cls]
-    else:
-        try:
-            signature = inspect.signature(cls.__init__)
-        except (TypeError, ValueError):
-            signature = None
-        _signatures[cls] = signature
+    signature = _init_signature(cls)
     if signature is None:
         return (args, tuple(sorted(kwargs.items())))
-    try:
-        bound = signature.bind(None, *args, **kwargs)
-    except TypeError as error:
-        raise TypeError(f"{cls.__qualname__}(): {error}") from error
+    bound = _bind(cls, signature, args, kwargs)
     bound.apply_defaults()
     values: list[Any] = []
     parameters = signature.parameters
