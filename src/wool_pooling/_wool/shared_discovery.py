@@ -107,7 +107,10 @@ class SharedDiscovery:
       (``LocalDiscovery`` repeats one per worker at every scan) is not.
     - ``subscribe_options`` are passed to ``inner.subscribe`` as keywords,
       for example ``poll_interval=0.2`` for ``wool.LocalDiscovery``. They
-      must be hashable: they are part of the upstream's key.
+      must be hashable: they are part of the upstream's key. They are
+      checked against ``inner.subscribe``'s signature here, before anything
+      else, so a misspelt one fails at construction, not at the first
+      dispatch.
 
     **Identity of the upstream.** The upstream is keyed by the options and,
     for wool's ``LocalDiscovery`` and ``LanDiscovery``, by their class and
@@ -164,9 +167,9 @@ class SharedDiscovery:
         taking ``**kwargs`` accepts any name) or the options do not bind to
         its signature otherwise (a positional-only parameter given by name,
         a required parameter left out), if an option value is not hashable,
-        or if nothing of ``inner`` can reach
-        another process: it is neither wool's ``LocalDiscovery`` or
-        ``LanDiscovery`` nor a class with a ``__reduce__`` of its own, and
+        or if nothing of ``inner`` can reach another process: it is neither
+        wool's ``LocalDiscovery`` or ``LanDiscovery`` nor a class with a
+        ``__reduce__`` of its own, and
         ``inner.subscribe(**subscribe_options)`` raises or returns what does
         not pickle with cloudpickle. The message names the class and the
         ``__reduce__`` that would let ``inner`` itself travel.
