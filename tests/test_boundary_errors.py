@@ -171,18 +171,23 @@ def test_key_that_raises_value_error_is_caught_as_value_error() -> None:
 
 
 def test_key_with_the_wrong_arity_names_the_class() -> None:
-    """A key lambda missing the ``cls`` parameter: Python's TypeError, with a
+    """A key taking fewer arguments than a call passes (which decoration
+    cannot see: ``__init__`` takes ``*names``): Python's TypeError, with a
     note saying whose key it is."""
 
-    class WrongArity(_Numbers):
-        pass
+    class WrongArity:
+        def __init__(self, *names: str) -> None:
+            self.names = names
 
-    Keyed = shared_subscription(key=lambda namespace: namespace)(WrongArity)
+        async def __aiter__(self) -> AsyncIterator[int]:
+            yield 1
+
+    Keyed = shared_subscription(key=lambda cls, namespace: namespace)(WrongArity)
     with pytest.raises(TypeError) as error:
-        Keyed("a")
+        Keyed("a", "b")
     notes = _notes(error.value)
     assert "WrongArity" in notes
-    assert "<lambda>(namespace)" in notes
+    assert "<lambda>(cls, namespace)" in notes
     assert "positional argument" in str(error.value)
 
 

@@ -301,24 +301,26 @@ PUBLIC_REDIS_ARGUMENTS = (
 
 
 @examples
-@given(arguments=redis_arguments, poll=seconds)
+@given(arguments=redis_arguments, predicate=predicates)
 def test_shared_discovery_of_a_redis_discovery_adds_and_loses_nothing(
-    pickler: str, arguments: dict[str, Any], poll: float
+    pickler: str,
+    arguments: dict[str, Any],
+    predicate: Callable[[WorkerMetadata], bool],
 ) -> None:
     """A pickled SharedDiscovery of a RedisDiscovery is the SharedDiscovery of
-    the RedisDiscovery's own pickled copy, with equal options: the wrapper
-    loses no argument on the way (RedisDiscovery's own round trip is pinned
-    with the redis package)."""
+    the RedisDiscovery's own pickled copy, with equal options (``filter``,
+    the one its ``subscribe`` takes): the wrapper loses no argument on the
+    way (RedisDiscovery's own round trip is pinned with the redis package)."""
     inner = RedisDiscovery(**arguments)
-    shared = SharedDiscovery(inner, poll_interval=poll)
+    shared = SharedDiscovery(inner, filter=predicate)
     copy = round_trip(shared, pickler)
     alone = round_trip(inner, pickler)
     assert type(copy) is type(shared)
-    assert copy.subscribe_options == {"poll_interval": poll}
+    assert copy.subscribe_options == {"filter": predicate}
     assert type(copy.inner) is RedisDiscovery
     for name in PUBLIC_REDIS_ARGUMENTS:
         assert getattr(copy.inner, name) == getattr(alone, name), name
-    assert copy == SharedDiscovery(alone, poll_interval=poll)
+    assert copy == SharedDiscovery(alone, filter=predicate)
     assert round_trip(shared.subscriber, pickler) == (
-        SharedDiscovery(alone, poll_interval=poll).subscriber
+        SharedDiscovery(alone, filter=predicate).subscriber
     )

@@ -145,6 +145,21 @@ discovery_options = st.fixed_dictionaries(
 )
 
 
+def _fitting(url: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with only the client options redis-py takes for ``url``
+    (the others are refused at construction): ``sentinel_kwargs`` for
+    Sentinel, ``ssl_*`` with TLS, ``socket_keepalive`` over TCP."""
+    scheme = url.partition("://")[0]
+    fitting = {
+        name: value
+        for name, value in options["client_options"].items()
+        if not (name == "sentinel_kwargs" and not scheme.endswith("+sentinel"))
+        and not (name.startswith("ssl_") and not scheme.startswith("rediss"))
+        and not (name == "socket_keepalive" and scheme == "unix")
+    }
+    return {**options, "client_options": fitting}
+
+
 def _checked(arguments: Mapping[str, Any]) -> dict[str, Any]:
     """The arguments as the constructor keeps them: seconds as floats, and
     ``reap_interval`` resolved (``lease / 4`` when not given)."""
@@ -187,6 +202,7 @@ def test_a_redis_discovery_pickles_with_every_argument(
     pickler: types.ModuleType, url: str, namespace: str, options: dict[str, Any]
 ) -> None:
     """A copy of a discovery equals it and has every argument it was given."""
+    options = _fitting(url, options)
     arguments = {"url": url, "namespace": namespace, **options}
     _every_argument(RedisDiscovery, arguments)
     discovery = RedisDiscovery(url, namespace, **options)
@@ -206,6 +222,7 @@ def test_a_redis_publisher_pickles_with_every_argument(
     pickler: types.ModuleType, url: str, namespace: str, options: dict[str, Any]
 ) -> None:
     """A copy of a publisher equals it and has every argument it was given."""
+    options = _fitting(url, options)
     arguments = {"url": url, "namespace": namespace, **options}
     _every_argument(RedisPublisher, arguments)
     publisher = RedisPublisher(url, namespace, **options)
@@ -225,6 +242,7 @@ def test_a_discovery_builds_its_publisher_from_every_publisher_argument(
 ) -> None:
     """``discovery.publisher`` is the publisher made of the discovery's
     arguments that a publisher takes, every one."""
+    options = _fitting(url, options)
     discovery = RedisDiscovery(url, namespace, **options)
     shared = set(inspect.signature(RedisPublisher).parameters)
     arguments = {
@@ -249,6 +267,7 @@ def test_a_redis_subscriber_pickles_with_every_setting(
     not) equals it and is built from equal settings: the discovery's url,
     namespace, key prefix, timeouts, reconnect policy, lease and client
     options."""
+    options = _fitting(url, options)
     discovery = RedisDiscovery(url, namespace, **options)
     kept = _checked({"url": url, "namespace": namespace, **options})
     subscriber = discovery.subscribe()

@@ -263,15 +263,16 @@ async def test_a_user_limited_to_the_documented_acl_rule_works(
 async def test_an_option_redis_py_refuses_is_a_redis_discovery_error(
     redis_server: RedisServer,
 ) -> None:
-    """A client option redis-py's connection does not take (here
-    ``socket_keepalive`` on a unix socket): a ``RedisDiscoveryError`` from
-    ``__aenter__`` and from the first subscription, never a raw ``TypeError``."""
+    """A client option redis-py's connection refuses only as it connects
+    (here an ``encoder_class`` that is not a class; a name it does not take
+    fails at construction): a ``RedisDiscoveryError`` from ``__aenter__`` and
+    from the first subscription, never a raw ``TypeError``."""
     url = f"unix://{redis_server.socket_path}"
-    redis_discovery = discovery(url, client_options={"socket_keepalive": True})
-    with pytest.raises(RedisDiscoveryError, match="socket_keepalive"):
+    redis_discovery = discovery(url, client_options={"encoder_class": 5})
+    with pytest.raises(RedisDiscoveryError, match="not callable"):
         async with redis_discovery.publisher:
             pass  # pragma: no cover - never reached
-    with pytest.raises(RedisDiscoveryError, match="socket_keepalive"):
+    with pytest.raises(RedisDiscoveryError, match="not callable"):
         async for _ in redis_discovery.subscribe():
             pass  # pragma: no cover - never reached
 

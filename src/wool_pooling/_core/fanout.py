@@ -56,6 +56,7 @@ from .backend import current_loop
 from .backend import ready
 from .iterators import aclose_iterator
 from .iterators import throw_into
+from .signatures import check_positional
 
 __all__ = ["Fanout", "FanoutConsumer", "FanoutStatistics", "LagPolicy", "Lagged"]
 
@@ -847,8 +848,14 @@ class Fanout(Generic[T]):
             known to whoever tracks the log. It must not block; an exception
             it raises is logged (logger ``wool_pooling``) and ignored. It is
             dropped when the consumer ends.
+        :raises TypeError: if ``on_skip`` is neither ``None`` nor a callable
+            taking one argument (it would fail at every skip, logged only).
         :raises ~anyio.ClosedResourceError: if the fan-out was closed.
         """
+        if on_skip is not None:
+            if not callable(on_skip):
+                raise TypeError(f"on_skip must be callable or None, got {on_skip!r}")
+            check_positional(on_skip, 1, lambda: f"on_skip {on_skip!r}")
         state = self._state
         if state.closed:
             raise anyio.ClosedResourceError("this fan-out is closed")

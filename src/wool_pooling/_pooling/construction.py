@@ -11,12 +11,14 @@ from typing import cast
 
 import attrs
 
+from .._core.signatures import signature_of
 from .restart import RestartPolicy
 
 __all__ = [
     "CONFIG_ATTRIBUTE",
     "SubscriptionConfig",
     "build_raw",
+    "check_key",
     "derive_key",
     "named_arguments",
     "short_repr",
@@ -62,11 +64,14 @@ def derive_key(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hash
     spellings of the same call share a key.
 
     :raises Exception: whatever the key function raises, with the note.
-    :raises TypeError: if the key is not hashable, or the arguments do not
-        fit ``__init__``; the message names the class.
+    :raises TypeError: if the arguments do not fit ``__init__`` (checked
+        before a key function is called: the raw instance is built from
+        them later), or the key is not hashable; the message names the
+        class.
     """
     config: SubscriptionConfig = getattr(cls, CONFIG_ATTRIBUTE)
     if config.key is not None:
+        _check_fits(cls, args, kwargs)
         try:
             key = config.key(cls, *args, **kwargs)
         except Exception as error:
@@ -84,6 +89,62 @@ def derive_key(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hash
             f"{cls.__qualname__}: subscription key {key!r} is not hashable"
         ) from error
     return key
+
+
+def check_key(cls: type, key: KeyFunction) -> None:
+    """At decoration: check that ``key`` can be called as ``key(cls, ...)``
+    with the arguments some call of ``cls`` would pass it.
+
+    Only what no call could mend is refused: whichever of the required
+    parameters of ``cls.__init__`` are passed by position (the first ones,
+    in order) and which by name, the key cannot take them (it has no
+    parameter for ``cls``, too few positional ones, or none of a name the
+    call passes); adding optional arguments cannot mend that. A key whose
+    signature, or a class whose ``__init__`` signature, cannot be read is
+    checked as far as it can be.
+
+    :raises TypeError: naming the class, the key function, the call it
+        cannot take and Python's reason.
+    """
+    key_signature = signature_of(key)
+    if key_signature is None:
+        return
+    positional: list[str] = []  # required, passed by position only
+    either: list[str] = []  # required, by position or by name
+    named: list[str] = []  # required, by name only
+    init = signature_of(cls.__init__)
+    if init is not None:
+        for parameter in list(init.parameters.values())[1:]:
+            if parameter.default is not inspect.Parameter.empty:
+                continue
+            if parameter.kind is inspect.Parameter.POSITIONAL_ONLY:
+                positional.append(parameter.name)
+            elif parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
+                either.append(parameter.name)
+            elif parameter.kind is inspect.Parameter.KEYWORD_ONLY:
+                named.append(parameter.name)
+    first: tuple[str, str] | None = None
+    for split in range(len(either), -1, -1):
+        by_position = [*positional, *either[:split]]
+        by_name = [*either[split:], *named]
+        try:
+            key_signature.bind_partial(
+                cls, *by_position, **dict.fromkeys(by_name, None)
+            )
+        except TypeError as error:
+            if first is None:
+                shown = ", ".join(["cls", *by_position, *(f"{n}=" for n in by_name)])
+                first = (shown, str(error))
+            continue
+        return
+    assert first is not None
+    shown, reason = first
+    raise TypeError(
+        f"@shared_subscription: {cls.__qualname__}'s key function "
+        f"{_describe(key)} cannot take key({shown}), the call "
+        f"{cls.__qualname__}(...) makes ({reason}); a key takes the class "
+        "first, then the arguments of __init__"
+    )
 
 
 def _describe(function: Callable[..., Any]) -> str:
@@ -143,23 +204,59 @@ def named_arguments(
     return named
 
 
+def _init_signature(cls: type) -> inspect.Signature | None:
+    """The signature of ``cls.__init__`` (cached), ``None`` if unreadable."""
+    if cls in _signatures:
+        return _signatures[cls]
+    signature = _signatures[cls] = signature_of(cls.__init__)
+    return signature
+
+
+def _bind(
+    cls: type,
+    signature: inspect.Signature,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> inspect.BoundArguments:
+    """``args`` and ``kwargs`` bound to ``__init__``'s ``signature``.
+
+    :raises TypeError: naming the class, if they do not fit.
+    """
+    try:
+        return signature.bind(None, *args, **kwargs)
+    except TypeError as error:
+        raise TypeError(f"{cls.__qualname__}(): {error}") from error
+
+
+#: The shapes of call (positional count, keyword names) found to fit each
+#: class's ``__init__``: whether arguments bind depends on nothing else, and
+#: binding costs several times what a keyed construction does otherwise.
+_fitting: weakref.WeakKeyDictionary[type, set[tuple[int, frozenset[str]]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _check_fits(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Check that ``cls(*args, **kwargs)`` fits ``__init__``: the raw
+    instance is built from them at the first iteration, and ones that do not
+    fit fail here instead, naming the class."""
+    shape = (len(args), frozenset(kwargs))
+    fitting = _fitting.get(cls)
+    if fitting is not None and shape in fitting:
+        return
+    signature = _init_signature(cls)
+    if signature is not None:
+        _bind(cls, signature, args, kwargs)
+    _fitting.setdefault(cls, set()).add(shape)
+
+
 def _bound_arguments(
     cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[Any, ...]:
-    if cls in _signatures:
-        signature = _signatures[cls]
-    else:
-        try:
-            signature = inspect.signature(cls.__init__)
-        except (TypeError, ValueError):
-            signature = None
-        _signatures[cls] = signature
+    signature = _init_signature(cls)
     if signature is None:
         return (args, tuple(sorted(kwargs.items())))
-    try:
-        bound = signature.bind(None, *args, **kwargs)
-    except TypeError as error:
-        raise TypeError(f"{cls.__qualname__}(): {error}") from error
+    bound = _bind(cls, signature, args, kwargs)
     bound.apply_defaults()
     values: list[Any] = []
     parameters = signature.parameters

@@ -17,6 +17,7 @@ from .._core.fanout import validate_read_ahead
 from .construction import CONFIG_ATTRIBUTE
 from .construction import KeyFunction
 from .construction import SubscriptionConfig
+from .construction import check_key
 from .construction import derive_key
 from .restart import RestartPolicy
 from .subscription import SharedSubscription
@@ -123,7 +124,11 @@ def shared_subscription(
         :class:`~wool_pooling.Fanout`); they count inside ``max_lag``.
         ``0`` pulls on demand only.
     :raises TypeError: at decoration, if given something other than a class
-        or a class without ``__aiter__``, or if ``key`` is not callable.
+        or a class without ``__aiter__``, if ``key`` is not callable, or if
+        no call of the class could be passed to it (it has no ``cls``
+        parameter, or cannot take ``__init__``'s required arguments whether
+        given by position or by name); the message names the class, the
+        key and the call it cannot take.
     :raises ValueError: if ``ttl`` is negative or not finite, ``max_lag``
         is not ``None`` or an int >= 1, or ``read_ahead`` is not an int >= 0.
     """
@@ -158,6 +163,8 @@ def shared_subscription(
                 f"{method!r}, not a method; only async-iterable subscriber "
                 "classes can be shared"
             )
+        if key is not None:
+            check_key(target, key)
         config = SubscriptionConfig(
             key=key,
             ttl=float(ttl),

@@ -11,6 +11,7 @@ from wool import DiscoverySubscriberLike
 from wool import WorkerMetadata
 
 from .._core.iterators import aclose_iterator
+from .._core.signatures import check_positional
 from .workers import WorkerMap
 
 
@@ -50,8 +51,9 @@ class afilter:
 
     :param predicate: Callable deciding whether a worker passes.
     :param inner: Upstream discovery subscriber to filter.
-    :raises TypeError: If ``predicate`` is not callable or ``inner`` is
-        not async-iterable.
+    :raises TypeError: If ``predicate`` is not callable or cannot be
+        called with one argument (a worker's metadata), or ``inner`` is not
+        async-iterable.
     """
 
     __slots__ = ("_inner", "_predicate")
@@ -66,6 +68,7 @@ class afilter:
     ) -> None:
         if not callable(predicate):
             raise TypeError(f"afilter predicate must be callable, got {predicate!r}")
+        check_positional(predicate, 1, lambda: f"afilter predicate {predicate!r}")
         if not hasattr(inner, "__aiter__"):
             msg = f"afilter inner must have __aiter__, got {type(inner).__name__}"
             raise TypeError(f"{msg}: {inner!r}")

@@ -50,6 +50,7 @@ from wool.runtime.discovery import __subscriber_pool__
 from .._core.backend import EventLoop
 from .._core.backend import current_loop
 from .._core.iterators import aclose_iterator
+from .._core.signatures import check_keywords
 from .._pooling.decorator import shared_subscription
 from .._pooling.subscription import SharedSubscription
 from .afilter import afilter
@@ -106,7 +107,10 @@ class SharedDiscovery:
       (``LocalDiscovery`` repeats one per worker at every scan) is not.
     - ``subscribe_options`` are passed to ``inner.subscribe`` as keywords,
       for example ``poll_interval=0.2`` for ``wool.LocalDiscovery``. They
-      must be hashable: they are part of the upstream's key.
+      must be hashable: they are part of the upstream's key. They are
+      checked against ``inner.subscribe``'s signature here, before anything
+      else, so a misspelt one fails at construction, not at the first
+      dispatch.
 
     **Identity of the upstream.** The upstream is keyed by the options and,
     for wool's ``LocalDiscovery`` and ``LanDiscovery``, by their class and
@@ -158,9 +162,14 @@ class SharedDiscovery:
         ``subscribe``).
     :param subscribe_options: Keyword arguments for ``inner.subscribe``.
     :raises TypeError: if ``inner`` has no callable ``subscribe``, if an
-        option value is not hashable, or if nothing of ``inner`` can reach
-        another process: it is neither wool's ``LocalDiscovery`` or
-        ``LanDiscovery`` nor a class with a ``__reduce__`` of its own, and
+        option is not a parameter of ``inner.subscribe`` (the message names
+        it, the closest parameter and every accepted one; a ``subscribe``
+        taking ``**kwargs`` accepts any name) or the options do not bind to
+        its signature otherwise (a positional-only parameter given by name,
+        a required parameter left out), if an option value is not hashable,
+        or if nothing of ``inner`` can reach another process: it is neither
+        wool's ``LocalDiscovery`` or ``LanDiscovery`` nor a class with a
+        ``__reduce__`` of its own, and
         ``inner.subscribe(**subscribe_options)`` raises or returns what does
         not pickle with cloudpickle. The message names the class and the
         ``__reduce__`` that would let ``inner`` itself travel.
@@ -195,6 +204,13 @@ class SharedDiscovery:
                 "SharedDiscovery wraps a wool discovery (with publisher and "
                 f"subscribe), got {type(inner).__name__}: {inner!r}"
             )
+        # First, before anything calls it (a discovery that cannot travel
+        # has its subscribe called below): the options must fit subscribe.
+        check_keywords(
+            cast(Any, inner).subscribe,
+            subscribe_options,
+            f"SharedDiscovery: {type(inner).__qualname__}.subscribe()",
+        )
         options = tuple(sorted(subscribe_options.items()))
         try:
             hash(options)

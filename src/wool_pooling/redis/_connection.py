@@ -39,6 +39,8 @@ from redis.asyncio.sentinel import SentinelManagedSSLConnection
 from redis.backoff import EqualJitterBackoff
 from redis.backoff import NoBackoff
 
+from ._client_keywords import check_client_option_names
+
 __all__ = [
     "RESERVED_CLIENT_OPTIONS",
     "Connection",
@@ -301,10 +303,13 @@ def check_client_options(
 ) -> dict[str, Any]:
     """A copy of ``options``, checked against ``target``.
 
-    :raises TypeError: if it is not a mapping of ``str`` keys, or its
-        ``ssl_context`` is not an :class:`ssl.SSLContext`.
+    :raises TypeError: if it is not a mapping of ``str`` keys, its
+        ``ssl_context`` is not an :class:`ssl.SSLContext`, or it has a key
+        redis-py's client does not take for the url's scheme (the message
+        names the closest one it takes).
     :raises ValueError: for an option the discovery sets itself, or an
-        ``ssl_context`` for a url without TLS.
+        ``ssl_context`` or other TLS option (``ssl``, ``ssl_*``) for a url
+        without TLS.
     """
     if options is None:
         return {}
@@ -333,6 +338,12 @@ def check_client_options(
                 "client_options ssl_context needs a TLS url (rediss:// or "
                 f"rediss+sentinel://), got {redact(target.url)!r}"
             )
+    check_client_option_names(
+        checked,
+        scheme=target.scheme,
+        unix=target.path is not None,
+        url=redact(target.url),
+    )
     return checked
 
 

@@ -28,6 +28,7 @@ from ._publisher import is_wildcard
 from ._scripts import DEFAULT_KEY_PREFIX
 from ._settings import DiscoverySettings
 from ._settings import check_flag
+from ._settings import check_hosts
 from ._settings import check_key_prefix
 from ._settings import check_namespace
 from ._settings import check_seconds
@@ -154,6 +155,7 @@ class RedisDiscovery:
         options = check_client_options(client_options, target)
         check_key_prefix(key_prefix)
         # A publisher's settings, checked now rather than at first use.
+        check_hosts(bind_host, advertise_host)
         if advertise_host is not None and is_wildcard(advertise_host):
             raise ValueError(
                 f"advertise_host must not be a wildcard: {advertise_host!r}"

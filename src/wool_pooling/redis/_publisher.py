@@ -35,6 +35,7 @@ from ._scripts import RENEW
 from ._scripts import idle_expiry_ms
 from ._settings import PublisherSettings
 from ._settings import check_flag
+from ._settings import check_hosts
 from ._settings import check_key_prefix
 from ._settings import check_namespace
 from ._settings import check_seconds
@@ -132,6 +133,7 @@ class RedisPublisher:
     ) -> None:
         self._target = parse_url(url)
         check_namespace(namespace)
+        check_hosts(bind_host, advertise_host)
         if advertise_host is not None and is_wildcard(advertise_host):
             raise ValueError(
                 f"advertise_host must not be a wildcard: {advertise_host!r}"

@@ -49,6 +49,19 @@ def check_key_prefix(prefix: object) -> str:
     return prefix
 
 
+def check_hosts(bind_host: object, advertise_host: object) -> None:
+    """``bind_host`` and ``advertise_host`` (unless ``None``) are ``str``: a
+    publisher puts them in the address it announces."""
+    if not isinstance(bind_host, str):
+        raise TypeError(f"bind_host must be a str, got {type(bind_host).__name__}")
+    if advertise_host is None:
+        return
+    if not isinstance(advertise_host, str):
+        raise TypeError(
+            f"advertise_host must be a str or None, got {type(advertise_host).__name__}"
+        )
+
+
 def check_seconds(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{name} must be a number, got {value!r}")

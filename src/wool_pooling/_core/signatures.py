@@ -1,0 +1,124 @@
+"""Arguments checked against the signature of what will receive them.
+
+A callable the library stores to call later (a discovery's ``subscribe``, a
+key function, a predicate, a callback) is checked when it is given: the
+arguments it will be called with must bind to its signature, so a misspelt
+option or a missing parameter fails at the line that passed it, with a
+:exc:`TypeError` naming the argument (and, for a misspelt name, the closest
+accepted one), instead of at the first call, possibly in another task or
+process. A callable whose signature cannot be read (some builtins) is
+accepted unchecked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import inspect
+import weakref
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["check_keywords", "check_positional", "did_you_mean", "signature_of"]
+
+_KEYWORD_KINDS = (
+    inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    inspect.Parameter.KEYWORD_ONLY,
+)
+
+
+def signature_of(function: Callable[..., Any]) -> inspect.Signature | None:
+    """``inspect.signature(function)``, or ``None`` when it cannot be read."""
+    try:
+        return inspect.signature(function)
+    except (TypeError, ValueError):
+        return None
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the known name closest to ``name``
+    (:func:`difflib.get_close_matches`), or ``""`` when none is close."""
+    matches = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {matches[0]!r}?)" if matches else ""
+
+
+def check_keywords(
+    function: Callable[..., Any], keywords: Mapping[str, object], what: str
+) -> None:
+    """Check that ``function(**keywords)`` binds to ``function``'s signature.
+
+    :param what: How the message names the call, e.g.
+        ``"SharedDiscovery: LocalDiscovery.subscribe()"``.
+    :raises TypeError: for a name ``function`` has no parameter of (unless
+        it takes ``**kwargs``): the message names it, the closest accepted
+        name and every accepted one; or when the keywords do not bind
+        otherwise (a positional-only parameter given by name, a required
+        parameter missing): the message names them and says why.
+    """
+    signature = signature_of(function)
+    if signature is None:
+        return
+    parameters = signature.parameters
+    takes_any = any(
+        parameter.kind is inspect.Parameter.VAR_KEYWORD
+        for parameter in parameters.values()
+    )
+    if not takes_any:
+        accepted = [
+            name
+            for name, parameter in parameters.items()
+            if parameter.kind in _KEYWORD_KINDS
+        ]
+        for name in keywords:
+            if name not in parameters:
+                takes = ", ".join(accepted) if accepted else "no keyword"
+                raise TypeError(
+                    f"{what} has no parameter {name!r}"
+                    f"{did_you_mean(name, accepted)}; it takes {takes}"
+                )
+    try:
+        signature.bind(**keywords)
+    except TypeError as error:
+        shown = ", ".join(f"{name}={value!r}" for name, value in keywords.items())
+        raise TypeError(f"{what} cannot be called with ({shown}): {error}") from None
+
+
+#: Functions (a bound method: its function) found to take so many
+#: positional arguments: reading a signature costs tens of microseconds, and
+#: the same callbacks are checked at every call of some hot paths.
+_takes: weakref.WeakKeyDictionary[Any, set[int]] = weakref.WeakKeyDictionary()
+
+
+def check_positional(
+    function: Callable[..., Any], count: int, what: Callable[[], str]
+) -> None:
+    """Check that ``function`` can be called with ``count`` positional arguments.
+
+    :param what: Called for the message's start, which names the callable,
+        e.g. ``"afilter predicate <function is_ready>"``; the message goes
+        on with ``"must take N positional argument(s)"`` and the reason.
+    :raises TypeError: when it cannot (too many or too few parameters).
+    """
+    plain: Any = function
+    needed = count
+    if inspect.ismethod(function):
+        plain, needed = function.__func__, count + 1
+    try:
+        if needed in _takes.get(plain, ()):
+            return
+    except TypeError:  # not weakly referable: checked every time
+        pass
+    signature = signature_of(plain)
+    if signature is None:
+        return
+    try:
+        signature.bind(*(None,) * needed)
+    except TypeError as error:
+        plural = "" if count == 1 else "s"
+        raise TypeError(
+            f"{what()} must take {count} positional argument{plural}: {error}"
+        ) from None
+    with contextlib.suppress(TypeError):
+        _takes.setdefault(plain, set()).add(needed)

@@ -1,0 +1,132 @@
+"""Which keyword arguments redis-py's client takes, read from its signatures.
+
+``client_options`` are handed to redis-py, which hands most of them on to
+the connection class of the url's scheme: a name it does not take fails
+there, at the first connection (in a subscription's task, or a worker
+process). :func:`check_client_option_names` checks them at construction
+instead, against the signatures of the public classes redis-py builds for
+that scheme, so the names follow the installed redis-py.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import redis.asyncio.connection as redis_connection
+from redis.asyncio.connection import ConnectionPool
+from redis.asyncio.connection import SSLConnection
+from redis.asyncio.connection import UnixDomainSocketConnection
+from redis.asyncio.sentinel import Sentinel
+from redis.asyncio.sentinel import SentinelManagedConnection
+from redis.asyncio.sentinel import SentinelManagedSSLConnection
+
+from .._core.signatures import did_you_mean
+from .._core.signatures import signature_of
+
+__all__ = ["check_client_option_names"]
+
+
+def check_client_option_names(
+    options: Mapping[str, Any], *, scheme: str, unix: bool, url: str
+) -> None:
+    """Each option must be a keyword redis-py takes for a url of ``scheme``
+    (``unix``: a socket path), else its client fails at its first
+    connection, not at construction.
+
+    :param url: The url, redacted, for the message.
+    :raises ValueError: for a TLS option (``ssl``, ``ssl_*``) with a url
+        without TLS (rediss:// and rediss+sentinel:// say TLS).
+    :raises TypeError: for any other name redis-py does not take there,
+        naming the closest one it does.
+    """
+    tls = scheme.startswith("rediss")
+    sentinel = scheme.endswith("+sentinel")
+    known = _client_option_names(unix, sentinel, tls)
+    if known is None:
+        return
+    for name in options:
+        if name in known:
+            continue
+        if not tls and (name == "ssl" or name in _tls_only_option_names()):
+            raise ValueError(
+                f"client_options {name} needs a TLS url (rediss:// or "
+                f"rediss+sentinel://), got {url!r}"
+            )
+        raise TypeError(
+            f"client_options {name} is not a keyword of redis-py's client for "
+            f"a {scheme}:// url{did_you_mean(name, known)}"
+        )
+
+
+@functools.cache
+def _client_option_names(
+    unix: bool, sentinel: bool, tls: bool
+) -> frozenset[str] | None:
+    """The keywords redis-py's client takes for a url of this kind, read from
+    the signatures of the classes it builds from them: the connection class
+    of the scheme, and the named parameters of the connection pool (and, for
+    Sentinel, of ``Sentinel`` and of its pool, which also reads
+    ``check_connection``), whose ``**kwargs`` go on to the connection; and
+    the discovery's own ``ssl_context``. ``None`` when the connection's
+    signature ends in ``**kwargs`` no class names: anything may be taken."""
+    connection: type
+    if sentinel:
+        connection = SentinelManagedSSLConnection if tls else SentinelManagedConnection
+    elif unix:
+        connection = UnixDomainSocketConnection
+    else:
+        connection = SSLConnection if tls else redis_connection.Connection
+    names = _keywords(connection)
+    if names is None:
+        return None
+    names |= _keywords(ConnectionPool, own=True) or set()
+    names.add("ssl_context")
+    if sentinel:
+        names |= _keywords(Sentinel, own=True) or set()
+        names.add("check_connection")
+        if tls:
+            names.add("ssl")  # what the url says already
+    # Set from the url and by the pool: never the caller's.
+    return frozenset(names - {"sentinels"})
+
+
+@functools.cache
+def _tls_only_option_names() -> frozenset[str]:
+    """The keywords redis-py takes for a TLS connection only (``ssl_*``)."""
+    return frozenset(_keywords(SSLConnection) or ()) - frozenset(
+        _keywords(redis_connection.Connection) or ()
+    )
+
+
+def _keywords(cls: type, *, own: bool = False) -> set[str] | None:
+    """The keyword parameters of ``cls.__init__`` and (unless ``own``) of
+    the ``__init__`` of the bases it hands its ``**kwargs`` on to; ``None``
+    if they reach ``object``'s, or a signature cannot be read."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = vars(klass).get("__init__")
+        if init is None:
+            continue
+        signature = None if klass is object else signature_of(init)
+        if signature is None:
+            return None
+        parameters = signature.parameters.values()
+        names.update(
+            parameter.name
+            for parameter in parameters
+            if parameter.kind in _KEYWORD_KINDS and parameter.name != "self"
+        )
+        if own or not any(
+            parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters
+        ):
+            return names
+    return None
+
+
+_KEYWORD_KINDS = (
+    inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    inspect.Parameter.KEYWORD_ONLY,
+)
