@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -136,9 +137,13 @@ class View:
             self.workers.discard(uid)
 
 
-async def subscriber_process(url: str, namespace: str, subscriptions: int) -> None:
+async def subscriber_process(
+    url: str, namespace: str, subscriptions: int, connect_timeout: float
+) -> None:
     loop = asyncio.get_running_loop()
-    source = RedisDiscovery(url, namespace, shared=False)
+    source = RedisDiscovery(
+        url, namespace, shared=False, connect_timeout=connect_timeout
+    )
     views = [View() for _ in range(subscriptions)]
     marker: list[str] = []
     #: Wall-clock time each view came to equal the truth after the restart.
@@ -364,7 +369,11 @@ async def sample(server: Server, samples: list[tuple[float, float]]) -> None:
 
 
 async def storm(
-    workers: int, processes: int, subscriptions: int, repeats: int
+    workers: int,
+    processes: int,
+    subscriptions: int,
+    repeats: int,
+    connect_timeout: float,
 ) -> dict[str, Any]:
     server = Server()
     server.start()
@@ -381,7 +390,13 @@ async def storm(
             snapshot_cost, server, keys, max(repeats, min(1000, 200_000 // workers))
         )
         children = [
-            spawn("--subscriber-child", server.url, namespace, str(subscriptions))
+            spawn(
+                "--subscriber-child",
+                server.url,
+                namespace,
+                str(subscriptions),
+                str(connect_timeout),
+            )
             for _ in range(processes)
         ]
         for child in children:
@@ -450,6 +465,7 @@ async def storm(
         "subscriptions_per_process": subscriptions,
         "herd": processes * subscriptions,
         "connections": 2 * processes * subscriptions,
+        "connect_timeout": connect_timeout,
         "populate_seconds": round(populate_seconds, 2),
         "snapshot": cost,
         "initial_snapshot_seconds_max": round(
@@ -478,6 +494,30 @@ async def storm(
             [round(at - ready, 2), round(cpu)] for at, cpu in samples if cpu >= 1
         ],
     }
+
+
+def markdown(report: dict[str, Any]) -> list[str]:
+    """A result file as a Markdown table: one row per run (W, herd)."""
+    lines = [
+        "| workers (W) | herd (P x S) | snapshot | server CPU per snapshot "
+        "| decode per snapshot | reconverged (median / last) | server peak CPU "
+        "| server CPU in the herd | bytes sent in the herd | views equal "
+        "| load average |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in report["rows"]:
+        shot = row["snapshot"]
+        lines.append(
+            f"| {row['workers']:,} | {row['processes']} x "
+            f"{row['subscriptions_per_process']} | {shot['bytes'] / 1e6:.2f} MB "
+            f"| {shot['server_cpu_ms']:.1f} ms | {shot['decode_ms']:.0f} ms "
+            f"| {row['reconverge_median_seconds']} / {row['reconverge_seconds']} s "
+            f"| {row['server_peak_cpu_percent']:.0f}% "
+            f"| {row['server_cpu_seconds']:.2f} s | {row['herd_bytes'] / 1e6:.1f} MB "
+            f"| {row['views_equal_truth']} / {row['views']} "
+            f"| {row['loadavg_before_restart'][0]:.1f} |"
+        )
+    return lines
 
 
 def parse_run(text: str) -> tuple[int, int]:
@@ -516,13 +556,33 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="small W and P")
     parser.add_argument("--out", type=Path, default=None, help="write DIR/...json")
-    parser.add_argument("--subscriber-child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--render",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="print a result file as a Markdown table, and run nothing",
+    )
+    parser.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=30.0,
+        help="the subscribers' connect_timeout, which bounds each snapshot's "
+        "transfer and parse: default 30 (RedisDiscovery's own 5 can be too "
+        "short for 100,000 records parsed without hiredis on a loaded machine)",
+    )
+    parser.add_argument("--subscriber-child", nargs=4, help=argparse.SUPPRESS)
     arguments = parser.parse_args(argv)
+    if arguments.render is not None:
+        print("\n".join(markdown(json.loads(arguments.render.read_text()))))
+        return 0
     # Every reconnect is logged as a warning: expected here, by the hundred.
     logging.getLogger("wool_pooling.redis").setLevel(logging.ERROR)
     if arguments.subscriber_child:
-        url, namespace, subscriptions = arguments.subscriber_child
-        asyncio.run(subscriber_process(url, namespace, int(subscriptions)))
+        url, namespace, subscriptions, timeout = arguments.subscriber_child
+        asyncio.run(
+            subscriber_process(url, namespace, int(subscriptions), float(timeout))
+        )
         return 0
     if arguments.subscriptions < 1:
         parser.error("--subscriptions must be at least 1")
@@ -534,7 +594,13 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     for workers, processes in runs:
         row = asyncio.run(
-            storm(workers, processes, arguments.subscriptions, arguments.snapshots)
+            storm(
+                workers,
+                processes,
+                arguments.subscriptions,
+                arguments.snapshots,
+                arguments.connect_timeout,
+            )
         )
         rows.append(row)
         print(
@@ -566,10 +632,13 @@ def main(argv: list[str] | None = None) -> int:
         persistence="RDB on SHUTDOWN SAVE, loaded on start",
         reconnect=repr(DEFAULT_RECONNECT),
         cpus=os.cpu_count(),
+        hiredis=importlib.util.find_spec("hiredis") is not None,
         loadavg_after=[round(value, 2) for value in os.getloadavg()],
     )
     path = out / f"storm_redis-{_results.interpreter()}.json"
-    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    report = {"meta": meta, "rows": rows}
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print("\n".join(markdown(report)), flush=True)
     ok = all(
         row["views_equal_truth"] == row["views"]
         and row["duplicates"] == 0
