@@ -20,8 +20,10 @@ subscriber.)
    during the run).
 2. The cost of one snapshot against W: the subscriber's snapshot script,
    run alone ``--snapshots`` times: its wall time, the server's CPU time
-   (from ``/proc/<pid>/stat``), the reply's bytes, and the time a client
-   takes to decode it into ``WorkerMetadata``.
+   (from ``/proc/<pid>/stat``), the reply's bytes, the time a client
+   takes to decode it into ``WorkerMetadata``, and the time a subscription
+   that knows every record takes to apply it again (a resync: its
+   process's CPU, its event loop held).
 3. P subscriber processes start, each iterating ``--subscriptions`` (S)
    subscriptions of one ``RedisDiscovery(..., shared=False)``: every
    iteration has its own connections and takes its own snapshot, as S
@@ -73,6 +75,7 @@ from wool_pooling.redis._errors import DEFAULT_RECONNECT
 from wool_pooling.redis._scripts import PUBLISH
 from wool_pooling.redis._scripts import SNAPSHOT
 from wool_pooling.redis._scripts import Keys
+from wool_pooling.redis._state import SubscriptionState
 
 #: A record's lease, in ms: nothing expires during a run.
 LEASE_MS = 86_400_000
@@ -303,8 +306,10 @@ def populate(client: Any, keys: Keys, count: int) -> list[str]:
 
 def snapshot_cost(server: Server, keys: Keys, count: int) -> dict[str, Any]:
     """One snapshot, run alone ``count`` times: its reply's bytes, its wall
-    time, the server's CPU time per snapshot (``/proc``: the script and
-    writing the reply) and the script's own time (``INFO commandstats``)."""
+    time (fetched and parsed by redis-py), the server's CPU time per
+    snapshot (``/proc``: the script and writing the reply), the script's own
+    time (``INFO commandstats``), the time to decode its records, and the
+    time a subscription that knows them all takes to apply it again."""
     client = server.admin()
     sha = client.script_load(SNAPSHOT)
     arguments = [sha, len(keys.keys), *keys.keys, keys.channel, uuid.uuid4().hex]
@@ -313,6 +318,13 @@ def snapshot_cost(server: Server, keys: Keys, count: int) -> dict[str, Any]:
     began = time.perf_counter()
     records = decoded(reply[2])
     decode_seconds = time.perf_counter() - began
+    # A subscription that already knows every record takes a new snapshot:
+    # what its process spends on it (decode, compare), its loop held.
+    state = SubscriptionState(1.0, lambda uid, error: None)
+    state.snapshot(int(reply[0]), reply[1], reply[2], now=0.0)
+    began = time.perf_counter()
+    state.snapshot(int(reply[0]), reply[1], reply[2], now=0.0)
+    resync_seconds = time.perf_counter() - began
     walls: list[float] = []
     client.config_resetstat()
     before = cpu_ticks(server.pid)
@@ -333,6 +345,7 @@ def snapshot_cost(server: Server, keys: Keys, count: int) -> dict[str, Any]:
         "server_cpu_ms": round(cpu * 1000, 3),
         "script_ms": round(float(script) / 1000, 3),
         "decode_ms": round(decode_seconds * 1000, 1),
+        "resync_ms": round(resync_seconds * 1000, 1),
         "repeats": count,
     }
 
@@ -500,7 +513,7 @@ def markdown(report: dict[str, Any]) -> list[str]:
     """A result file as a Markdown table: one row per run (W, herd)."""
     lines = [
         "| workers (W) | herd (P x S) | snapshot | server CPU per snapshot "
-        "| decode per snapshot | reconverged (median / last) | server peak CPU "
+        "| client: fetch / resync | reconverged (median / last) | server peak CPU "
         "| server CPU in the herd | bytes sent in the herd | views equal "
         "| load average |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -510,7 +523,8 @@ def markdown(report: dict[str, Any]) -> list[str]:
         lines.append(
             f"| {row['workers']:,} | {row['processes']} x "
             f"{row['subscriptions_per_process']} | {shot['bytes'] / 1e6:.2f} MB "
-            f"| {shot['server_cpu_ms']:.1f} ms | {shot['decode_ms']:.0f} ms "
+            f"| {shot['server_cpu_ms']:.1f} ms "
+            f"| {shot['wall_ms_median']:.0f} / {shot['resync_ms']:.0f} ms "
             f"| {row['reconverge_median_seconds']} / {row['reconverge_seconds']} s "
             f"| {row['server_peak_cpu_percent']:.0f}% "
             f"| {row['server_cpu_seconds']:.2f} s | {row['herd_bytes'] / 1e6:.1f} MB "
@@ -606,7 +620,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"W={workers:,} herd={row['herd']}: snapshot "
             f"{row['snapshot']['bytes']:,} B, {row['snapshot']['server_cpu_ms']} ms "
-            f"server CPU, {row['snapshot']['decode_ms']} ms to decode; restart "
+            f"server CPU, {row['snapshot']['resync_ms']} ms to resync; restart "
             f"{row['load_seconds']} s to load, reconverged in "
             f"{row['reconverge_seconds']} s (median {row['reconverge_median_seconds']}"
             f" s), server peak {row['server_peak_cpu_percent']}% CPU, "
