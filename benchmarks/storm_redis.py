@@ -141,7 +141,11 @@ class View:
 
 
 async def subscriber_process(
-    url: str, namespace: str, subscriptions: int, connect_timeout: float
+    url: str,
+    namespace: str,
+    subscriptions: int,
+    connect_timeout: float,
+    converge: float,
 ) -> None:
     loop = asyncio.get_running_loop()
     source = RedisDiscovery(
@@ -167,17 +171,21 @@ async def subscriber_process(
     line = await loop.run_in_executor(None, sys.stdin.readline)
     expected = int(line)
     began = time.monotonic()
-    tasks = [asyncio.create_task(consume(index)) for index in range(subscriptions)]
-    async with asyncio.timeout(CONVERGE):
-        while not all(len(view.workers) == expected for view in views):
-            if any(task.done() for task in tasks):
-                raise RuntimeError("a subscription ended")
-            progress.clear()
-            await progress.wait()
+    # One subscription at a time, each waiting for its first snapshot: the
+    # start is no herd (only the restart is measured).
+    tasks: list[asyncio.Task[None]] = []
+    for index in range(subscriptions):
+        tasks.append(asyncio.create_task(consume(index)))
+        async with asyncio.timeout(CONVERGE):
+            while len(views[index].workers) != expected:
+                if tasks[-1].done():
+                    raise RuntimeError("a subscription ended")
+                progress.clear()
+                await progress.wait()
     print(json.dumps({"initial_seconds": time.monotonic() - began}), flush=True)
     marker.append((await loop.run_in_executor(None, sys.stdin.readline)).strip())
     with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(CONVERGE):
+        async with asyncio.timeout(converge):
             while None in converged and not any(task.done() for task in tasks):
                 progress.clear()
                 await progress.wait()
@@ -387,6 +395,7 @@ async def storm(
     subscriptions: int,
     repeats: int,
     connect_timeout: float,
+    converge: float,
 ) -> dict[str, Any]:
     server = Server()
     server.start()
@@ -409,6 +418,7 @@ async def storm(
                 namespace,
                 str(subscriptions),
                 str(connect_timeout),
+                str(converge),
             )
             for _ in range(processes)
         ]
@@ -497,6 +507,8 @@ async def storm(
         "server_cpu_seconds": round((ticks_after - ticks_before) / TICK, 2),
         "herd_bytes": herd_bytes,
         "herd_bytes_per_snapshot": round(herd_bytes / max(views, 1)),
+        # Above 1: snapshots sent to subscribers that had given up on them.
+        "snapshots_sent_per_view": round(herd_bytes / max(views, 1) / cost["bytes"], 2),
         "reconnects": sum(r["reconnects"] for r in results),
         "views": views,
         "views_equal_truth": equal,
@@ -585,7 +597,13 @@ def main(argv: list[str] | None = None) -> int:
         "transfer and parse: default 30 (RedisDiscovery's own 5 can be too "
         "short for 100,000 records parsed without hiredis on a loaded machine)",
     )
-    parser.add_argument("--subscriber-child", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--converge",
+        type=float,
+        default=CONVERGE,
+        help=f"seconds each view has to reconverge, default {CONVERGE:g}",
+    )
+    parser.add_argument("--subscriber-child", nargs=5, help=argparse.SUPPRESS)
     arguments = parser.parse_args(argv)
     if arguments.render is not None:
         print("\n".join(markdown(json.loads(arguments.render.read_text()))))
@@ -593,9 +611,11 @@ def main(argv: list[str] | None = None) -> int:
     # Every reconnect is logged as a warning: expected here, by the hundred.
     logging.getLogger("wool_pooling.redis").setLevel(logging.ERROR)
     if arguments.subscriber_child:
-        url, namespace, subscriptions, timeout = arguments.subscriber_child
+        url, namespace, subscriptions, timeout, converge = arguments.subscriber_child
         asyncio.run(
-            subscriber_process(url, namespace, int(subscriptions), float(timeout))
+            subscriber_process(
+                url, namespace, int(subscriptions), float(timeout), float(converge)
+            )
         )
         return 0
     if arguments.subscriptions < 1:
@@ -614,6 +634,7 @@ def main(argv: list[str] | None = None) -> int:
                 arguments.subscriptions,
                 arguments.snapshots,
                 arguments.connect_timeout,
+                arguments.converge,
             )
         )
         rows.append(row)

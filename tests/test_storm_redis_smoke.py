@@ -57,6 +57,7 @@ def test_a_restart_herd_reconverges_every_view(tmp_path: Path) -> None:
     assert row["snapshot"]["records"] == 300
     assert row["snapshot"]["bytes"] > 300 * 100  # a uid and a metadata each
     assert row["herd_bytes"] >= 4 * row["snapshot"]["bytes"]
+    assert row["snapshots_sent_per_view"] >= 1.0
     assert row["reconverge_seconds"] >= row["reconverge_median_seconds"] >= 0
     assert report["meta"]["persistence"].startswith("RDB")
     assert len(report["meta"]["loadavg_after"]) == 3
