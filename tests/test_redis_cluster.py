@@ -1,0 +1,291 @@
+"""``RedisDiscovery`` on a real Redis Cluster: sharded pub/sub, failover, migration.
+
+Each test gets its own cluster of 3 masters and 3 replicas on loopback
+(``_redis_cluster``), so a SIGKILLed master or a moved slot never leaks into
+another test. Asyncio only: redis-py's client (and wool) are, and the trio
+refusal is pinned by the single-server tests.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+from _loops import asyncio_options
+from _redis_cluster import RedisCluster
+from redis_views import View
+from redis_views import eventually
+from redis_views import fake_worker
+
+from wool_pooling import RestartPolicy
+from wool_pooling.redis import RedisDiscovery
+from wool_pooling.redis import RedisDiscoveryError
+from wool_pooling.redis import RedisPublisher
+from wool_pooling.redis._cluster import sharded
+from wool_pooling.redis._scripts import PUBLISH
+from wool_pooling.redis._scripts import REAP
+from wool_pooling.redis._scripts import RENEW
+from wool_pooling.redis._scripts import SNAPSHOT
+
+pytestmark = pytest.mark.anyio
+
+FAST = RestartPolicy(attempts=None, backoff=0.05, max_backoff=0.3, jitter=0.2)
+
+
+@pytest.fixture
+def anyio_backend() -> tuple[str, dict[str, Any]]:
+    """Asyncio only (as configured for the run: plain, eager or uvloop)."""
+    return ("asyncio", asyncio_options())
+
+
+@pytest.fixture
+def cluster() -> Iterator[RedisCluster]:
+    """A fresh cluster (3 masters, 3 replicas) for one test."""
+    group = RedisCluster()
+    try:
+        yield group
+    finally:
+        group.cleanup()
+
+
+def discovery(url: str, namespace: str, **options: Any) -> RedisDiscovery:
+    # A lease longer than any fault in these tests: no worker expires
+    # meanwhile, so every drop seen is one that was published.
+    options.setdefault("lease", 10.0)
+    options.setdefault("reconnect", FAST)
+    options.setdefault("connect_timeout", 2.0)
+    return RedisDiscovery(url, namespace, **options)
+
+
+def new_namespace() -> str:
+    return f"cluster-{uuid.uuid4().hex[:10]}"
+
+
+def channel(namespace: str) -> str:
+    return f"wool:{{{namespace}}}:events:0"
+
+
+async def publish_until_taken(publisher: RedisPublisher, *call: Any) -> None:
+    """Publish, retrying while the cluster moves the slot over."""
+    with anyio.fail_after(30):
+        while True:
+            try:
+                await publisher.publish(*call)
+                return
+            except RedisDiscoveryError:
+                await anyio.sleep(0.1)
+
+
+def assert_no_repeats(view: View, dropped: list[uuid.UUID]) -> None:
+    assert all(count == 1 for count in view.added.values()), view.added
+    assert [e.metadata.uid for e in view.events if e.type == "worker-dropped"] == (
+        dropped
+    )
+
+
+async def test_cluster_announcements_are_sharded_and_reach_subscribers(
+    cluster: RedisCluster,
+) -> None:
+    """On a ``redis+cluster://`` url, workers published are seen by every
+    subscriber; announcements go by ``SPUBLISH`` to the shard channel on the
+    slot's master (``SSUBSCRIBE``d there), never by classic ``PUBLISH``."""
+    namespace = new_namespace()
+    found = discovery(cluster.url(seeds=1), namespace)
+    owner = cluster.owner(cluster.slot_of(channel(namespace)))
+    workers = [fake_worker(port) for port in range(1, 4)]
+    views = [View() for _ in range(2)]
+    async with found.publisher as publisher, anyio.create_task_group() as tg:
+        await publisher.publish("worker-added", workers[0])
+        for view in views:
+            tg.start_soon(view.consume, found.subscribe())
+        for view in views:
+            await view.has(workers[0].uid)
+        await eventually(
+            lambda: owner.command("PUBSUB", "SHARDNUMSUB", channel(namespace)).split()[1]
+            == "1"
+        )
+        assert owner.command("PUBSUB", "NUMSUB", channel(namespace)).split()[1] == "0"
+        await publisher.publish("worker-added", workers[1])
+        await publisher.publish("worker-added", workers[2])
+        await publisher.publish("worker-dropped", workers[1])
+        for view in views:
+            await view.has(workers[0].uid, workers[2].uid)
+            assert_no_repeats(view, [workers[1].uid])
+        assert found.statistics().reconnects == 0
+        tg.cancel_scope.cancel()
+
+
+async def test_a_late_joiner_gets_the_snapshot_then_the_changes(
+    cluster: RedisCluster,
+) -> None:
+    """A subscriber that joins after workers were published gets them all
+    (the snapshot, read on the slot's master), then each later change once."""
+    namespace = new_namespace()
+    workers = [fake_worker(port) for port in range(1, 5)]
+    early, late = View(), View()
+    async with discovery(cluster.url(), namespace).publisher as publisher:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(early.consume, discovery(cluster.url(), namespace).subscribe())
+            for worker in workers[:3]:
+                await publisher.publish("worker-added", worker)
+            await early.has(*(worker.uid for worker in workers[:3]))
+            await publisher.publish("worker-dropped", workers[0])
+            await early.has(workers[1].uid, workers[2].uid)
+            # Its own connections: another process, as far as the server sees.
+            joiner = discovery(cluster.url(seeds=2), namespace, shared=False)
+            tg.start_soon(late.consume, joiner.subscribe())
+            await late.has(workers[1].uid, workers[2].uid)
+            assert [e.type for e in late.events] == ["worker-added"] * 2
+            await publisher.publish("worker-added", workers[3])
+            await publisher.publish("worker-dropped", workers[2])
+            for view in (early, late):
+                await view.has(workers[1].uid, workers[3].uid)
+            assert_no_repeats(early, [workers[0].uid, workers[2].uid])
+            assert_no_repeats(late, [workers[2].uid])
+            tg.cancel_scope.cancel()
+
+
+async def test_a_master_killed_mid_stream_fails_over_and_views_converge(
+    cluster: RedisCluster,
+) -> None:
+    """SIGKILL the master of the namespace's slot while subscribers stream:
+    its replica takes over, the subscription reconnects to it (a new
+    snapshot, only the changes passed on), and every view converges with no
+    duplicate add and no missed drop."""
+    namespace = new_namespace()
+    found = discovery(cluster.url(), namespace)
+    slot = cluster.slot_of(channel(namespace))
+    workers = [fake_worker(port) for port in range(1, 6)]
+    views = [View() for _ in range(3)]
+    async with found.publisher as publisher, anyio.create_task_group() as tg:
+        for worker in workers[:3]:
+            await publisher.publish("worker-added", worker)
+        for view in views:
+            tg.start_soon(view.consume, found.subscribe())
+        for view in views:
+            await view.has(*(worker.uid for worker in workers[:3]))
+        old = cluster.owner(slot)
+        # Replicated before the kill: the replica holds what the views hold.
+        old.command("WAIT", 1, 5000)
+        old.kill()
+        new = cluster.wait_promoted(slot, old)
+        assert new is not old
+        await publish_until_taken(publisher, "worker-dropped", workers[0])
+        await publish_until_taken(publisher, "worker-added", workers[3])
+        await publish_until_taken(publisher, "worker-updated", workers[1])
+        await publish_until_taken(publisher, "worker-added", workers[4])
+        expected = {worker.uid for worker in workers[1:]}
+        for view in views:
+            await view.has(*expected)
+        assert found.statistics().reconnects >= 1
+        for view in views:
+            assert_no_repeats(view, [workers[0].uid])
+        await eventually(
+            lambda: new.command("HLEN", f"wool:{{{namespace}}}:workers").strip() == "4"
+        )
+        tg.cancel_scope.cancel()
+
+
+async def test_a_migrated_slot_is_a_reconnect_to_its_new_master(
+    cluster: RedisCluster,
+) -> None:
+    """Migrate the namespace's slot to another master (IMPORTING, MIGRATING,
+    MIGRATE, SETSLOT NODE): the old master's unsolicited ``sunsubscribe``
+    ends the session at once (not at the next reap, an hour away), the
+    subscription re-subscribes on the new master, and changes published
+    there reach every view, once."""
+    namespace = new_namespace()
+    found = discovery(cluster.url(), namespace, reap_interval=3600.0)
+    slot = cluster.slot_of(channel(namespace))
+    workers = [fake_worker(port) for port in range(1, 5)]
+    views = [View() for _ in range(2)]
+    async with found.publisher as publisher, anyio.create_task_group() as tg:
+        for worker in workers[:2]:
+            await publisher.publish("worker-added", worker)
+        for view in views:
+            tg.start_soon(view.consume, found.subscribe())
+        for view in views:
+            await view.has(workers[0].uid, workers[1].uid)
+        source = cluster.owner(slot)
+        target = next(node for node in cluster.masters() if node is not source)
+        await eventually(
+            lambda: source.command("PUBSUB", "SHARDNUMSUB", channel(namespace)).split()[1]
+            == "1"
+        )
+        await anyio.to_thread.run_sync(cluster.migrate_slot, slot, target)
+        assert cluster.owner(slot) is target
+        await eventually(lambda: found.statistics().reconnects >= 1)
+        await eventually(
+            lambda: target.command("PUBSUB", "SHARDNUMSUB", channel(namespace)).split()[1]
+            == "1"
+        )
+        await publish_until_taken(publisher, "worker-added", workers[2])
+        await publish_until_taken(publisher, "worker-dropped", workers[0])
+        await publish_until_taken(publisher, "worker-added", workers[3])
+        for view in views:
+            await view.has(workers[1].uid, workers[2].uid, workers[3].uid)
+            assert_no_repeats(view, [workers[0].uid])
+        assert source.command("PUBSUB", "SHARDNUMSUB", channel(namespace)).split()[
+            1
+        ] == "0"
+        tg.cancel_scope.cancel()
+
+
+def test_cluster_urls_are_parsed_redacted_and_keyed_by_their_seeds() -> None:
+    """Seed nodes (port 6379 by default), the password never shown, one
+    subscription key whatever the seeds' order; database 0 only."""
+    found = RedisDiscovery(
+        "redis+cluster://u:pw@127.0.0.1:7000,127.0.0.1:7001?socket_timeout=3", "ns"
+    )
+    assert repr(found) == (
+        "RedisDiscovery('redis+cluster://u@127.0.0.1:7000,127.0.0.1:7001"
+        "?socket_timeout=3', 'ns')"
+    )
+    assert found == RedisDiscovery(
+        "redis+cluster://u:other@127.0.0.1:7001,127.0.0.1:7000", "ns"
+    )
+    assert found != RedisDiscovery("redis+cluster://127.0.0.1:7000", "ns")
+    assert RedisPublisher("rediss+cluster://a.example,b.example:7001", "ns")
+    for url, message in [
+        ("redis+cluster://127.0.0.1:7000/1", "database 0 only"),
+        ("redis+cluster://127.0.0.1:7000?db=2", "database 0 only"),
+        ("redis+cluster://127.0.0.1:7000?socket_timeout=soon", "invalid option"),
+        ("redis+cluster://", "needs a host"),
+        ("redis+cluster://127.0.0.1:99999", "invalid port"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            RedisDiscovery(url, "ns")
+
+
+def test_cluster_client_options_exclude_an_ssl_context_and_seeds() -> None:
+    """redis-py's ``RedisCluster`` builds its own TLS connections and takes
+    its seeds from the url: both are refused at construction, saying so."""
+    import ssl
+
+    with pytest.raises(ValueError, match="ssl_\\* options"):
+        RedisDiscovery(
+            "rediss+cluster://127.0.0.1:7000",
+            "ns",
+            client_options={"ssl_context": ssl.create_default_context()},
+        )
+    with pytest.raises(ValueError, match="seed nodes"):
+        RedisPublisher(
+            "redis+cluster://127.0.0.1:7000",
+            "ns",
+            client_options={"startup_nodes": []},
+        )
+
+
+def test_every_script_announces_on_the_shard_channel_in_a_cluster() -> None:
+    """Each script's one ``PUBLISH`` becomes ``SPUBLISH``; nothing else
+    changes."""
+    for script in (PUBLISH, RENEW, REAP, SNAPSHOT):
+        variant = sharded(script)
+        assert "redis.call('PUBLISH'" not in variant
+        assert variant.count("redis.call('SPUBLISH', channel,") == 1
+        assert variant.replace("SPUBLISH", "PUBLISH") == script
+    with pytest.raises(ValueError, match="exactly one PUBLISH"):
+        sharded("return 1")
