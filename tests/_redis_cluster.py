@@ -207,23 +207,41 @@ class RedisCluster:
                 return self.node(port)
         raise LookupError(f"no master serves slot {slot}")
 
-    def wait_promoted(self, slot: int, dead: ClusterNode, timeout: float = 30.0) -> ClusterNode:
-        """Until a live master other than ``dead`` serves ``slot``, seen
-        alike by every live node; that master."""
+    def replicated(self, master: ClusterNode) -> bool:
+        """Whether every replica of ``master`` has acknowledged all its writes."""
+        info = master.command("INFO", "replication")
+        fields = dict(
+            line.split(":", 1) for line in info.splitlines() if ":" in line
+        )
+        offset = fields["master_repl_offset"].strip()
+        replicas = [value for name, value in fields.items() if name.startswith("slave")]
+        replicas = [value for value in replicas if "offset=" in value]
+        return bool(replicas) and all(
+            f"offset={offset}," in value for value in replicas
+        )
+
+    def wait_promoted(
+        self, slot: int, dead: ClusterNode, timeout: float = 30.0
+    ) -> ClusterNode:
+        """Until one live master other than ``dead`` serves ``slot``, seen
+        alike by every live node twice in a row; that master."""
+        seen: list[int] = []
 
         def promoted() -> bool:
             try:
-                owners = set[int]()
-                for node in self.live():
-                    for first, last, port in self.masters_by_slot_range(node):
-                        if first <= slot <= last:
-                            owners.add(port)
-                return len(owners) == 1 and dead.port not in owners
+                owners = {
+                    port
+                    for node in self.live()
+                    for first, last, port in self.masters_by_slot_range(node)
+                    if first <= slot <= last
+                }
             except subprocess.SubprocessError:
                 return False
+            seen.append(owners.pop() if len(owners) == 1 else dead.port)
+            return seen[-1] != dead.port and seen[-2:] == [seen[-1]] * 2
 
         _wait(f"a replica to take slot {slot} over", promoted, timeout)
-        return self.owner(slot)
+        return self.node(seen[-1])
 
     def migrate_slot(self, slot: int, target: ClusterNode) -> None:
         """Move ``slot`` and its keys to ``target``, as ``redis-cli --cluster

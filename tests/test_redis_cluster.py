@@ -169,9 +169,9 @@ async def test_a_master_killed_mid_stream_fails_over_and_views_converge(
             await view.has(*(worker.uid for worker in workers[:3]))
         old = cluster.owner(slot)
         # Replicated before the kill: the replica holds what the views hold.
-        old.command("WAIT", 1, 5000)
+        await eventually(lambda: cluster.replicated(old))
         old.kill()
-        new = cluster.wait_promoted(slot, old)
+        new = await anyio.to_thread.run_sync(cluster.wait_promoted, slot, old)
         assert new is not old
         await publish_until_taken(publisher, "worker-dropped", workers[0])
         await publish_until_taken(publisher, "worker-added", workers[3])
