@@ -20,7 +20,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from _redis import require_redis_server
 
 #: Milliseconds without an answer before a node is deemed failed.
@@ -210,9 +209,7 @@ class RedisCluster:
     def replicated(self, master: ClusterNode) -> bool:
         """Whether every replica of ``master`` has acknowledged all its writes."""
         info = master.command("INFO", "replication")
-        fields = dict(
-            line.split(":", 1) for line in info.splitlines() if ":" in line
-        )
+        fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
         offset = fields["master_repl_offset"].strip()
         replicas = [value for name, value in fields.items() if name.startswith("slave")]
         replicas = [value for value in replicas if "offset=" in value]

@@ -104,8 +104,10 @@ async def test_cluster_announcements_are_sharded_and_reach_subscribers(
         for view in views:
             await view.has(workers[0].uid)
         await eventually(
-            lambda: owner.command("PUBSUB", "SHARDNUMSUB", channel(namespace)).split()[1]
-            == "1"
+            lambda: (
+                owner.command("PUBSUB", "SHARDNUMSUB", channel(namespace)).split()[1]
+                == "1"
+            )
         )
         assert owner.command("PUBSUB", "NUMSUB", channel(namespace)).split()[1] == "0"
         await publisher.publish("worker-added", workers[1])
@@ -126,26 +128,26 @@ async def test_a_late_joiner_gets_the_snapshot_then_the_changes(
     namespace = new_namespace()
     workers = [fake_worker(port) for port in range(1, 5)]
     early, late = View(), View()
-    async with discovery(cluster.url(), namespace).publisher as publisher:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(early.consume, discovery(cluster.url(), namespace).subscribe())
-            for worker in workers[:3]:
-                await publisher.publish("worker-added", worker)
-            await early.has(*(worker.uid for worker in workers[:3]))
-            await publisher.publish("worker-dropped", workers[0])
-            await early.has(workers[1].uid, workers[2].uid)
-            # Its own connections: another process, as far as the server sees.
-            joiner = discovery(cluster.url(seeds=2), namespace, shared=False)
-            tg.start_soon(late.consume, joiner.subscribe())
-            await late.has(workers[1].uid, workers[2].uid)
-            assert [e.type for e in late.events] == ["worker-added"] * 2
-            await publisher.publish("worker-added", workers[3])
-            await publisher.publish("worker-dropped", workers[2])
-            for view in (early, late):
-                await view.has(workers[1].uid, workers[3].uid)
-            assert_no_repeats(early, [workers[0].uid, workers[2].uid])
-            assert_no_repeats(late, [workers[2].uid])
-            tg.cancel_scope.cancel()
+    found = discovery(cluster.url(), namespace)
+    async with found.publisher as publisher, anyio.create_task_group() as tg:
+        tg.start_soon(early.consume, found.subscribe())
+        for worker in workers[:3]:
+            await publisher.publish("worker-added", worker)
+        await early.has(*(worker.uid for worker in workers[:3]))
+        await publisher.publish("worker-dropped", workers[0])
+        await early.has(workers[1].uid, workers[2].uid)
+        # Its own connections: another process, as far as the server sees.
+        joiner = discovery(cluster.url(seeds=2), namespace, shared=False)
+        tg.start_soon(late.consume, joiner.subscribe())
+        await late.has(workers[1].uid, workers[2].uid)
+        assert [e.type for e in late.events] == ["worker-added"] * 2
+        await publisher.publish("worker-added", workers[3])
+        await publisher.publish("worker-dropped", workers[2])
+        for view in (early, late):
+            await view.has(workers[1].uid, workers[3].uid)
+        assert_no_repeats(early, [workers[0].uid, workers[2].uid])
+        assert_no_repeats(late, [workers[2].uid])
+        tg.cancel_scope.cancel()
 
 
 async def test_a_master_killed_mid_stream_fails_over_and_views_converge(
@@ -212,15 +214,19 @@ async def test_a_migrated_slot_is_a_reconnect_to_its_new_master(
         source = cluster.owner(slot)
         target = next(node for node in cluster.masters() if node is not source)
         await eventually(
-            lambda: source.command("PUBSUB", "SHARDNUMSUB", channel(namespace)).split()[1]
-            == "1"
+            lambda: (
+                source.command("PUBSUB", "SHARDNUMSUB", channel(namespace)).split()[1]
+                == "1"
+            )
         )
         await anyio.to_thread.run_sync(cluster.migrate_slot, slot, target)
         assert cluster.owner(slot) is target
         await eventually(lambda: found.statistics().reconnects >= 1)
         await eventually(
-            lambda: target.command("PUBSUB", "SHARDNUMSUB", channel(namespace)).split()[1]
-            == "1"
+            lambda: (
+                target.command("PUBSUB", "SHARDNUMSUB", channel(namespace)).split()[1]
+                == "1"
+            )
         )
         await publish_until_taken(publisher, "worker-added", workers[2])
         await publish_until_taken(publisher, "worker-dropped", workers[0])
@@ -228,9 +234,10 @@ async def test_a_migrated_slot_is_a_reconnect_to_its_new_master(
         for view in views:
             await view.has(workers[1].uid, workers[2].uid, workers[3].uid)
             assert_no_repeats(view, [workers[0].uid])
-        assert source.command("PUBSUB", "SHARDNUMSUB", channel(namespace)).split()[
-            1
-        ] == "0"
+        assert (
+            source.command("PUBSUB", "SHARDNUMSUB", channel(namespace)).split()[1]
+            == "0"
+        )
         tg.cancel_scope.cancel()
 
 

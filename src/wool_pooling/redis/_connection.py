@@ -31,9 +31,9 @@ from typing import Any
 import attrs
 import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
-from redis.asyncio.connection import ConnectionPool
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import ConnectionPool
 from redis.asyncio.connection import SSLConnection
 from redis.asyncio.connection import parse_url as parse_redis_url
 from redis.asyncio.retry import Retry
@@ -116,7 +116,9 @@ class Target:
         if self.path is not None:
             where: object = os.path.realpath(self.path)
         elif self.cluster:  # seeds of one cluster: their order does not matter
-            where = tuple(sorted({(_resolved(host), port) for host, port in self.hosts}))
+            where = tuple(
+                sorted({(_resolved(host), port) for host, port in self.hosts})
+            )
         else:
             where = tuple((_resolved(host), port) for host, port in self.hosts)
         scheme = "redis" if self.scheme == "unix" else self.scheme
