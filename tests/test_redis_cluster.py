@@ -8,8 +8,10 @@ refusal is pinned by the single-server tests.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -239,6 +241,57 @@ async def test_a_migrated_slot_is_a_reconnect_to_its_new_master(
             == "0"
         )
         tg.cancel_scope.cancel()
+
+
+def cluster_acl_rule() -> list[str]:
+    """The cluster's ``ACL SETUSER`` rule ``docs/redis.rst`` gives (its
+    second), for user ``wool``, split into arguments."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "redis.rst").read_text()
+    rules = re.findall(r"ACL SETUSER wool (.+)", page)
+    assert len(rules) == 2, "docs/redis.rst gives no cluster ACL rule"
+    return rules[1].split()
+
+
+async def test_a_user_limited_to_the_documented_cluster_acl_rule_suffices(
+    cluster: RedisCluster,
+) -> None:
+    """With exactly the cluster ACL rule of the docs on every node (and the
+    password in the url), publishers and subscribers work, slot moves
+    included."""
+    arguments = [
+        "secret-pw" if part == ">PASSWORD" else part for part in cluster_acl_rule()
+    ]
+    arguments = [">secret-pw" if part == "secret-pw" else part for part in arguments]
+    for node in cluster.nodes:
+        node.command("ACL", "SETUSER", "wool", *arguments)
+    seeds = ",".join(f"127.0.0.1:{node.port}" for node in cluster.nodes[:2])
+    namespace = new_namespace()
+    found = discovery(f"redis+cluster://wool:secret-pw@{seeds}", namespace)
+    slot = cluster.slot_of(channel(namespace))
+    workers = [fake_worker(port) for port in range(1, 4)]
+    view = View()
+    async with found.publisher as publisher, anyio.create_task_group() as tg:
+        await publisher.publish("worker-added", workers[0])
+        tg.start_soon(view.consume, found.subscribe())
+        await view.has(workers[0].uid)
+        await publisher.publish("worker-added", workers[1])
+        await view.has(workers[0].uid, workers[1].uid)
+        source = cluster.owner(slot)
+        target = next(node for node in cluster.masters() if node is not source)
+        await anyio.to_thread.run_sync(cluster.migrate_slot, slot, target)
+        await eventually(lambda: found.statistics().reconnects >= 1)
+        await publish_until_taken(publisher, "worker-added", workers[2])
+        await publish_until_taken(publisher, "worker-dropped", workers[0])
+        await view.has(workers[1].uid, workers[2].uid)
+        assert_no_repeats(view, [workers[0].uid])
+        tg.cancel_scope.cancel()
+    refused = discovery(f"redis+cluster://wool:wrong@{seeds}", namespace)
+    with pytest.raises(RedisDiscoveryError, match="invalid username-password"):
+        async with refused.publisher:
+            pass  # pragma: no cover - never reached
+    with pytest.raises(RedisDiscoveryError, match="invalid username-password"):
+        async for _ in refused.subscribe():
+            pass  # pragma: no cover - never reached
 
 
 def test_cluster_urls_are_parsed_redacted_and_keyed_by_their_seeds() -> None:

@@ -32,6 +32,8 @@ from typing import Any
 from typing import cast
 from typing import final
 
+import redis.exceptions as redis_errors
+
 from ._connection import Connection
 from ._connection import Target
 from ._connection import node_url
@@ -105,8 +107,13 @@ class ClusterSession:
         assert self.layout is not None
         cluster = self.layout.client
         self.stage = "reading the cluster's layout"
-        await watched(cluster.initialize())
-        node = cluster.get_node_from_key(self.keys.channel)
+        try:
+            await watched(cluster.initialize())
+            node = cluster.get_node_from_key(self.keys.channel)
+        except redis_errors.RedisClusterException as error:
+            # No seed reachable, or no master for the slot (yet): a lost
+            # connection, retried under the reconnect policy.
+            raise redis_errors.ConnectionError(str(error)) from error
         return str(node.host), int(node.port)
 
     def _node_client(self, role: str) -> Connection:
