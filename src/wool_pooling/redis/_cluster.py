@@ -8,8 +8,8 @@ they live in one slot, on one master (and its replicas). On a cluster url:
   shard only, never every node of the cluster (:func:`sharded`);
 - a subscription (:class:`ClusterSession`) reads the cluster's layout from
   its seed nodes (redis-py's ``RedisCluster``), then opens two plain
-  connections to the master owning the namespace's slot: one that
-  ``SSUBSCRIBE``\\ s to the channel, one that takes the snapshot and reaps.
+  connections to the master owning the namespace's slot: one subscribed
+  to the channel (``SSUBSCRIBE``), one that takes the snapshot and reaps.
   Both on the same node, so the snapshot and the announcements that follow
   it come from one place, as on a single server.
 
