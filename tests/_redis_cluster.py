@@ -242,9 +242,15 @@ class RedisCluster:
 
     def migrate_slot(self, slot: int, target: ClusterNode) -> None:
         """Move ``slot`` and its keys to ``target``, as ``redis-cli --cluster
-        reshard`` does: IMPORTING, MIGRATING, MIGRATE, then SETSLOT NODE on
-        the target, the source and every other master."""
+        reshard`` does: :meth:`move_keys`, then :meth:`assign`."""
         source = self.owner(slot)
+        self.move_keys(slot, source, target)
+        self.assign(slot, source, target)
+
+    def move_keys(self, slot: int, source: ClusterNode, target: ClusterNode) -> None:
+        """Mark ``slot`` IMPORTING on ``target`` and MIGRATING on ``source``,
+        and MIGRATE its keys: the source still owns the slot, and answers
+        ``ASK`` for the keys it no longer has."""
         source_id, target_id = self.node_id(source), self.node_id(target)
         target.command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
         source.command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
@@ -255,6 +261,11 @@ class RedisCluster:
             source.command(
                 "MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys
             )
+
+    def assign(self, slot: int, source: ClusterNode, target: ClusterNode) -> None:
+        """``CLUSTER SETSLOT <slot> NODE <target>`` on the target, the source
+        and every other master; until the cluster agrees."""
+        target_id = self.node_id(target)
         others = [node for node in self.masters() if node not in (target, source)]
         for node in [target, source, *others]:
             node.command("CLUSTER", "SETSLOT", slot, "NODE", target_id)

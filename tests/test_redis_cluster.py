@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import pytest
 from _loops import asyncio_options
+from _redis_cluster import ClusterNode
 from _redis_cluster import RedisCluster
 from redis_views import View
 from redis_views import eventually
@@ -70,6 +71,12 @@ def channel(namespace: str) -> str:
     return f"wool:{{{namespace}}}:events:0"
 
 
+def shard_subscribers(node: ClusterNode, namespace: str) -> int:
+    """How many connections ``node`` has subscribed to the namespace's
+    shard channel."""
+    return int(node.command("PUBSUB", "SHARDNUMSUB", channel(namespace)).split()[1])
+
+
 async def publish_until_taken(publisher: RedisPublisher, *call: Any) -> None:
     """Publish, retrying while the cluster moves the slot over."""
     with anyio.fail_after(30):
@@ -105,12 +112,7 @@ async def test_cluster_announcements_are_sharded_and_reach_subscribers(
             tg.start_soon(view.consume, found.subscribe())
         for view in views:
             await view.has(workers[0].uid)
-        await eventually(
-            lambda: (
-                owner.command("PUBSUB", "SHARDNUMSUB", channel(namespace)).split()[1]
-                == "1"
-            )
-        )
+        await eventually(lambda: shard_subscribers(owner, namespace) == 1)
         assert owner.command("PUBSUB", "NUMSUB", channel(namespace)).split()[1] == "0"
         await publisher.publish("worker-added", workers[1])
         await publisher.publish("worker-added", workers[2])
@@ -120,6 +122,9 @@ async def test_cluster_announcements_are_sharded_and_reach_subscribers(
             assert_no_repeats(view, [workers[1].uid])
         assert found.statistics().reconnects == 0
         tg.cancel_scope.cancel()
+    assert "cmdstat_spublish:" in owner.command("INFO", "commandstats")
+    for node in cluster.nodes:
+        assert "cmdstat_publish:" not in node.command("INFO", "commandstats")
 
 
 async def test_a_late_joiner_gets_the_snapshot_then_the_changes(
@@ -197,14 +202,15 @@ async def test_a_migrated_slot_is_a_reconnect_to_its_new_master(
     cluster: RedisCluster,
 ) -> None:
     """Migrate the namespace's slot to another master (IMPORTING, MIGRATING,
-    MIGRATE, SETSLOT NODE): the old master's unsolicited ``sunsubscribe``
-    ends the session at once (not at the next reap, an hour away), the
-    subscription re-subscribes on the new master, and changes published
-    there reach every view, once."""
+    MIGRATE, SETSLOT NODE), a worker published mid-migration (``ASK``): the
+    old master's unsolicited ``sunsubscribe`` ends the session at once (not
+    at the next reap, an hour away), the subscription re-subscribes on the
+    new master with a new snapshot, and every change reaches every view,
+    once."""
     namespace = new_namespace()
     found = discovery(cluster.url(), namespace, reap_interval=3600.0)
     slot = cluster.slot_of(channel(namespace))
-    workers = [fake_worker(port) for port in range(1, 5)]
+    workers = [fake_worker(port) for port in range(1, 6)]
     views = [View() for _ in range(2)]
     async with found.publisher as publisher, anyio.create_task_group() as tg:
         for worker in workers[:2]:
@@ -215,31 +221,23 @@ async def test_a_migrated_slot_is_a_reconnect_to_its_new_master(
             await view.has(workers[0].uid, workers[1].uid)
         source = cluster.owner(slot)
         target = next(node for node in cluster.masters() if node is not source)
-        await eventually(
-            lambda: (
-                source.command("PUBSUB", "SHARDNUMSUB", channel(namespace)).split()[1]
-                == "1"
-            )
-        )
-        await anyio.to_thread.run_sync(cluster.migrate_slot, slot, target)
+        await eventually(lambda: shard_subscribers(source, namespace) == 1)
+        await anyio.to_thread.run_sync(cluster.move_keys, slot, source, target)
+        # The keys are on the target, the slot still the source's: ASK.
+        await publisher.publish("worker-added", workers[2])
+        await anyio.to_thread.run_sync(cluster.assign, slot, source, target)
         assert cluster.owner(slot) is target
         await eventually(lambda: found.statistics().reconnects >= 1)
-        await eventually(
-            lambda: (
-                target.command("PUBSUB", "SHARDNUMSUB", channel(namespace)).split()[1]
-                == "1"
-            )
-        )
-        await publish_until_taken(publisher, "worker-added", workers[2])
-        await publish_until_taken(publisher, "worker-dropped", workers[0])
-        await publish_until_taken(publisher, "worker-added", workers[3])
+        await eventually(lambda: shard_subscribers(target, namespace) == 1)
         for view in views:
-            await view.has(workers[1].uid, workers[2].uid, workers[3].uid)
+            await view.has(*(worker.uid for worker in workers[:3]))
+        await publish_until_taken(publisher, "worker-added", workers[3])
+        await publish_until_taken(publisher, "worker-dropped", workers[0])
+        await publish_until_taken(publisher, "worker-added", workers[4])
+        for view in views:
+            await view.has(*(worker.uid for worker in workers[1:]))
             assert_no_repeats(view, [workers[0].uid])
-        assert (
-            source.command("PUBSUB", "SHARDNUMSUB", channel(namespace)).split()[1]
-            == "0"
-        )
+        assert shard_subscribers(source, namespace) == 0
         tg.cancel_scope.cancel()
 
 
