@@ -25,6 +25,10 @@ from _redis import require_redis_server
 #: Milliseconds without an answer before a node is deemed failed.
 NODE_TIMEOUT_MS = 1000
 
+#: The loopback test certificate (``tests/tls``), its own CA.
+CERTIFICATE = Path(__file__).resolve().parent / "tls" / "server.crt"
+KEY = CERTIFICATE.with_name("server.key")
+
 
 def _bindable(port: int) -> bool:
     with socket.socket() as probe:
@@ -56,14 +60,34 @@ def _wait(what: str, check: Callable[[], bool], timeout: float = 30.0) -> None:
 class ClusterNode:
     """One ``redis-server`` of the cluster."""
 
-    def __init__(self, executable: str, port: int) -> None:
+    def __init__(self, executable: str, port: int, *, tls: bool = False) -> None:
         self.port = port
+        self.tls = tls
         self.directory = Path(tempfile.mkdtemp(prefix="wool-pooling-cluster-"))
+        listen = ["--port", str(port)]
+        if tls:
+            listen = [
+                "--port",
+                "0",
+                "--tls-port",
+                str(port),
+                "--tls-cert-file",
+                str(CERTIFICATE),
+                "--tls-key-file",
+                str(KEY),
+                "--tls-ca-cert-file",
+                str(CERTIFICATE),
+                "--tls-auth-clients",
+                "no",
+                "--tls-cluster",
+                "yes",
+                "--tls-replication",
+                "yes",
+            ]
         self.process: subprocess.Popen[bytes] | None = subprocess.Popen(
             [
                 executable,
-                "--port",
-                str(port),
+                *listen,
                 "--bind",
                 "127.0.0.1",
                 "--cluster-enabled",
@@ -90,7 +114,14 @@ class ClusterNode:
     def command(self, *args: str | int) -> str:
         """Run a command on this node (``redis-cli``), its reply as text."""
         result = subprocess.run(
-            ["redis-cli", "-h", "127.0.0.1", "-p", str(self.port), *map(str, args)],
+            [
+                *redis_cli(tls=self.tls),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                *map(str, args),
+            ],
             capture_output=True,
             timeout=20,
             check=True,
@@ -118,20 +149,29 @@ class ClusterNode:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-class RedisCluster:
-    """Six nodes (3 masters, 3 replicas), created and checked healthy."""
+def redis_cli(*, tls: bool) -> list[str]:
+    """``redis-cli``, over TLS (trusting the test certificate) if ``tls``."""
+    return (
+        ["redis-cli", "--tls", "--cacert", str(CERTIFICATE)] if tls else ["redis-cli"]
+    )
 
-    def __init__(self) -> None:
+
+class RedisCluster:
+    """Six nodes (3 masters, 3 replicas), created and checked healthy; over
+    TLS only (clients, the cluster bus and replication) if ``tls``."""
+
+    def __init__(self, *, tls: bool = False) -> None:
+        self.tls = tls
         executable = require_redis_server()
         if shutil.which("redis-cli") is None:
             pytest.skip("redis-cli is not on PATH (it creates the test cluster)")
-        self.nodes = [ClusterNode(executable, port) for port in _free_ports(6)]
+        self.nodes = [ClusterNode(executable, port, tls=tls) for port in _free_ports(6)]
         try:
             for node in self.nodes:
                 _wait(f"node {node.port} to answer", node.answers)
             subprocess.run(
                 [
-                    "redis-cli",
+                    *redis_cli(tls=tls),
                     "--cluster",
                     "create",
                     *(f"127.0.0.1:{node.port}" for node in self.nodes),
@@ -151,7 +191,7 @@ class RedisCluster:
     def url(self, seeds: int = 3) -> str:
         """A ``redis+cluster://`` url naming the first ``seeds`` nodes."""
         hosts = ",".join(f"127.0.0.1:{node.port}" for node in self.nodes[:seeds])
-        return f"redis+cluster://{hosts}"
+        return f"{'rediss' if self.tls else 'redis'}+cluster://{hosts}"
 
     def node(self, port: int) -> ClusterNode:
         return next(node for node in self.nodes if node.port == port)

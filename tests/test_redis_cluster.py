@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import pytest
 from _loops import asyncio_options
+from _redis_cluster import CERTIFICATE
 from _redis_cluster import ClusterNode
 from _redis_cluster import RedisCluster
 from redis_views import View
@@ -239,6 +240,43 @@ async def test_a_migrated_slot_is_a_reconnect_to_its_new_master(
             assert_no_repeats(view, [workers[0].uid])
         assert shard_subscribers(source, namespace) == 0
         tg.cancel_scope.cancel()
+
+
+async def test_a_tls_cluster_carries_publishers_and_subscribers_through_failover() -> (
+    None
+):
+    """``rediss+cluster://`` with redis-py's ``ssl_*`` options: the layout,
+    the scripts and the sharded subscription all go over TLS, before and
+    after the namespace's master is SIGKILLed."""
+    tls = RedisCluster(tls=True)
+    try:
+        namespace = new_namespace()
+        found = discovery(
+            tls.url(),
+            namespace,
+            client_options={"ssl_ca_certs": str(CERTIFICATE)},
+        )
+        slot = tls.slot_of(channel(namespace))
+        workers = [fake_worker(port) for port in range(1, 4)]
+        view = View()
+        async with found.publisher as publisher, anyio.create_task_group() as tg:
+            await publisher.publish("worker-added", workers[0])
+            tg.start_soon(view.consume, found.subscribe())
+            await view.has(workers[0].uid)
+            await publisher.publish("worker-added", workers[1])
+            await view.has(workers[0].uid, workers[1].uid)
+            old = tls.owner(slot)
+            await eventually(lambda: tls.replicated(old))
+            old.kill()
+            await anyio.to_thread.run_sync(tls.wait_promoted, slot, old)
+            await publish_until_taken(publisher, "worker-dropped", workers[0])
+            await publish_until_taken(publisher, "worker-added", workers[2])
+            await view.has(workers[1].uid, workers[2].uid)
+            assert found.statistics().reconnects >= 1
+            assert_no_repeats(view, [workers[0].uid])
+            tg.cancel_scope.cancel()
+    finally:
+        tls.cleanup()
 
 
 def cluster_acl_rule() -> list[str]:
