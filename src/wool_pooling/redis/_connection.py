@@ -270,7 +270,7 @@ def node_url(url: str, node: tuple[str, int]) -> str:
     """The ``redis://`` (or ``rediss://``) url of one node of the cluster
     ``url`` names: its user, password and query options, at ``node``."""
     scheme, _, rest = url.partition("://")
-    rest, qmark, query = rest.partition("?")
+    rest, qmark, query = rest.partition("#")[0].partition("?")
     userinfo, at, _ = rest.rpartition("@")
     host, port = node
     if ":" in host:
