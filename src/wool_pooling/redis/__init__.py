@@ -16,7 +16,9 @@ asyncio client). ``RedisDiscovery(url, namespace)`` is a wool ``DiscoveryLike``:
 and ``redis+sentinel://[user:password@]host:port[,host:port...]/service_name[/db]``
 (a master monitored by Sentinel: a failover is a reconnect like any other;
 the user and password reach the sentinels too, unless
-``client_options["sentinel_kwargs"]`` gives theirs), checked at
+``client_options["sentinel_kwargs"]`` gives theirs),
+and ``redis+cluster://[user[:password]@]host:port[,host:port...][?options]``
+(``rediss+cluster://`` for TLS: see **Cluster** below), checked at
 construction. ``client_options`` go to redis-py's client (the
 url wins over them, they win over the defaults); ``key_prefix`` replaces
 ``wool:`` in every key and channel. ``docs/redis.rst`` lists the keys,
@@ -117,6 +119,20 @@ the keys stay, epoch unchanged, while any of them lives, and expire once
 the namespace has had no worker, publisher or subscriber for that long. An
 expiry under a live subscriber (a process stalled for ten leases) is the
 lost-data case above: a new epoch, and subscribers take a new snapshot.
+
+**Cluster.** A ``redis+cluster://`` url names seed nodes of a Redis
+Cluster (7 or later; database 0 only). A namespace's keys and channel share
+one hash tag, so one slot: the publisher's scripts run through redis-py's
+``RedisCluster`` (following ``MOVED`` and ``ASK``), and announce with
+``SPUBLISH`` (sharded pub/sub: to the slot's shard only, where ``PUBLISH``
+would reach every node). A subscription reads the layout from the seeds,
+then subscribes (``SSUBSCRIBE``) and takes its snapshot on the master
+owning the slot, both on that one node. Nothing follows a slot silently: the
+unsolicited ``sunsubscribe`` a node sends when the slot migrates away, a
+``MOVED`` reply, and a master that dies (until its replica takes over) each
+end the session like any lost connection: it reconnects under the
+``reconnect`` policy, on the slot's new master, with a new snapshot, and
+consumers receive only what changed.
 
 **Invalid records.** A record or announcement that is not valid worker
 metadata is skipped with a warning on ``wool_pooling.redis`` and counted

@@ -11,6 +11,10 @@ one fails there with a :exc:`ValueError` or :exc:`TypeError`, never later in
   (``rediss+sentinel://`` for TLS): the sentinels, and the name of the
   master they monitor; the user and password are the master's, and the
   sentinels' too unless ``client_options["sentinel_kwargs"]`` gives theirs.
+- ``redis+cluster://[user[:password]@]host:port[,host:port...][?option=value...]``
+  (``rediss+cluster://`` for TLS): seed nodes of a Redis Cluster (port
+  6379 by default), from which the cluster's layout is read; database 0
+  only.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from typing import Any
 import attrs
 import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
+from redis.asyncio.cluster import ClusterNode
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import ConnectionPool
 from redis.asyncio.connection import SSLConnection
 from redis.asyncio.connection import parse_url as parse_redis_url
@@ -48,7 +54,9 @@ __all__ = [
     "Target",
     "check_client_options",
     "client_name",
+    "node_url",
     "open_client",
+    "open_cluster_client",
     "parse_url",
     "reason",
     "redact",
@@ -58,6 +66,9 @@ __all__ = [
 _SCRIPT_SUFFIX = re.compile(r"\s*script: [0-9a-f]+, on @user_script:\d+\.?$")
 
 _SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
+
+#: Redis Cluster: seed nodes; commands through redis-py's ``RedisCluster``.
+_CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 
 #: ``client_options`` the discovery sets itself: each connection must name
 #: itself, read bytes, and end (not silently reconnect) when it is lost.
@@ -87,7 +98,7 @@ class Target:
     subscriptions by: scheme, each host resolved to one address (IPv4
     first), port, database and user (for a unix socket: its absolute path
     in place of host and port; for Sentinel: the sentinels, in order, and
-    the service name).
+    the service name; for a cluster: its seed nodes, sorted).
     """
 
     url: str
@@ -103,9 +114,17 @@ class Target:
         return self.scheme.endswith("+sentinel")
 
     @property
+    def cluster(self) -> bool:
+        return self.scheme.endswith("+cluster")
+
+    @property
     def key(self) -> tuple[object, ...]:
         if self.path is not None:
             where: object = os.path.realpath(self.path)
+        elif self.cluster:  # seeds of one cluster: their order does not matter
+            where = tuple(
+                sorted({(_resolved(host), port) for host, port in self.hosts})
+            )
         else:
             where = tuple((_resolved(host), port) for host, port in self.hosts)
         scheme = "redis" if self.scheme == "unix" else self.scheme
@@ -169,16 +188,18 @@ def parse_url(url: object) -> Target:
 
     :raises TypeError: if ``url`` is not a ``str``.
     :raises ValueError: for an unknown scheme, a missing host (or socket
-        path, or Sentinel service), an invalid port or database number, or
-        query parameters on a Sentinel url.
+        path, or Sentinel service), an invalid port or database number,
+        query parameters on a Sentinel url, or, on a cluster url, a
+        database other than 0 or a query option redis-py rejects.
     """
     if not isinstance(url, str):
         raise TypeError(f"a Redis url must be a str, got {type(url).__name__}")
     scheme, sep, rest = url.partition("://")
-    if not sep or scheme.lower() not in _SCHEMES:
+    if not sep or scheme.lower() not in (*_SCHEMES, *_CLUSTER_SCHEMES):
         raise ValueError(
-            f"a Redis url starts with redis://, rediss://, unix://, redis+sentinel:// "
-            f"or rediss+sentinel://, got {redact_unchecked(url)!r}"
+            f"a Redis url starts with redis://, rediss://, unix://, redis+sentinel://, "
+            f"rediss+sentinel://, redis+cluster:// or rediss+cluster://, "
+            f"got {redact_unchecked(url)!r}"
         )
     scheme = scheme.lower()
     rest, _, query = rest.partition("?")
@@ -205,6 +226,8 @@ def parse_url(url: object) -> Target:
             )
         return Target(url, scheme, (), path, db, username, None)
     netloc, slash, path = location.partition("/")
+    if scheme in _CLUSTER_SCHEMES:
+        return _parse_cluster_url(url, scheme, netloc, path, username, db)
     if scheme.endswith("+sentinel"):
         if query:
             raise ValueError(
@@ -225,6 +248,41 @@ def parse_url(url: object) -> Target:
     if slash and path and "db" not in options:
         db = _db(path, url)
     return Target(url, scheme, (host,), None, db, username, None)
+
+
+def _parse_cluster_url(
+    url: str, scheme: str, netloc: str, path: str, username: str | None, db: int
+) -> Target:
+    """A ``redis+cluster://`` url: its seed nodes; database 0 only (a
+    cluster has no other); its query options checked by redis-py now."""
+    if path and not db:
+        db = _db(path, url)
+    if db:
+        raise ValueError(
+            "a Redis Cluster has database 0 only, got "
+            f"{db} in {redact_unchecked(url)!r}"
+        )
+    hosts = tuple(_split_host(part, url, 6379) for part in netloc.split(","))
+    try:
+        parse_redis_url(node_url(url, hosts[0]))
+    except ValueError as error:
+        raise ValueError(
+            f"invalid option in Redis url {redact_unchecked(url)!r}: {error}"
+        ) from None
+    return Target(url, scheme, hosts, None, 0, username, None)
+
+
+def node_url(url: str, node: tuple[str, int]) -> str:
+    """The ``redis://`` (or ``rediss://``) url of one node of the cluster
+    ``url`` names: its user, password and query options, at ``node``."""
+    scheme, _, rest = url.partition("://")
+    rest, qmark, query = rest.partition("#")[0].partition("?")
+    userinfo, at, _ = rest.rpartition("@")
+    host, port = node
+    if ":" in host:
+        host = f"[{host}]"
+    plain = scheme.lower().partition("+")[0]
+    return f"{plain}://{userinfo}{at}{host}:{port}/0{qmark}{query}"
 
 
 def _without_passwords(query: str) -> str:
@@ -327,6 +385,8 @@ def check_client_options(
             f"client_options may not set {', '.join(reserved)}: the discovery "
             "sets those itself (the url gives host, port, path and db)"
         )
+    if target.cluster:
+        _check_cluster_options(checked, target)
     if "ssl_context" in checked:
         if not isinstance(checked["ssl_context"], ssl.SSLContext):
             raise TypeError(
@@ -345,6 +405,23 @@ def check_client_options(
         url=redact(target.url),
     )
     return checked
+
+
+def _check_cluster_options(options: Mapping[str, Any], target: Target) -> None:
+    """A cluster's client (redis-py's ``RedisCluster``) builds its own
+    connections: it takes the ``ssl_*`` options, not an ``ssl_context``."""
+    if "ssl_context" in options:
+        raise ValueError(
+            "client_options ssl_context is not supported with a Redis Cluster "
+            "url (redis-py's RedisCluster builds its own TLS connections): give "
+            "the ssl_* options (ssl_ca_certs, ssl_certfile, ssl_keyfile, ...) "
+            f"in its place, for {redact(target.url)!r}"
+        )
+    if "startup_nodes" in options:
+        raise ValueError(
+            "client_options may not set startup_nodes: the url gives the "
+            f"cluster's seed nodes, for {redact(target.url)!r}"
+        )
 
 
 class _GivenContextSSLConnection(SSLConnection):
@@ -460,6 +537,57 @@ class Connection:
                     await each.aclose()
 
 
+def open_cluster_client(
+    target: Target,
+    role: str,
+    namespace: str,
+    timeout: float,
+    *,
+    retries: int,
+    client_options: Mapping[str, Any],
+    named: bool = True,
+) -> Connection:
+    """A redis-py ``RedisCluster`` for a ``redis+cluster://`` url, its
+    seed nodes from the url, its connections named as :func:`open_client`'s
+    (``named=False``: no ``CLIENT`` command at all, as there).
+
+    It follows ``MOVED`` and ``ASK`` redirections (a slot that moved), and
+    re-reads the cluster's layout after a lost connection (a master that
+    failed over), retrying a command ``retries`` times. A slot held by no
+    reachable master fails only the commands for that slot
+    (``require_full_coverage=False`` unless ``client_options`` say
+    otherwise). Precedence as for :func:`open_client`.
+    """
+    retry = (
+        Retry(EqualJitterBackoff(cap=timeout, base=0.05), retries)
+        if retries
+        else Retry(NoBackoff(), 0)
+    )
+    options: dict[str, Any] = {
+        "socket_connect_timeout": timeout,
+        "socket_timeout": timeout,
+        "socket_keepalive": True,
+        "require_full_coverage": False,
+    }
+    options.update(client_options)
+    options.update(parse_redis_url(node_url(target.url, target.hosts[0])))
+    options.pop("host", None)
+    options.pop("port", None)
+    options.pop("db", None)
+    if options.pop("connection_class", None) is SSLConnection:
+        options["ssl"] = True
+    if named:
+        options["client_name"] = client_name(role, namespace)
+    else:
+        options.update(_no_client_commands())
+    options.update(
+        retry=retry,
+        retry_on_error=[redis_errors.ConnectionError, redis_errors.TimeoutError],
+    )
+    nodes = [ClusterNode(host, port) for host, port in target.hosts]
+    return Connection(RedisCluster(startup_nodes=nodes, **options))
+
+
 def open_client(
     target: Target,
     role: str,
@@ -480,8 +608,19 @@ def open_client(
     which win over the defaults set here (``socket_connect_timeout`` and
     ``socket_timeout`` of ``timeout``, TCP keepalive). An ``ssl_context``
     option is used for every TLS connection to the server (not to the
-    sentinels: give theirs in ``sentinel_kwargs``).
+    sentinels: give theirs in ``sentinel_kwargs``). A cluster url gets
+    :func:`open_cluster_client`'s client.
     """
+    if target.cluster:
+        return open_cluster_client(
+            target,
+            role,
+            namespace,
+            timeout,
+            retries=retries,
+            client_options=client_options,
+            named=named,
+        )
     retry = (
         Retry(EqualJitterBackoff(cap=timeout, base=0.05), retries)
         if retries

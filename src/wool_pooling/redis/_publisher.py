@@ -19,6 +19,7 @@ import redis.exceptions as redis_errors
 from wool import DiscoveryEventType
 from wool import WorkerMetadata
 
+from ._cluster import sharded
 from ._connection import Connection
 from ._connection import check_client_options
 from ._connection import open_client
@@ -250,7 +251,9 @@ class RedisPublisher:
         self._connection = connection
         client = connection.client
         self._scripts = {
-            name: client.register_script(source)
+            name: client.register_script(
+                sharded(source) if self._target.cluster else source
+            )
             for name, source in (("publish", PUBLISH), ("renew", RENEW))
         }
         self._renewer = asyncio.get_running_loop().create_task(self._renew_forever())

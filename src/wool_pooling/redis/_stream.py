@@ -23,6 +23,7 @@ import redis.exceptions as redis_errors
 from wool import DiscoveryEvent
 
 from .._pooling.decorator import shared_subscription
+from ._cluster import ClusterSession
 from ._connection import Connection
 from ._connection import Target
 from ._connection import open_client
@@ -180,7 +181,7 @@ class RedisStream:
         state = SubscriptionState(self.options.settle, self._invalid)
         failures = 0
         while True:
-            session: _Session | None = None
+            session: _Session | ClusterSession | None = None
             try:
                 session = self._session(state)
                 snapshot = await self._open(session, state)
@@ -203,8 +204,10 @@ class RedisStream:
                     with anyio.CancelScope(shield=True):
                         await session.aclose()
 
-    def _session(self, state: SubscriptionState) -> _Session:
+    def _session(self, state: SubscriptionState) -> _Session | ClusterSession:
         try:
+            if self._target.cluster:
+                return ClusterSession(self._target, self.namespace, self.options)
             return _Session(self._target, self.namespace, self.options)
         except Exception as error:
             if state.connected_before:
@@ -212,7 +215,7 @@ class RedisStream:
             raise failed(self.url, "connecting", error) from error
 
     async def _open(
-        self, session: _Session, state: SubscriptionState
+        self, session: _Session | ClusterSession, state: SubscriptionState
     ) -> tuple[int, bytes, list[bytes]]:
         """Subscribe and snapshot; the first time, any failure is a
         :class:`RedisDiscoveryError` at once (within ``connect_timeout``)."""
@@ -237,7 +240,7 @@ class RedisStream:
             raise failed(self.url, action, error) from error
 
     async def _follow(
-        self, session: _Session, state: SubscriptionState
+        self, session: _Session | ClusterSession, state: SubscriptionState
     ) -> AsyncGenerator[DiscoveryEvent, None]:
         """The session's events: announcements, settled drops, reaps.
 
@@ -287,7 +290,7 @@ class RedisStream:
                 continue
             heard = time.monotonic()
             pinged = False
-            if message.get("type") != "message":
+            if message.get("type") not in ("message", "smessage"):
                 continue  # a pong: the connection answers
             event = state.message(message.get("data"))
             if event is not None:
