@@ -540,6 +540,17 @@ def test_delay_stays_within_jitter_bounds() -> None:
         assert len(set(samples)) > 1  # actually randomised
 
 
+def test_delays_that_reach_the_cap_still_spread_below_it() -> None:
+    """At ``max_backoff`` the jitter spreads the delays over
+    ``[max_backoff * (1 - jitter), max_backoff]`` instead of putting every
+    delay above the cap on the cap itself (a herd retrying in step)."""
+    policy = RestartPolicy(backoff=1.0, multiplier=2.0, max_backoff=5.0, jitter=0.2)
+    samples = [policy.delay(10) for _ in range(1000)]
+    assert all(4.0 <= s <= 5.0 for s in samples)
+    assert sum(s == 5.0 for s in samples) < 10
+    assert sum(s < 4.5 for s in samples) > 300
+
+
 def test_policy_defaults() -> None:
     """The documented defaults."""
     policy = RestartPolicy()

@@ -62,8 +62,11 @@ class RestartPolicy:
     the workers known before the failure and those the new stream reports
     (workers it re-reports unchanged are not repeated; those it has not
     reported within ``settle`` seconds are dropped). The delay before attempt
-    *n* is ``backoff * multiplier ** (n - 1)``, capped at ``max_backoff``,
-    times a random factor in ``[1 - jitter, 1 + jitter]``. Once ``attempts``
+    *n* is drawn uniformly between ``(1 - jitter)`` and ``(1 + jitter)``
+    times ``backoff * multiplier ** (n - 1)`` capped at ``max_backoff``, and
+    never above ``max_backoff``: at the cap, the delays still spread over
+    ``[max_backoff * (1 - jitter), max_backoff]``, so restarts that failed
+    together do not retry in step. Once ``attempts``
     consecutive restarts have failed without a single event in between,
     every consumer gets the last error. Each restart is logged on the
     ``wool_pooling.restart`` logger.
@@ -94,10 +97,10 @@ class RestartPolicy:
     #: Growth of the delay from one attempt to the next (a finite number
     #: >= 1; 1 keeps it constant).
     multiplier: float = 2.0
-    #: Cap on the delay before jitter, in seconds (a finite number >= 0).
+    #: Cap on the delay, in seconds (a finite number >= 0).
     max_backoff: float = 10.0
     #: Relative randomisation of each delay, in ``[0, 1]``: the delay is
-    #: multiplied by a random factor in ``[1 - jitter, 1 + jitter]``.
+    #: drawn from ``[1 - jitter, 1 + jitter]`` times its base, below the cap.
     jitter: float = 0.1
     #: Seconds the new stream has to report the workers it knows (a finite
     #: number >= 0); workers known before the failure and not reported by
@@ -147,9 +150,12 @@ class RestartPolicy:
         except OverflowError:  # attempts=None: the delay just stays at the cap
             grown = math.inf
         base = min(self.max_backoff, grown)
-        if self.jitter:
-            base *= random.uniform(1 - self.jitter, 1 + self.jitter)
-        return min(self.max_backoff, base)
+        if not self.jitter:
+            return base
+        # Spread under the cap, not cut by it (a cut would put every delay
+        # that reached the cap on the same instant).
+        high = min(self.max_backoff, base * (1 + self.jitter))
+        return random.uniform(base * (1 - self.jitter), high)
 
 
 @final

@@ -35,9 +35,13 @@ RETRIED = (*CONNECTION_ERRORS, Resync, redis_errors.ResponseError)
 #: Shortest wait for an announcement, in seconds.
 MIN_WAIT = 0.05
 
-#: How a subscriber reconnects after losing its connection, by default.
+#: How a subscriber reconnects after losing its connection, by default:
+#: at once or nearly (0.1 s, doubling), and after a long outage at a delay
+#: drawn from [0, 30] s, so that the processes a server restart disconnected
+#: together come back spread over 30 s, not in step (docs/redis.rst, *Restart
+#: herd*, derives it).
 DEFAULT_RECONNECT = RestartPolicy(
-    attempts=None, backoff=0.1, multiplier=2.0, max_backoff=5.0, jitter=0.2
+    attempts=None, backoff=0.1, multiplier=2.0, max_backoff=30.0, jitter=1.0
 )
 
 
