@@ -81,3 +81,22 @@ def wrapper_blocks(paths: list[Path]) -> list[str]:
         "### Wrapper ceiling: one consumer, a source that never suspends",
         table("file | backend | wrapper | items/s vs the raw source", "lllr", rows),
     ]
+
+
+def storm_redis_blocks(path: Path) -> list[str]:
+    """``storm_redis.py``: a server restart, every subscription's snapshot at once."""
+    from storm_redis import markdown as storm_table  # its table, one home
+
+    r = load(path)
+    meta = r.get("meta", {})
+    python = str(meta.get("python", "?")).split()[0]
+    return [
+        f"### Redis restart herd ({path.name})",
+        f"`python benchmarks/storm_redis.py`: CPython {python}, redis-server "
+        f"{meta.get('redis_server', '?')}; "
+        "P processes of unshared subscriptions watch W workers on one "
+        "`redis-server` (persistence on), the server is restarted, and every "
+        "subscription takes a new snapshot at once; timed until every view "
+        "equals the truth. The model built on it: docs/redis.rst, *Restart herd*.",
+        "\n".join(storm_table(r)),
+    ]

@@ -43,6 +43,7 @@ from typing import Any
 
 from _report_checks import soak_blocks
 from _report_checks import soak_redis_blocks
+from _report_checks import storm_redis_blocks
 from _report_checks import wrapper_blocks
 from _report_fanout import Rates
 from _report_fanout import interpreter_of
@@ -143,13 +144,16 @@ def render(folder: Path, runs: Runs, plotted: set[str]) -> list[str]:
             blocks += memory_blocks(path)
     soaks = sorted(folder.glob("soak-*.json"))
     fleet = sorted(folder.glob("soak_redis*.json"))
+    storms = sorted(folder.glob("storm_redis*.json"))
     ceilings = sorted(folder.glob("wrapper_ceiling-*.json"))
-    if soaks or fleet or ceilings:
+    if soaks or fleet or storms or ceilings:
         blocks.append("## Checks and limits")
         if soaks:
             blocks += soak_blocks(soaks)
         for path in fleet:
             blocks += soak_redis_blocks(path)
+        for path in storms:
+            blocks += storm_redis_blocks(path)
         if ceilings:
             blocks += wrapper_blocks(ceilings)
     return blocks + run_time_blocks(folder)
