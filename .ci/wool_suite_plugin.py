@@ -44,6 +44,7 @@ from typing import Any
 
 import pytest
 import wool
+
 from wool_pooling import SharedDiscovery
 
 #: What the run wrapped: pools given a discovery, SharedDiscovery made, and
@@ -156,8 +157,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     line = (
-        f"wool_suite_plugin: {counts['pools_with_discovery']} WorkerPool(discovery=...) "
-        f"in {len(tests_with_discovery)} tests; "
+        f"wool_suite_plugin: {counts['pools_with_discovery']} "
+        f"WorkerPool(discovery=...) in {len(tests_with_discovery)} tests; "
         f"{counts['shared_discoveries']} SharedDiscovery made"
     )
     terminalreporter.write_line(line)
