@@ -47,9 +47,11 @@ import wool
 
 from wool_pooling import SharedDiscovery
 
-#: What the run wrapped: pools given a discovery, SharedDiscovery made, and
-#: the tests that built at least one pool with a discovery.
+#: What the run wrapped: pools given a discovery, SharedDiscovery made (and
+#: by which form of the argument), and the tests that built at least one pool
+#: with a discovery.
 counts = {"pools_with_discovery": 0, "shared_discoveries": 0}
+made_via: dict[str, int] = {}
 tests_with_discovery: set[str] = set()
 _current_test: list[str] = [""]
 
@@ -61,12 +63,14 @@ def _is_discovery(value: object) -> bool:
         return False
 
 
-def wrap_discovery(value: Any) -> Any:
-    """``SharedDiscovery(value)`` if ``value`` is a discovery not wrapped yet."""
+def wrap_discovery(value: Any, via: str) -> Any:
+    """``SharedDiscovery(value)`` if ``value`` is a discovery not wrapped yet;
+    ``via`` names the form of the argument it came from, for the counts."""
     if isinstance(value, SharedDiscovery) or not _is_discovery(value):
         return value
     shared = SharedDiscovery(value)
     counts["shared_discoveries"] += 1
+    made_via[via] = made_via.get(via, 0) + 1
     return shared
 
 
@@ -77,7 +81,7 @@ class _SharedSyncContext:
         self._manager = manager
 
     def __enter__(self) -> Any:
-        return wrap_discovery(self._manager.__enter__())
+        return wrap_discovery(self._manager.__enter__(), "context manager")
 
     def __exit__(self, *exc_info: Any) -> bool | None:
         return self._manager.__exit__(*exc_info)
@@ -90,7 +94,7 @@ class _SharedAsyncContext:
         self._manager = manager
 
     async def __aenter__(self) -> Any:
-        return wrap_discovery(await self._manager.__aenter__())
+        return wrap_discovery(await self._manager.__aenter__(), "async context manager")
 
     async def __aexit__(self, *exc_info: Any) -> bool | None:
         return await self._manager.__aexit__(*exc_info)
@@ -103,14 +107,14 @@ class _SharedFactory:
         self._factory = factory
 
     def __call__(self) -> Any:
-        return share(self._factory())
+        return share(self._factory(), via="factory")
 
 
 async def _shared_awaitable(awaitable: Awaitable[Any]) -> Any:
-    return wrap_discovery(await awaitable)
+    return wrap_discovery(await awaitable, "awaitable")
 
 
-def share(discovery: Any) -> Any:
+def share(discovery: Any, via: str = "discovery") -> Any:
     """``discovery`` in the same form, yielding a ``SharedDiscovery`` in the end.
 
     The order is wool's own (``WorkerPool`` resolves a discovery argument the
@@ -120,7 +124,7 @@ def share(discovery: Any) -> Any:
     if discovery is None or isinstance(discovery, SharedDiscovery):
         return discovery
     if _is_discovery(discovery):
-        return wrap_discovery(discovery)
+        return wrap_discovery(discovery, via)
     if isinstance(discovery, AbstractContextManager):
         return _SharedSyncContext(discovery)
     if isinstance(discovery, AbstractAsyncContextManager):
@@ -159,10 +163,18 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     line = (
         f"wool_suite_plugin: {counts['pools_with_discovery']} "
         f"WorkerPool(discovery=...) in {len(tests_with_discovery)} tests; "
-        f"{counts['shared_discoveries']} SharedDiscovery made"
+        f"{counts['shared_discoveries']} SharedDiscovery made "
+        f"({_forms()})"
     )
     terminalreporter.write_line(line)
     path = os.environ.get("WOOL_SUITE_WRAP_REPORT")
     if path:
         with open(path, "w") as file:
-            json.dump({**counts, "tests": len(tests_with_discovery)}, file)
+            json.dump(
+                {**counts, "tests": len(tests_with_discovery), "forms": _forms()}, file
+            )
+
+
+def _forms() -> str:
+    """How many SharedDiscovery came from each form of ``discovery=``."""
+    return ", ".join(f"{n} from a {via}" for via, n in sorted(made_via.items()))
