@@ -177,4 +177,4 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 def _forms() -> str:
     """How many SharedDiscovery came from each form of ``discovery=``."""
-    return ", ".join(f"{n} from a {via}" for via, n in sorted(made_via.items()))
+    return ", ".join(f"{via}: {n}" for via, n in sorted(made_via.items()))
