@@ -75,6 +75,7 @@ from wool_pooling.redis._errors import DEFAULT_RECONNECT
 from wool_pooling.redis._scripts import PUBLISH
 from wool_pooling.redis._scripts import SNAPSHOT
 from wool_pooling.redis._scripts import Keys
+from wool_pooling.redis._scripts import idle_expiry_ms
 from wool_pooling.redis._state import SubscriptionState
 
 #: A record's lease, in ms: nothing expires during a run.
@@ -306,6 +307,7 @@ def populate(client: Any, keys: Keys, count: int) -> list[str]:
             uids.append(str(metadata.uid))
             pipe.evalsha(
                 sha, len(keys.keys), *keys.keys, keys.channel, epoch,
+                idle_expiry_ms(LEASE_MS / 1000),
                 "worker-added", uids[-1], payload(metadata), LEASE_MS,
             )  # fmt: skip
         pipe.execute()
@@ -320,7 +322,8 @@ def snapshot_cost(server: Server, keys: Keys, count: int) -> dict[str, Any]:
     time a subscription that knows them all takes to apply it again."""
     client = server.admin()
     sha = client.script_load(SNAPSHOT)
-    arguments = [sha, len(keys.keys), *keys.keys, keys.channel, uuid.uuid4().hex]
+    keep = idle_expiry_ms(LEASE_MS / 1000)
+    arguments = [sha, len(keys.keys), *keys.keys, keys.channel, uuid.uuid4().hex, keep]
     reply = client.evalsha(*arguments)
     wire = resp_bytes(reply)
     began = time.perf_counter()

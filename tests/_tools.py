@@ -18,20 +18,27 @@ import pytest
 REQUIRED = os.environ.get("WOOL_POOLING_REQUIRE_TOOLS") == "1"
 
 
-def _missing(message: str) -> None:
-    if REQUIRED:
-        pytest.fail(f"WOOL_POOLING_REQUIRE_TOOLS=1 but {message}", pytrace=False)
-    pytest.skip(message, allow_module_level=True)
-
-
-def require_modules(*names: str, extra: str) -> None:
-    """Skip (or fail, see above) unless every module in ``names`` is importable."""
+def require_modules(*names: str, extra: str) -> str | None:
+    """At a test module's import: ``None`` if every module in ``names`` is
+    importable. Otherwise the module is skipped, saying which extra brings
+    them; under ``WOOL_POOLING_REQUIRE_TOOLS=1`` the message is returned
+    instead, for the module to keep as ``MISSING_TOOLS``: each of its tests
+    that is selected then fails with it (see ``conftest.py``), while a run
+    that deselects them by marker still collects the module."""
     missing = [name for name in names if importlib.util.find_spec(name) is None]
-    if missing:
-        _missing(f'{", ".join(missing)} missing: pip install -e ".[{extra}]"')
+    if not missing:
+        return None
+    return _missing(f'{", ".join(missing)} missing: pip install -e ".[{extra}]"')
 
 
-def require_program(path: Path, *, extra: str) -> None:
-    """Skip (or fail) unless the program at ``path`` exists."""
-    if not path.exists():
-        _missing(f'{path.name} missing: pip install -e ".[{extra}]"')
+def require_program(path: Path, *, extra: str) -> str | None:
+    """As :func:`require_modules`, for the program at ``path``."""
+    if path.exists():
+        return None
+    return _missing(f'{path.name} missing: pip install -e ".[{extra}]"')
+
+
+def _missing(message: str) -> str:
+    if not REQUIRED:
+        pytest.skip(message, allow_module_level=True)
+    return f"WOOL_POOLING_REQUIRE_TOOLS=1 but {message}"

@@ -26,6 +26,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.redis)
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test of a module that lacks a tool CI requires fails (see ``_tools``)."""
+    missing = getattr(getattr(item, "module", None), "MISSING_TOOLS", None)
+    if missing:
+        pytest.fail(missing, pytrace=False)
+
+
 @pytest.fixture(params=BACKENDS)
 def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
     """Run every ``anyio``-marked test under asyncio (see ``_loops``) and trio."""

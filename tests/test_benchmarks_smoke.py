@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from _tools import require_modules
 
-require_modules("pyperf", "matplotlib", "asyncstdlib", extra="bench")
-
-import pyperf  # noqa: E402
+MISSING_TOOLS = require_modules("pyperf", "matplotlib", "asyncstdlib", extra="bench")
+if MISSING_TOOLS is None:
+    import pyperf
 
 pytestmark = pytest.mark.benchmarks
 

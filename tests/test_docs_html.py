@@ -19,7 +19,7 @@ from _tools import require_modules
 import wool_pooling
 import wool_pooling.redis
 
-require_modules("sphinx", "myst_parser", extra="docs")
+MISSING_TOOLS = require_modules("sphinx", "myst_parser", extra="docs")
 
 pytestmark = pytest.mark.docs
 

@@ -142,7 +142,7 @@ def test_a_required_option_left_out_is_refused() -> None:
         TypeError,
         match=(
             r"^SharedDiscovery: _Required\.subscribe\(\) cannot be called with "
-            r"\(\): missing a required argument: 'region'$"
+            r"\(\): missing a required (keyword-only )?argument: 'region'$"
         ),
     ):
         SharedDiscovery(_Required())  # type: ignore[arg-type]

@@ -23,7 +23,7 @@ from _tools import require_modules
 
 import wool_pooling
 
-require_modules("build", "hatchling", extra="release")
+MISSING_TOOLS = require_modules("build", "hatchling", extra="release")
 
 pytestmark = pytest.mark.docs
 

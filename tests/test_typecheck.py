@@ -41,7 +41,7 @@ pytestmark = pytest.mark.docs
 ROOT = Path(__file__).resolve().parent.parent
 TYPECHECK = Path(__file__).resolve().parent / "typecheck"
 PYRIGHT = Path(sys.executable).with_name("pyright")
-require_program(PYRIGHT, extra="dev")
+MISSING_TOOLS = require_program(PYRIGHT, extra="dev")
 CONFIG = {"typeCheckingMode": "strict", "reportMissingTypeStubs": False}
 PYTHON_BLOCK = re.compile(
     r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE
