@@ -55,7 +55,7 @@ async def test_every_consumer_gets_every_later_item_in_order_once(
     probe: Probe,
 ) -> None:
     """Each consumer receives each item pulled after it registered, in order, once."""
-    fanout = Fanout(probe)
+    fanout = Fanout(probe, read_ahead=0)
     a, b = fanout.consumer(), fanout.consumer()
     probe.feed(*range(10))
     with anyio.fail_after(5):
@@ -122,7 +122,7 @@ async def test_two_hundred_consumers_get_everything() -> None:
 async def test_nothing_is_pulled_before_a_consumer_waits(probe: Probe) -> None:
     """Creating the fan-out, registering consumers and ``__aiter__`` pull nothing."""
     probe.feed(*range(5))
-    fanout = Fanout(probe)
+    fanout = Fanout(probe, read_ahead=0)
     consumers = [fanout.consumer() for _ in range(3)]
     iterators = [aiter(consumer) for consumer in consumers]
     await settle()
@@ -142,7 +142,7 @@ async def test_nothing_is_pulled_before_a_consumer_waits(probe: Probe) -> None:
 
 async def test_buffered_consumer_is_served_without_a_pull(probe: Probe) -> None:
     """A consumer with buffered items gets them without the source being advanced."""
-    fanout = Fanout(probe)
+    fanout = Fanout(probe, read_ahead=0)
     a, b = fanout.consumer(), fanout.consumer()
     probe.feed(*range(10))
     with anyio.fail_after(5):
@@ -159,7 +159,7 @@ async def test_buffered_consumer_is_served_without_a_pull(probe: Probe) -> None:
 async def test_nothing_is_pulled_ahead_of_demand(probe: Probe) -> None:
     """With items available at the source, N requests pull exactly N items."""
     probe.feed(*range(100))
-    fanout = Fanout(probe)
+    fanout = Fanout(probe, read_ahead=0)
     a, b = fanout.consumer(), fanout.consumer()
     with anyio.fail_after(5):
         for n in range(1, 8):
@@ -206,7 +206,7 @@ async def test_at_most_one_pull_in_flight_with_many_waiters(probe: Probe) -> Non
 
 async def test_no_pull_once_the_only_waiter_is_cancelled(probe: Probe) -> None:
     """After the pull in flight completes, no further pull starts without a waiter."""
-    fanout = Fanout(probe)
+    fanout = Fanout(probe, read_ahead=0)
     consumer = fanout.consumer()
     scope = anyio.CancelScope()
     with anyio.fail_after(5):
@@ -311,7 +311,7 @@ async def test_consumers_leaving_and_rejoining_never_start_a_second_pull(
 ) -> None:
     """The last consumer leaving between pulls, or during one, and a new one
     joining at once: still one pull at a time, no item lost or repeated."""
-    fanout = Fanout(probe)
+    fanout = Fanout(probe, read_ahead=0)
     with anyio.fail_after(5):
         first = fanout.consumer()
         probe.feed(0)
@@ -520,7 +520,7 @@ def test_random_programs_match_the_reference_model(
 
     async def body() -> None:
         with Probe() as probe:
-            fanout = Fanout(probe)
+            fanout = Fanout(probe, read_ahead=0)
             slots: list[Slot | None] = [None] * 4
             history: list[Slot] = []
             fed = 0
@@ -602,7 +602,7 @@ def test_random_programs_match_the_reference_model(
 
 async def test_wait_readable_starts_a_pull_and_leaves_the_item_to_read() -> None:
     with Probe() as probe:
-        fanout = Fanout(probe)
+        fanout = Fanout(probe, read_ahead=0)
         consumer, other = fanout.consumer(), fanout.consumer()
         with pytest.raises(anyio.WouldBlock):
             consumer.receive_nowait()
@@ -647,7 +647,7 @@ async def test_wait_readable_returns_at_once_when_an_item_or_the_end_is_there() 
 
 async def test_cancelled_wait_readable_withdraws_only_its_own_demand() -> None:
     with Probe() as probe:
-        fanout = Fanout(probe)
+        fanout = Fanout(probe, read_ahead=0)
         consumer, other = fanout.consumer(), fanout.consumer()
         scope, got = anyio.CancelScope(), list[int]()
 
