@@ -14,7 +14,8 @@ The ttl class uses a long ttl; "advance past ttl" cancels the entry's expiry
 timer, which finalises the entry exactly as the timer's end would, so no step
 depends on wall-clock timing. For the same reason the restarting class has a
 long ``settle`` window (its drops are tested in ``test_restart.py``): once
-restarted, an entry translates every later event into a diff.
+restarted, an entry translates every later event into a diff. The
+classes use ``read_ahead=0``: the model's pulls are its consumers' demands.
 """
 
 from __future__ import annotations
@@ -239,8 +240,9 @@ class PoolMachine(RuleBasedStateMachine):
         self.classes: dict[str, type[Raw]] = {}
         for kind in (PLAIN, RESTARTING, LINGERING):
             cls = type(kind.name, (Raw,), {"instances": []})
+            # read_ahead=0: the model pulls on demand only.
             self.classes[kind.name] = shared_subscription(
-                ttl=kind.ttl, restart=kind.restart
+                ttl=kind.ttl, restart=kind.restart, read_ahead=0
             )(cls)
         self.pool: SubscriptionPool = self.portal.call(self._current_pool)
         self.uids = [uuid.uuid4() for _ in range(3)]
