@@ -558,8 +558,8 @@ async def test_consumer_within_max_lag_gets_the_exact_sequence() -> None:
     """A consumer at most max_lag behind receives every event, in order: no resync."""
     max_lag, n = 8, 120
     script = make_script(n, workers=10, seed=11)
-    # read_ahead=0: counts what is buffered; the second consumer joins before anything is pulled
-    # ahead, so it receives the script itself rather than a replay.
+    # read_ahead=0: counts what is buffered; the second consumer joins
+    # before anything is pulled ahead, so it receives the script itself.
     cls = scripted_class(script, max_lag=max_lag, read_ahead=0)
     async with SubscriptionPool() as pool:
         fast, slow = aiter(subscribe(cls)), aiter(subscribe(cls))
