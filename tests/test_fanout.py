@@ -476,6 +476,7 @@ class Slot:
     closed: bool = False
 
 
+@pytest.mark.parametrize("read_ahead", [0, 3])
 @pytest.mark.parametrize("backend", BACKENDS)
 @settings(max_examples=50, deadline=None)
 @given(program=program_strategy)
@@ -514,18 +515,27 @@ class Slot:
     ]
 )
 def test_random_programs_match_the_reference_model(
-    backend: tuple[str, dict[str, Any]], program: list[tuple[Op, int]]
+    backend: tuple[str, dict[str, Any]],
+    read_ahead: int,
+    program: list[tuple[Op, int]],
 ) -> None:
-    """Any register/take/cancel/close/feed program keeps every stream exact."""
+    """Any register/take/cancel/close/feed program keeps every stream exact.
+
+    With ``read_ahead=0`` the model pulls on demand only: never past the
+    largest demand; with ``read_ahead=R``, never more than R past it."""
 
     async def body() -> None:
         with Probe() as probe:
-            fanout = Fanout(probe, read_ahead=0)
+            fanout = Fanout(probe, read_ahead=read_ahead)
             slots: list[Slot | None] = [None] * 4
             history: list[Slot] = []
             fed = 0
             closing = False
             high_water = 0  # the largest item count any take ever demanded
+            # The demand of the last take that waited at the log's end, and
+            # whether a consumer has been registered at every step since.
+            reset: int | None = None
+            continuous = False
 
             async def take_one(slot: Slot, scope: anyio.CancelScope) -> None:
                 with scope:
@@ -545,7 +555,9 @@ def test_random_programs_match_the_reference_model(
                 for s in history:
                     expected = list(range(s.start, s.start + len(s.received)))
                     assert s.received == expected
-                assert stats.pulled <= high_water
+                assert stats.pulled <= high_water + read_ahead
+                if reset is not None and continuous:  # ... and reads that far
+                    assert stats.pulled == min(fed, reset + read_ahead)
                 assert stats.pulled <= fed
                 assert stats.consumers == len(live)
                 assert stats.waiting == len(pending)
@@ -573,6 +585,8 @@ def test_random_programs_match_the_reference_model(
                             if slot.pending is None:
                                 demand = slot.start + len(slot.received) + 1
                                 high_water = max(high_water, demand)
+                                if demand == fanout.statistics().pulled + 1:
+                                    reset, continuous = demand, True
                                 slot.pending = anyio.CancelScope()
                                 tg.start_soon(take_one, slot, slot.pending)
                         elif op == "cancel" and slot is not None:
@@ -585,6 +599,8 @@ def test_random_programs_match_the_reference_model(
                             probe.feed(fed)
                             fed += 1
                         await settle()
+                        if not any(s is not None and not s.closed for s in slots):
+                            continuous = False
                         check()
                     closing = True
                     await fanout.aclose()
