@@ -314,7 +314,7 @@ async def test_non_async_iterable_source_raises_type_error(source: Any) -> None:
 async def test_async_iterable_class_is_iterated_once() -> None:
     """A class-based async iterable has ``aiter`` called once for all consumers."""
     source = NumbersIterable(20)
-    fanout = Fanout(source)
+    fanout = Fanout(source, read_ahead=0)  # late registers after item 4 exactly
     consumers = [fanout.consumer() for _ in range(4)]
     with anyio.fail_after(5):
         assert await take(consumers[0], 5) == list(range(5))
