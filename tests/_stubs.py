@@ -150,11 +150,14 @@ class ShutdownStub(StreamStub):
         await self._close()
 
 
-def make_stub(*, ttl: float = 0.0, shutdown: bool = False) -> type[StreamStub]:
-    """A fresh decorated stub class with its own ``instances`` list."""
+def make_stub(
+    *, ttl: float = 0.0, shutdown: bool = False, **options: Any
+) -> type[StreamStub]:
+    """A fresh decorated stub class with its own ``instances`` list
+    (``options``: more arguments of ``@shared_subscription``)."""
     base: type[StreamStub] = ShutdownStub if shutdown else AcloseStub
     cls = type(base.__name__, (base,), {"instances": []})
-    return shared_subscription(ttl=ttl)(cls)
+    return shared_subscription(ttl=ttl, **options)(cls)
 
 
 def subscribe(cls: type[StreamStub], name: str = "a") -> SharedSubscription:

@@ -40,7 +40,7 @@ async def test_fanout_async_for_yields_exactly_what_anext_yields(
 ) -> None:
     """``async for`` yields what ``anext`` does and pulls nothing ahead of demand."""
     source = Feed(checkpoints=checkpoints)
-    fanout = Fanout(source)
+    fanout = Fanout(source, read_ahead=0)
     reference, subject = fanout.consumer(), fanout.consumer()
     source.feed(*range(6))
     expected = await take(reference, 3)  # the subject has three buffered
@@ -74,17 +74,19 @@ async def test_fanout_async_for_yields_exactly_what_anext_yields(
     await fanout.aclose()
 
 
+@pytest.mark.parametrize("read_ahead", [0, 64])
 @pytest.mark.parametrize(
     "checkpoints", [0, 1], ids=["pulls-complete-at-once", "pulls-pass-checkpoints"]
 )
 async def test_fanout_concurrent_async_for_loops_each_get_everything_once(
-    checkpoints: int,
+    checkpoints: int, read_ahead: int
 ) -> None:
     """Concurrent loops, left and re-entered every k items, each get all items once."""
-    # Five paces; the source sees one pull at a time and none beyond the demand.
+    # Five paces; the source sees one pull at a time and, with read_ahead=0,
+    # none beyond the demand.
     n, burst = 60, 10
     source = Feed(checkpoints=checkpoints)
-    fanout = Fanout(source)
+    fanout = Fanout(source, read_ahead=read_ahead)
     every = [1, 2, 3, 7, n]  # items per loop, per consumer
     consumers = [fanout.consumer() for _ in every]
     results: list[list[int]] = [[] for _ in every]
@@ -105,7 +107,9 @@ async def test_fanout_concurrent_async_for_loops_each_get_everything_once(
                 source.feed(*range(start, start + burst))
     assert results == [list(range(n))] * len(every)
     assert source.max_active == 1
-    assert source.pulls == fanout.statistics().pulled == n
+    # Read-ahead leaves one pull waiting at the dry source, never more.
+    assert fanout.statistics().pulled == n
+    assert source.pulls == n + (read_ahead > 0)
     await fanout.aclose()
 
 
@@ -115,7 +119,7 @@ async def test_fanout_leaving_a_loop_then_iterating_again_continues_at_the_next_
 ) -> None:
     """A loop left by break, raise or cancel leaves the consumer at the next item."""
     source = Feed()
-    fanout = Fanout(source)
+    fanout = Fanout(source, read_ahead=0)
     reference, subject = fanout.consumer(), fanout.consumer()
     source.feed(*range(7))
     assert await take(reference, 4) == [0, 1, 2, 3]  # the subject has four buffered
@@ -147,7 +151,7 @@ async def test_fanout_anext_and_async_for_loops_share_the_consumers_one_position
 ):
     """Loops over a consumer and ``anext`` calls in them share its one position."""
     source = Feed()
-    fanout = Fanout(source)
+    fanout = Fanout(source, read_ahead=0)
     reference, subject = fanout.consumer(), fanout.consumer()
     source.feed(*range(9))
     assert await take(reference, 3) == [0, 1, 2]  # the subject has three buffered
@@ -190,7 +194,7 @@ async def test_fanout_lagged_ends_the_loop_and_the_next_starts_at_the_oldest_ite
     """``Lagged`` ends the loop, not the consumer; the next loop reads the oldest."""
     source = Feed()
     source.feed(*range(12))
-    fanout = Fanout(source, max_lag=2, on_lag="error")
+    fanout = Fanout(source, max_lag=2, on_lag="error", read_ahead=0)
     fast, slow = fanout.consumer(), fanout.consumer()
 
     async def overtake(item: int) -> None:
@@ -305,7 +309,7 @@ async def test_fanout_loop_over_an_ended_consumer_ends_at_once_without_a_pull() 
     # A closed consumer, or any consumer of a closed fan-out, even with items
     # ready at the source.
     source = Feed()
-    fanout = Fanout(source)
+    fanout = Fanout(source, read_ahead=0)
     reader, closed = fanout.consumer(), fanout.consumer()
     source.feed(*range(4))
     assert await take(reader, 1) == [0]
@@ -379,7 +383,7 @@ async def test_fanout_aiter_returns_the_consumer_and_pulls_nothing() -> None:
     baseline = running_tasks()
     source = Feed()
     source.feed(*range(5))
-    fanout = Fanout(source)
+    fanout = Fanout(source, read_ahead=0)
     consumers = [fanout.consumer() for _ in range(3)]
     iterators = [aiter(consumer) for consumer in consumers]
     assert all(

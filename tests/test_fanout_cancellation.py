@@ -47,7 +47,7 @@ _MISSING: Any = object()
 
 async def test_cancelling_the_pulling_consumer_mid_pull(probe: Probe) -> None:
     """Cancelling the consumer whose wait started the pull is prompt, loses nothing."""
-    fanout = Fanout(probe)
+    fanout = Fanout(probe, read_ahead=0)  # counts the pulls
     a, b = fanout.consumer(), fanout.consumer()
     a_scope = anyio.CancelScope()
     a_done = anyio.Event()
@@ -203,7 +203,7 @@ async def test_cancelling_the_consumer_that_started_a_multi_step_pull_loses_noth
         finally:
             finalized.set()
 
-    fanout = Fanout(source())
+    fanout = Fanout(source(), read_ahead=0)  # the victim's call starts each pull
     victim = fanout.consumer()
     others = [fanout.consumer() for _ in range(3)]
     victim_items: list[int] = []
@@ -302,7 +302,7 @@ async def test_a_consumer_cancelled_by_the_pull_its_call_started_loses_nothing(
             through_source.append(error)
             raise
 
-    fanout = Fanout(source())
+    fanout = Fanout(source(), read_ahead=0)  # the victim's call starts each pull
     victim, other = fanout.consumer(), fanout.consumer()
     outcome: dict[str, object] = {}
     items: list[int] = []

@@ -49,7 +49,7 @@ TARGET = 3
 
 async def test_consumer_closed_mid_wait_does_not_disturb_others(probe: Probe) -> None:
     """A waiting consumer that is ``aclose()``d ends; the pull and the others go on."""
-    fanout = Fanout(probe)
+    fanout = Fanout(probe, read_ahead=0)  # counts the pulls
     closing, other = fanout.consumer(), fanout.consumer()
     outcome: dict[str, object] = {}
 
@@ -128,7 +128,7 @@ async def test_abandoned_consumer_does_not_disturb_others(probe: Probe) -> None:
 
 async def test_consumer_as_async_context_manager(probe: Probe) -> None:
     """``async with fanout.consumer() as c`` iterates, and leaving it unregisters c."""
-    fanout = Fanout(probe)
+    fanout = Fanout(probe, read_ahead=0)  # counts what is buffered
     other = fanout.consumer()
     probe.feed(*range(4))
     with anyio.fail_after(5):
@@ -300,7 +300,7 @@ async def test_a_consumer_closed_in_the_first_step_of_its_own_pull_ends_at_once(
         await go.wait()
         yield 1
 
-    fanout = Fanout(source())
+    fanout = Fanout(source(), read_ahead=0)  # the second pull is the starter's
     starter, other = fanout.consumer(), fanout.consumer()
     holder.append(starter)
     outcome: list[str] = []
@@ -386,7 +386,7 @@ async def test_aclose_ends_a_consumer_with_buffered_items(probe: Probe) -> None:
 
 async def test_aclose_closes_a_source_suspended_between_items(probe: Probe) -> None:
     """A source suspended at ``yield`` is closed (its finally runs) exactly once."""
-    fanout = Fanout(probe)
+    fanout = Fanout(probe, read_ahead=0)  # so that no pull is in flight
     consumer = fanout.consumer()
     probe.feed(0)
     with anyio.fail_after(5):
@@ -522,8 +522,9 @@ class Held:
     """A source whose items come ready until ``hold`` is set; then each pull
     waits for ``release`` and raises :exc:`Boom`."""
 
-    def __init__(self) -> None:
+    def __init__(self, hold_from: int | None = None) -> None:
         self.hold = False
+        self.hold_from = hold_from  # holds from this item on, if set
         self.release = anyio.Event()
         self.closed = False
 
@@ -531,7 +532,7 @@ class Held:
         try:
             number = 0
             while True:
-                if self.hold:
+                if self.hold or number == self.hold_from:
                     await self.release.wait()
                     raise Boom(number)
                 yield number
@@ -566,19 +567,19 @@ async def test_closing_during_a_ready_sources_suspended_pull_cancels_it() -> Non
     assert not fanout.statistics().pulling
 
 
+@pytest.mark.parametrize("read_ahead", [0, 64])
 async def test_a_fan_out_dropped_mid_pull_is_freed_and_its_pulls_error_is_not_logged(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, read_ahead: int
 ) -> None:
     """Dropped while a pull waits (after ready ones): nothing keeps the
     fan-out alive, and the pull's later error is dealt with, not reported."""
     import gc
 
-    source = Held()
-    fanout = Fanout(source.items())
+    source = Held(hold_from=4)
+    fanout = Fanout(source.items(), read_ahead=read_ahead)
     consumer = fanout.consumer()
     with anyio.fail_after(TIMEOUT):
         assert [await anext(consumer) for _ in range(4)] == [0, 1, 2, 3]
-        source.hold = True
         with anyio.CancelScope() as scope:
             scope.deadline = anyio.current_time()  # gives up at its wait
             await anext(consumer)

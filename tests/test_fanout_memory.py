@@ -39,24 +39,30 @@ async def test_items_are_freed_once_every_consumer_received_them(probe: Probe) -
     await fanout.aclose()
 
 
+@pytest.mark.parametrize("read_ahead", [0, 64])
 async def test_slow_consumer_holds_items_fast_one_alone_holds_none(
-    probe: Probe,
+    probe: Probe, read_ahead: int
 ) -> None:
-    """A slow consumer holds items until it reads or leaves; a lone fast one, none."""
-    fanout = Fanout(probe)
+    """A slow consumer holds items until it reads or leaves; a lone fast one
+    holds none beyond those read ahead."""
+    fanout = Fanout(probe, read_ahead=read_ahead)
     slow, fast = fanout.consumer(), fanout.consumer()
     probe.feed(*range(10))
+    # Read ahead: the five items left at the source (fewer than read_ahead).
+    ahead = 5 if read_ahead else 0
     with anyio.fail_after(5):
         assert await take(fast, 5) == list(range(5))
-        assert fanout.statistics().buffered == 5
-        assert slow.buffered == 5
-        assert fast.buffered == 0
+        await anyio.wait_all_tasks_blocked()
+        assert fanout.statistics().pulled == 5 + ahead
+        assert fanout.statistics().buffered == 5 + ahead
+        assert slow.buffered == 5 + ahead
+        assert fast.buffered == ahead
         slow.close()
-        assert fanout.statistics().buffered == 0
+        assert fanout.statistics().buffered == ahead
         assert fanout.statistics().consumers == 1
         for item in range(5, 10):
             assert await anext(fast) == item
-            assert fanout.statistics().buffered == 0
+            assert fanout.statistics().buffered == (9 - item if read_ahead else 0)
     await fanout.aclose()
 
 

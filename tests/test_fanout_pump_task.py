@@ -449,7 +449,7 @@ async def test_a_pull_scope_cancelled_from_outside_raises_at_the_pulls_checkpoin
             pull_tasks.step()
             yield f"after {round_}"
 
-    fanout = Fanout(source())
+    fanout = Fanout(source(), read_ahead=0)  # each round is the reader's demand
     consumer, other = fanout.consumer(), fanout.consumer()
     stray: list[str] = []
     got: list[str] = []

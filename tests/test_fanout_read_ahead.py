@@ -20,6 +20,7 @@ import pytest
 from _stubs import current_task
 from _stubs import ev
 from _stubs import meta
+from _stubs import pairs
 from _stubs import uvloop_too
 from wool import DiscoveryEvent
 from wool import WorkerMetadata
@@ -320,6 +321,96 @@ async def test_a_late_joiner_after_a_batch_gets_a_replay_without_gap_or_duplicat
         assert seen == [worker(number) for number in range(20)]
         rest = [(await anext(first)).metadata for _ in range(19)]
         assert rest == [worker(number) for number in range(1, 20)]
+
+
+def churn(count: int) -> list[DiscoveryEvent]:
+    """``count`` events over ten workers: each added, then updated or
+    dropped (and later added back) in turn, so a diff has every kind."""
+    events: list[DiscoveryEvent] = []
+    known: dict[int, WorkerMetadata] = {}
+    for step in range(count):
+        number = step % 10
+        if number not in known:
+            known[number] = meta(uuid.UUID(int=number + 1), pid=step + 1)
+            events.append(ev("worker-added", known[number]))
+        elif (step // 10 + number) % 3 == 0:
+            events.append(ev("worker-dropped", known.pop(number)))
+        else:
+            known[number] = meta(uuid.UUID(int=number + 1), pid=step + 1)
+            events.append(ev("worker-updated", known[number]))
+    return events
+
+
+CHURN = churn(300)
+
+View = dict[uuid.UUID, WorkerMetadata]
+
+
+def apply(view: View, event: DiscoveryEvent) -> None:
+    """Apply ``event`` to a consumer's view, checking it fits the view."""
+    uid = event.metadata.uid
+    if event.type == "worker-added":
+        assert uid not in view
+        view[uid] = event.metadata
+    elif event.type == "worker-updated":
+        assert uid in view
+        assert view[uid] != event.metadata
+        view[uid] = event.metadata
+    else:
+        assert view.pop(uid) == event.metadata
+
+
+def diff_size(seen: View, current: View) -> int:
+    """How many events the resync from ``seen`` to ``current`` holds."""
+    changed = sum(1 for uid, md in current.items() if seen.get(uid) != md)
+    return changed + sum(1 for uid in seen if uid not in current)
+
+
+@shared_subscription(max_lag=8)  # the default read-ahead, inside max_lag
+class ChurningWorkers:
+    """:data:`CHURN`, each event ready at once; then nothing more."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def __aiter__(self) -> AsyncIterator[DiscoveryEvent]:
+        for event in CHURN:
+            yield event
+        await anyio.sleep_forever()
+
+
+async def test_a_stalled_consumer_is_resynced_exactly_with_the_default_read_ahead() -> (
+    None
+):
+    """With the default read-ahead, a consumer that falls more than
+    ``max_lag`` behind gets the diff to the current workers, then the live
+    stream; the first consumer gets every event once, in order."""
+    final: View = {}
+    for event in CHURN:
+        apply(final, event)
+    fast_view: View = {}
+    slow_view: View = {}
+    with anyio.fail_after(10):
+        async with SubscriptionPool():
+            fast, slow = aiter(ChurningWorkers("c")), aiter(ChurningWorkers("c"))
+            fast_events = [await anext(fast)]  # pulls a batch, inside max_lag
+            await anyio.wait_all_tasks_blocked()
+            # The batch stopped at max_lag: eight events, all adds, which the
+            # late joiner receives as its replay.
+            replay = [await anext(slow) for _ in range(8)]
+            assert pairs(replay) == pairs(CHURN[:8])
+            for event in replay:
+                apply(slow_view, event)
+            fast_events += [await anext(fast) for _ in range(len(CHURN) - 1)]
+            for event in fast_events:
+                apply(fast_view, event)
+            assert pairs(fast_events) == pairs(CHURN)
+            assert fast_view == final
+            for _ in range(diff_size(slow_view, final)):
+                apply(slow_view, await anext(slow))
+            assert slow_view == final
+            await slow.aclose()
+            await fast.aclose()
 
 
 async def test_the_decorator_refuses_a_bad_read_ahead() -> None:

@@ -201,7 +201,8 @@ async def test_a_ready_pull_cancelling_its_callers_scope_cancels_that_call_only(
     kind: Kind, at: int
 ) -> None:
     """However the pull runs, a cancellation it requests of its caller's
-    scope is raised inside that call; the item is kept for the next read."""
+    scope is raised inside that call; the item is kept for the next read
+    (``read_ahead=0``: the call that starts a pull is the one it runs for)."""
     victim_scope = anyio.CancelScope()
     script = Script(["ready"] * 6, fails=False)
     step = script.step
@@ -212,7 +213,7 @@ async def test_a_ready_pull_cancelling_its_callers_scope_cancels_that_call_only(
         return await step(index)
 
     script.step = cancelling_step  # type: ignore[method-assign]
-    fanout = Fanout(make_source(kind, script))
+    fanout = Fanout(make_source(kind, script), read_ahead=0)
     victim = fanout.consumer()
     items: list[int] = []
     stray: list[str] = []
@@ -313,7 +314,7 @@ async def test_non_async_iterable_source_raises_type_error(source: Any) -> None:
 async def test_async_iterable_class_is_iterated_once() -> None:
     """A class-based async iterable has ``aiter`` called once for all consumers."""
     source = NumbersIterable(20)
-    fanout = Fanout(source)
+    fanout = Fanout(source, read_ahead=0)  # late registers after item 4 exactly
     consumers = [fanout.consumer() for _ in range(4)]
     with anyio.fail_after(5):
         assert await take(consumers[0], 5) == list(range(5))

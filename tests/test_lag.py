@@ -502,7 +502,9 @@ async def test_stalled_consumer_is_resynced_by_state_diff() -> None:
     max_lag, n, prefix = 8, 300, 40
     script = make_script(n, workers=10, seed=5)
     live, receive = anyio.create_memory_object_stream[DiscoveryEvent](math.inf)
-    cls = scripted_class(script, live=receive, max_lag=max_lag)
+    # read_ahead=0: the second consumer joins before anything is pulled
+    # ahead, so it receives the script itself rather than a replay.
+    cls = scripted_class(script, live=receive, max_lag=max_lag, read_ahead=0)
     fast_view: View = {}
     slow_view: View = {}
     with live, receive:
@@ -556,7 +558,9 @@ async def test_consumer_within_max_lag_gets_the_exact_sequence() -> None:
     """A consumer at most max_lag behind receives every event, in order: no resync."""
     max_lag, n = 8, 120
     script = make_script(n, workers=10, seed=11)
-    cls = scripted_class(script, max_lag=max_lag)
+    # read_ahead=0: counts what is buffered; the second consumer joins
+    # before anything is pulled ahead, so it receives the script itself.
+    cls = scripted_class(script, max_lag=max_lag, read_ahead=0)
     async with SubscriptionPool() as pool:
         fast, slow = aiter(subscribe(cls)), aiter(subscribe(cls))
         with anyio.fail_after(5):
@@ -578,7 +582,9 @@ async def test_default_bound_applies_to_the_shared_log() -> None:
     """Without max_lag, the shared log holds at most 1024 events for a stalled one."""
     n = 1100
     script = make_script(n, workers=10, seed=3)
-    cls = scripted_class(script)
+    # read_ahead=0: the second consumer joins before anything is pulled
+    # ahead, so it receives the script itself rather than a replay.
+    cls = scripted_class(script, read_ahead=0)
     fast_view: View = {}
     slow_view: View = {}
     async with SubscriptionPool() as pool:

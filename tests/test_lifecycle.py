@@ -240,7 +240,7 @@ async def test_a_source_cancelling_the_consumers_scope_leaves_no_stray_cancel() 
     """A pull that cancels the consumer's own cancel scope and returns at once
     is delivered to that scope: the consumer's next, unrelated await runs."""
     source = CancellingSource()
-    fanout = Fanout(source)
+    fanout = Fanout(source, read_ahead=0)  # the call in the scope starts the pull
     consumer = fanout.consumer()
     after: list[str] = []
 

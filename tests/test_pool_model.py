@@ -14,7 +14,10 @@ The ttl class uses a long ttl; "advance past ttl" cancels the entry's expiry
 timer, which finalises the entry exactly as the timer's end would, so no step
 depends on wall-clock timing. For the same reason the restarting class has a
 long ``settle`` window (its drops are tested in ``test_restart.py``): once
-restarted, an entry translates every later event into a diff.
+restarted, an entry translates every later event into a diff. The
+classes use ``read_ahead=0`` (the model's pulls are its consumers'
+demands) or, in the read-ahead machines, 2 (so that programs reach the
+bound): up to two pulls follow a demand while a consumer is registered.
 """
 
 from __future__ import annotations
@@ -154,6 +157,8 @@ class ModelEntry:
     #: A plain source had its failure or end pushed: nothing more is pulled.
     dead: bool = False
     inflight: bool = False
+    #: Pulls read ahead since a consumer last waited at the log's end.
+    ahead: int = 0
     started: bool = False
     restarts: int = 0
     translating: bool = False
@@ -228,6 +233,9 @@ class PoolMachine(RuleBasedStateMachine):
     """Drive the default pool of a fresh event loop against the model."""
 
     backend: ClassVar[str] = "asyncio"
+    #: 0: pulls are the consumers' demands; else up to this many pulls follow
+    #: an item while a consumer is registered and none waits at the log's end.
+    read_ahead: ClassVar[int] = 0
 
     def __init__(self) -> None:
         super().__init__()
@@ -240,7 +248,7 @@ class PoolMachine(RuleBasedStateMachine):
         for kind in (PLAIN, RESTARTING, LINGERING):
             cls = type(kind.name, (Raw,), {"instances": []})
             self.classes[kind.name] = shared_subscription(
-                ttl=kind.ttl, restart=kind.restart
+                ttl=kind.ttl, restart=kind.restart, read_ahead=self.read_ahead
             )(cls)
         self.pool: SubscriptionPool = self.portal.call(self._current_pool)
         self.uids = [uuid.uuid4() for _ in range(3)]
@@ -319,6 +327,7 @@ class PoolMachine(RuleBasedStateMachine):
             else:
                 record.pending = True
                 entry.inflight = True
+                entry.ahead = 0  # it waits at the log's end
                 entry.started = True
                 self.model_pull(entry)
             return
@@ -355,6 +364,11 @@ class PoolMachine(RuleBasedStateMachine):
                     entry.inflight = True  # it waits at the log's end again
                 else:
                     record.pending = False
+            if entry.inflight:
+                entry.ahead = 0
+            elif self.read_ahead > entry.ahead and entry.refs > 0:
+                entry.ahead += 1  # read ahead: a consumer is registered
+                entry.inflight = True
 
     def waiting(self, entry: ModelEntry) -> list[Record]:
         return [r for r in self.records if r.entry is entry and r.live and r.pending]
@@ -680,6 +694,16 @@ class TrioPoolMachine(PoolMachine):
     backend = "trio"
 
 
+class AsyncioReadAheadPoolMachine(PoolMachine):
+    backend = "asyncio"
+    read_ahead = 2
+
+
+class TrioReadAheadPoolMachine(PoolMachine):
+    backend = "trio"
+    read_ahead = 2
+
+
 _settings = settings(
     max_examples=50,
     stateful_step_count=25,
@@ -691,3 +715,7 @@ TestPoolModelAsyncio = AsyncioPoolMachine.TestCase
 TestPoolModelAsyncio.settings = _settings
 TestPoolModelTrio = TrioPoolMachine.TestCase
 TestPoolModelTrio.settings = _settings
+TestPoolModelReadAheadAsyncio = AsyncioReadAheadPoolMachine.TestCase
+TestPoolModelReadAheadAsyncio.settings = _settings
+TestPoolModelReadAheadTrio = TrioReadAheadPoolMachine.TestCase
+TestPoolModelReadAheadTrio.settings = _settings

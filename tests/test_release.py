@@ -19,7 +19,7 @@ async def test_garbage_collected_consumer_is_released_at_once() -> None:
     """A collected consumer stops counting immediately; the raw close follows."""
     closed: list[object] = []
 
-    @shared_subscription
+    @shared_subscription(read_ahead=0)  # the second consumer joins after item 1
     class Subscriber:
         def __init__(self, name: str) -> None:
             self.name = name

@@ -147,14 +147,16 @@ class Raw:
         return Run(self.script, index)
 
 
-def restartable(policy: RestartPolicy | None) -> type[Raw]:
+def restartable(policy: RestartPolicy | None, **options: Any) -> type[Raw]:
     """A fresh decorated class (keyed by the script's identity)."""
     cls = type("Raw", (Raw,), {})
-    return shared_subscription(restart=policy)(cls)
+    return shared_subscription(restart=policy, **options)(cls)
 
 
-def subscribe(policy: RestartPolicy | None, script: Script) -> SharedSubscription:
-    return cast(SharedSubscription, restartable(policy)(script))
+def subscribe(
+    policy: RestartPolicy | None, script: Script, **options: Any
+) -> SharedSubscription:
+    return cast(SharedSubscription, restartable(policy, **options)(script))
 
 
 def fast(**overrides: Any) -> RestartPolicy:
@@ -297,7 +299,10 @@ async def test_consumer_left_behind_by_the_settle_drops_resyncs_exactly() -> Non
     a, b, c, d = meta(), meta(), meta(), meta()
     a2 = meta(a.uid, pid=2)
     script = Script([added(a), added(b), added(c), FAIL], [added(a2), added(d)])
-    cls = shared_subscription(restart=fast(), max_lag=3)(type("Raw", (Raw,), {}))
+    # read_ahead=0: slow joins at item 2, not after a batch read ahead.
+    cls = shared_subscription(restart=fast(), max_lag=3, read_ahead=0)(
+        type("Raw", (Raw,), {})
+    )
     sub = cast(SharedSubscription, cls(script))
     async with SubscriptionPool() as pool:
         quick = aiter(sub)
@@ -410,15 +415,25 @@ async def test_restart_on_end_restarts_after_normal_end() -> None:
     assert script.started == 2
 
 
-async def test_normal_end_ends_consumers_by_default() -> None:
+@pytest.mark.parametrize("read_ahead", [0, 64])
+async def test_normal_end_ends_consumers_by_default(read_ahead: int) -> None:
     """Without ``restart_on_end`` the stream's end ends every consumer, no restart."""
     a = meta()
     script = Script([added(a), END], [added(meta())])
-    sub = subscribe(fast(), script)
+    sub = subscribe(fast(), script, read_ahead=read_ahead)
     async with SubscriptionPool() as pool:
         consumers = [aiter(sub), aiter(sub)]
-        for it in consumers:
-            assert pairs(await take(it, 1)) == [("worker-added", a)]
+        firsts: list[list[tuple[str, WorkerMetadata]]] = []
+
+        async def first(it: Any) -> None:
+            firsts.append(pairs(await take(it, 1)))
+
+        # Both join before the first pull (with read-ahead, the end is pulled
+        # in the same batch as a).
+        async with anyio.create_task_group() as group:
+            for it in consumers:
+                group.start_soon(first, it)
+        assert firsts == [[("worker-added", a)]] * 2
         for it in consumers:
             with anyio.fail_after(5), pytest.raises(StopAsyncIteration):
                 await anext(it)

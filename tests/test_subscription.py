@@ -156,7 +156,7 @@ async def test_many_consumers_each_get_full_sequence() -> None:
 async def test_late_joiner_replay_then_live_no_gap_no_duplicate() -> None:
     """A late joiner gets one worker-added per known worker (latest metadata), then
     exactly the events pulled after its join."""
-    stub = make_stub()
+    stub = make_stub(read_ahead=0)  # pushed events wait for a demand
     w1, w2, w3 = meta(), meta(), meta()
     w1b = meta(w1.uid, pid=2)
     early = [
@@ -299,7 +299,7 @@ async def test_known_workers_updated_once_per_event() -> None:
 async def test_finite_source_first_gets_all_second_gets_replay() -> None:
     """Over a finite source of two events, the first consumer gets both, a
     second joining after them gets their replay; both then reach the end."""
-    stub = make_stub()
+    stub = make_stub(read_ahead=0)  # the end waits for a demand
     m1, m2 = meta(), meta()
     async with SubscriptionPool() as pool:
         sub = subscribe(stub)

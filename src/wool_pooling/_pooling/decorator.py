@@ -122,7 +122,7 @@ def shared_subscription(
     :param read_ahead: How many events the shared iteration may pull past
         the most advanced consumer's demand, in its one task (see
         :class:`~wool_pooling.Fanout`); they count inside ``max_lag``.
-        ``0`` pulls on demand only.
+        64 by default; ``0`` pulls on demand only.
     :raises TypeError: at decoration, if given something other than a class
         or a class without ``__aiter__``, if ``key`` is not callable, or if
         no call of the class could be passed to it (it has no ``cls``
