@@ -941,7 +941,12 @@ class _UpstreamSubscriber:
                     iterator = aiter(cast(Any, subscriber))
                     try:
                         async for event in iterator:
-                            await send.send((reader, event))
+                            # Into the buffer without a checkpoint per event:
+                            # a scan's events reach the iteration in one go.
+                            try:
+                                send.send_nowait((reader, event))
+                            except anyio.WouldBlock:
+                                await send.send((reader, event))
                     finally:
                         with anyio.CancelScope(shield=True):
                             await aclose_iterator(iterator)
