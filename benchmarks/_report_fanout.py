@@ -26,6 +26,8 @@ BACKENDS = ("asyncio", "uvloop", "trio")
 WOOL = "wool Fanout"
 #: The scheduler's limit: N tasks woken once per item, no log at all.
 WAKE = "wake-up only"
+#: The batched limit: N tasks woken once per batch of the read-ahead's items.
+BATCH = "wake-up per batch"
 Row = dict[str, Any]
 Rates = dict[str, float]
 #: ``(backend, source) -> (implementation, N) -> items/s``.
@@ -86,6 +88,11 @@ class FanoutAt(NamedTuple):
     items: str
     wool: str
     wake: str
+    batch: str | None  # None: no batched limit in the results
+
+    def limits(self) -> str:
+        """The multiples of the limits: ``wake`` or ``wake / batch``."""
+        return self.wake if self.batch is None else f"{self.wake} / {self.batch}"
 
 
 def fanout_at(rates: Rates, backend: str, source: str, n: int) -> FanoutAt | None:
@@ -95,7 +102,14 @@ def fanout_at(rates: Rates, backend: str, source: str, n: int) -> FanoutAt | Non
     if rate is None:
         return None
     wool, wake = wool_rate(rates, backend, source, n), group.get((WAKE, n))
-    return FanoutAt(human(rate), share(rate, wool), share(rate, wake))
+    batch = share(rate, group.get((BATCH, n))) if batched(rates) else None
+    return FanoutAt(human(rate), share(rate, wool), share(rate, wake), batch)
+
+
+def batched(rates: Rates) -> bool:
+    """Whether the results hold the batched limit (recorded since it was added)."""
+    return any(implementation == BATCH for group in cases(rates).values()
+               for implementation, _ in group)  # fmt: skip
 
 
 def versus_table(rates: Rates) -> str | None:
@@ -107,7 +121,7 @@ def versus_table(rates: Rates) -> str | None:
         for source in sources:
             if any(i == "Fanout" for i, _ in groups.get((backend, source), {})):
                 at = [fanout_at(rates, backend, source, n) for n in ns]
-                cells = [f"{a.wool} ({a.wake})" if a else "-" for a in at]
+                cells = [f"{a.wool} ({a.limits()})" if a else "-" for a in at]
                 rows.append([backend, SOURCES.get(source, source), *cells])
     if not rows:
         return None
@@ -120,13 +134,16 @@ def versus_blocks(interp: str, rates: Rates, plotted: bool) -> list[str]:
     versus = versus_table(rates)
     if versus is None:
         return []
+    limits = "of the wake-up limit"
+    if batched(rates):
+        limits += " / of the wake-up limit per batch"
     alt = f"{interp}: delivered items/s as a multiple of wool's Fanout"
     image = [f"![{alt}, per backend and source](throughput-{interp}.png)"]
     return [
         f"### {interp}",
         *(image if plotted else []),
         f"`throughput-{interp}.json`: `Fanout`'s delivered items/s as a multiple of "
-        "wool's `Fanout` in the same run, then (in brackets) of the wake-up limit, "
+        f"wool's `Fanout` in the same run, then (in brackets) {limits}, "
         "per backend, source and N consumers; trio compares with wool on asyncio.",
         versus,
     ]
@@ -137,22 +154,27 @@ def throughput_blocks(path: Path, rates: Rates, meta: dict[str, Any]) -> list[st
         f"### Throughput, {meta.get('python_version', '?')} ({path.name})",
         "Delivered items/s (the fastest of pyperf's values), N consumers each taking "
         "every item; then as a multiple of wool's `Fanout` (trio rows: of its "
-        "asyncio figure), of the wake-up limit and of the raw source at N = 1.",
+        "asyncio figure), of the wake-up limit"
+        + (", of the wake-up limit per batch" if batched(rates) else "")
+        + " and of the raw source at N = 1.",
     ]
+    limits = [WAKE, BATCH] if batched(rates) else [WAKE]
     for (backend, source), group in cases(rates).items():
         floor = group.get(("raw source", 1))
         rows = [
             [f"{n:,}", implementation, human(rate)]
             + [share(rate, of) for of in (wool_rate(rates, backend, source, n),
-                                          group.get((WAKE, n)), floor)]
+                                          *(group.get((limit, n)) for limit in limits),
+                                          floor)]
             for (implementation, n), rate in group.items()
         ]  # fmt: skip
+        columns = " | ".join(f"vs {limit}" for limit in limits)
         blocks += [
             f"#### {backend}, source {SOURCES.get(source, source)} ({path.name})",
             table(
-                "N | implementation | items/s | vs wool Fanout | vs wake-up only | "
+                f"N | implementation | items/s | vs wool Fanout | {columns} | "
                 "vs raw source",
-                "rlrrrr",
+                "rlrr" + "r" * len(limits) + "r",
                 rows,
             ),
         ]
@@ -190,8 +212,10 @@ def side_by_side_blocks(runs: dict[str, Rates]) -> list[str]:
     blocks = [
         f"### Fanout on {', '.join(runs)}",
         "Each cell: delivered items/s, then vs wool's `Fanout` / vs `wake-up only` "
-        "(same run, same source and N; trio compares with wool on asyncio).",
-    ]
+        + ("/ vs `wake-up per batch` "
+           if any(batched(rates) for rates in runs.values()) else "")
+        + "(same run, same source and N; trio compares with wool on asyncio).",
+    ]  # fmt: skip
     rates = list(runs.values())
     every = [cases(r) for r in rates]
     backends, sources = backends_sources({k: v for g in every for k, v in g.items()})
@@ -200,7 +224,8 @@ def side_by_side_blocks(runs: dict[str, Rates]) -> list[str]:
         for backend in backends:
             for n in ns_of(groups.get((backend, source), {}) for groups in every):
                 at = [fanout_at(r, backend, source, n) for r in rates]
-                cells = [f"{a.items} ({a.wool} / {a.wake})" if a else "-" for a in at]
+                cells = [f"{a.items} ({a.wool} / {a.limits()})" if a else "-"
+                         for a in at]  # fmt: skip
                 if any(cell != "-" for cell in cells):
                     rows.append([backend, f"{n:,}", *cells])
         if rows:

@@ -46,6 +46,7 @@ from _report_checks import soak_redis_blocks
 from _report_checks import storm_redis_blocks
 from _report_checks import wrapper_blocks
 from _report_fanout import Rates
+from _report_fanout import batched
 from _report_fanout import interpreter_of
 from _report_fanout import load_throughput
 from _report_fanout import memory_blocks
@@ -184,7 +185,13 @@ def readme_part(folder: Path, runs: Runs, plotted: set[str]) -> str:
             f"The fan-out underneath, on {interp}: delivered items/s as a multiple "
             "of wool's\nown `Fanout` in the same run; the table gives `Fanout`'s, "
             "then (in brackets) its\nmultiple of the wake-up limit (N tasks woken "
-            "once per item, nothing else)."
+            "once per item, nothing else)"
+            + (
+                ", then its multiple of the same limit per batch\nof the read-ahead's "
+                "items (`wake-up per batch`)."
+                if batched(runs[interp][2])
+                else "."
+            )
         )
         blocks += [f"![{alt}]({image})"] if interp in plotted else []
         blocks.append(versus[interp])

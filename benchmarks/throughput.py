@@ -67,6 +67,10 @@ MEMORY_EVENTS, QUICK_MEMORY_EVENTS, MEMORY_WORKERS = 1_000_000, 20_000, 100
 #: 1.27 MB for one case), so a case reports its median run, with every run's.
 MEMORY_RUNS = 3
 DEFAULT_MAX_LAG = 1024  # @shared_subscription's default
+#: The read-ahead ``Fanout`` and ``SharedSubscription`` run with here, and the
+#: batch of ``wake-up per batch``: its ratio shows how close read-ahead comes
+#: to one wake-up per batch.
+READ_AHEAD = 64
 PUMP_BUFFER = 256
 
 
@@ -90,7 +94,7 @@ def implementations(backend: str, n: int) -> list[str]:
         names.append("wool Fanout")  # asyncio only
     if importable("asyncstdlib"):
         names.append("asyncstdlib.tee")
-    names += ["pump + streams", "wake-up only"]
+    names += ["pump + streams", "wake-up only", "wake-up per batch"]
     return [*names, "raw source"] if n == 1 else names
 
 
@@ -160,7 +164,7 @@ class Bounded(Subscriber):
     """A shared subscription with the default bound on lag."""
 
 
-@shared_subscription(max_lag=None)
+@shared_subscription(max_lag=None, read_ahead=READ_AHEAD)
 class Lossless(Subscriber):
     """Unbounded: a throughput consumer must take all M plain ints (no resync)."""
 
@@ -228,6 +232,52 @@ class Bell:
         self.bell.set()
 
 
+class BatchBell:
+    """N tasks woken once per batch of ``READ_AHEAD`` items: the batched limit.
+
+    The ringer pulls up to ``READ_AHEAD`` items in its own task, then wakes
+    the N consumers once for the whole batch, as ``Bell`` does for one item;
+    each consumer takes the batch's items inline. What read-ahead could at
+    best save: one wake-up per consumer per batch instead of per item.
+    """
+
+    def __init__(self, n: int, counts: list[int]) -> None:
+        self.n, self.counts, self.done = n, counts, False
+        self.bell, self.taken, self.left = anyio.Event(), anyio.Event(), 0
+        self.batch: list[int] = []
+
+    async def consume(self, index: int) -> None:
+        count = 0
+        while True:
+            await self.bell.wait()
+            if self.done:
+                break
+            for _ in self.batch:
+                count += 1
+            self.left -= 1
+            if self.left == 0:
+                self.taken.set()
+        self.counts[index] = count
+
+    async def publish(self, batch: list[int]) -> None:
+        bell, self.bell = self.bell, anyio.Event()
+        self.batch, self.left, self.taken = batch, self.n, anyio.Event()
+        bell.set()
+        await self.taken.wait()
+
+    async def ring(self, source: AsyncIterator[int]) -> None:
+        batch: list[int] = []
+        async for item in source:
+            batch.append(item)
+            if len(batch) == READ_AHEAD:
+                await self.publish(batch)
+                batch = []
+        if batch:
+            await self.publish(batch)
+        self.done = True
+        self.bell.set()
+
+
 async def one_run(implementation: str, backend: str, source: str, m: int, n: int):
     """Seconds from releasing the consumers to the last one finishing."""
     iterator, produce = make_source(source, m)
@@ -235,7 +285,7 @@ async def one_run(implementation: str, backend: str, source: str, m: int, n: int
     pool, closer, pump = None, None, None
     gate, start = anyio.Event(), 0.0
     if implementation == "Fanout":
-        fanout = Fanout(iterator)
+        fanout = Fanout(iterator, read_ahead=READ_AHEAD)
         consumers, closer = [fanout.consumer() for _ in range(n)], fanout.aclose
     elif implementation == "SharedSubscription":
         subscription = Lossless(lambda: gated_source(gate, iterator))
@@ -282,6 +332,11 @@ async def one_run(implementation: str, backend: str, source: str, m: int, n: int
             group.start_soon(gated, gate, bell.ring, iterator)
             for index in range(n):
                 group.start_soon(through, bell.consume, index)
+        if implementation == "wake-up per batch":
+            batch_bell = BatchBell(n, counts)
+            group.start_soon(gated, gate, batch_bell.ring, iterator)
+            for index in range(n):
+                group.start_soon(through, batch_bell.consume, index)
         if implementation == "pump + streams":
             group.start_soon(gated, gate, pump)
         for index, consumer in enumerate(consumers):

@@ -71,7 +71,7 @@ def expected_throughput_names() -> set[str]:
         for source in ("never", "checkpoint", "waiting"):
             for n in (1, 10, 100, 1000):
                 implementations = ["Fanout", "SharedSubscription", "pump + streams"]
-                implementations.append("wake-up only")
+                implementations += ["wake-up only", "wake-up per batch"]
                 if backend != "trio":
                     implementations.append("wool Fanout")
                 if importable("asyncstdlib"):

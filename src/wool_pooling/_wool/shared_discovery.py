@@ -51,6 +51,8 @@ from .._core.backend import EventLoop
 from .._core.backend import current_loop
 from .._core.iterators import aclose_iterator
 from .._core.signatures import check_keywords
+from .._pooling.construction import CONFIG_ATTRIBUTE
+from .._pooling.construction import SubscriptionConfig
 from .._pooling.decorator import shared_subscription
 from .._pooling.subscription import SharedSubscription
 from .afilter import afilter
@@ -827,10 +829,13 @@ class _UpstreamSubscriber:
         return self._events()
 
     async def _events(self) -> AsyncGenerator[DiscoveryEvent, None]:
-        # No buffer: a reader takes its next event from the inner discovery
-        # only once this iteration has taken the last one, so the inner
-        # discovery is read (scanned) no faster than the consumers pull.
-        send, receive = anyio.create_memory_object_stream[Any](0)
+        # A buffer of the read-ahead (none by default): a reader takes at
+        # most that many events from the inner discovery past what this
+        # iteration has taken, so the inner discovery is read (scanned) no
+        # further ahead than the consumers' read-ahead, and the pump takes a
+        # scan's events without a task switch per event.
+        config: SubscriptionConfig = getattr(type(self), CONFIG_ATTRIBUTE)
+        send, receive = anyio.create_memory_object_stream[Any](config.read_ahead)
         loop = current_loop()
         alive: set[_Reader] = set()
         main = self._start(loop, send, alive, main=True)
@@ -936,7 +941,12 @@ class _UpstreamSubscriber:
                     iterator = aiter(cast(Any, subscriber))
                     try:
                         async for event in iterator:
-                            await send.send((reader, event))
+                            # Into the buffer without a checkpoint per event:
+                            # a scan's events reach the iteration in one go.
+                            try:
+                                send.send_nowait((reader, event))
+                            except anyio.WouldBlock:
+                                await send.send((reader, event))
                     finally:
                         with anyio.CancelScope(shield=True):
                             await aclose_iterator(iterator)
