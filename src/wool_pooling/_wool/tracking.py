@@ -18,8 +18,8 @@ from wool import DiscoveryEvent
 from wool import WorkerMetadata
 
 from .._core.iterators import aclose_iterator
-from .._core.synced import Synced
 from .._core.iterators import throw_into
+from .._core.synced import Synced
 from .workers import WorkerMap
 from .workers import Workers
 
