@@ -20,6 +20,8 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
+import wool
+from _loops import asyncio_only
 from _stubs import TIMEOUT
 from _stubs import meta
 from anyio.streams.memory import MemoryObjectReceiveStream
@@ -35,6 +37,7 @@ from wool_pooling import SubscriptionConsumer
 from wool_pooling import SubscriptionPool
 from wool_pooling import Synced
 from wool_pooling import shared_subscription
+from wool_pooling._wool.shared_discovery import LISTING_QUIET
 
 pytestmark = pytest.mark.anyio
 
@@ -463,3 +466,25 @@ def test_shared_discovery_workers_takes_subscribes_keywords_only() -> None:
     discovery = SharedDiscovery(ScriptedDiscovery(Feed()))
     with pytest.raises(TypeError, match="poll_interval"):
         discovery.workers(poll_interval=1)
+
+
+@asyncio_only
+async def test_around_local_discovery_the_first_scan_is_estimated() -> None:
+    """wool's ``LocalDiscovery`` never says when a scan is done: the first
+    consumers are synced once the upstream has found nothing new for
+    ``LISTING_QUIET`` seconds, with the workers published before it started."""
+    workers = [meta(uuid.uuid4(), pid=0) for _ in range(3)]
+    with wool.LocalDiscovery(f"view-{uuid.uuid4().hex[:8]}") as inner:
+        for worker in workers:
+            await inner.publisher.publish("worker-added", worker)
+        discovery = SharedDiscovery(inner)
+        async with SubscriptionPool(), driven(discovery.subscribe()) as (first, seen):
+            start = anyio.current_time()
+            await synced(first)
+            assert anyio.current_time() - start >= LISTING_QUIET
+            assert {m.uid for m in seen} == {w.uid for w in workers}
+            assert set(discovery.workers()) == {w.uid for w in workers}
+            async with aiter(discovery.subscribe()) as late:
+                for _ in workers:
+                    await read(late)
+                assert late.synced
