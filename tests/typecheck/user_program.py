@@ -31,8 +31,8 @@ from wool_pooling import SharedDiscovery
 from wool_pooling import SharedSubscription
 from wool_pooling import SubscriptionConsumer
 from wool_pooling import SubscriptionPool
-from wool_pooling import SyncSharedDiscovery
 from wool_pooling import Synced
+from wool_pooling import SyncSharedDiscovery
 from wool_pooling import afilter
 from wool_pooling import current_pool
 from wool_pooling import shared_subscription
