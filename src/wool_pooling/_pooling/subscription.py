@@ -481,11 +481,13 @@ class SubscriptionConsumer(Generic[T_co]):
         event = self._sync_event
         if event is None:
             return
+        entry = self._entry
         if self._ended or self.synced:
             self._sync_event = None
             event.set()
+            if entry is not None:
+                entry.source.known.forget_listed(event)
             return
-        entry = self._entry
         if entry is not None and entry.source.known.listed_at is None:
             entry.source.known.notify_listed(event)  # woken at the listing's end
 

@@ -112,6 +112,17 @@ class SharedDiscovery:
       that change the known workers are passed on: a repeated
       ``worker-added`` or a ``worker-updated`` with unchanged metadata
       (``LocalDiscovery`` repeats one per worker at every scan) is not.
+    - :meth:`workers` reads the upstream's view (a snapshot), and each
+      consumer's :attr:`~wool_pooling.SubscriptionConsumer.synced` says
+      when it has been handed the upstream's first listing. An inner
+      subscriber that yields :class:`~wool_pooling.Synced` (or is itself a
+      shared subscription, such as ``RedisDiscovery``'s, whose ``synced``
+      is relayed) marks that end itself; wool's ``LocalDiscovery`` and
+      ``LanDiscovery`` never do, so the first listing is taken to be over
+      once the upstream has found nothing new for a quarter of a
+      second (an estimate: a worker reported later arrives as a live
+      event); around any other discovery no consumer is ever synced. A
+      consumer joining after that end is synced once handed its replay.
     - ``subscribe_options`` are passed to ``inner.subscribe`` as keywords,
       for example ``poll_interval=0.2`` for ``wool.LocalDiscovery``. They
       must be hashable: they are part of the upstream's key. They are

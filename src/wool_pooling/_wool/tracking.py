@@ -144,6 +144,12 @@ class KnownWorkers(WorkerMap):
         if event not in waiters:
             waiters.append(event)
 
+    def forget_listed(self, event: anyio.Event) -> None:
+        """Undo :meth:`notify_listed` (its waiter has gone)."""
+        waiters = self._listed_waiters
+        if waiters is not None and event in waiters:
+            waiters.remove(event)
+
     def record(self, item: object) -> None:
         """Take ``item`` (a discovery event, or an untracked item) as the next
         logged, as it is: a drop forgets the worker, any other event sets its
