@@ -21,11 +21,16 @@ import anyio
 import anyio.lowlevel
 import pytest
 import wool
+from _loops import BACKENDS
 from _loops import asyncio_only
+from _loops import run
 from _stubs import TIMEOUT
 from _stubs import meta
 from anyio.streams.memory import MemoryObjectReceiveStream
 from anyio.streams.memory import MemoryObjectSendStream
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
 from wool import DiscoveryEvent
 from wool import WorkerMetadata
 
@@ -488,3 +493,35 @@ async def test_around_local_discovery_the_first_scan_is_estimated() -> None:
                 for _ in workers:
                     await read(late)
                 assert late.synced
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_synced_follows_the_model(backend: Any, data: st.DataObject) -> None:
+    """With the marker after ``k`` of ``n`` workers (pulled on demand), a
+    first consumer is synced after reading ``i`` items exactly when ``i >
+    k``; a consumer joining after ``j`` items is synced after its replay
+    exactly when the marker was taken in by then (``j > k``)."""
+    n = data.draw(st.integers(1, 6), label="n")
+    k = data.draw(st.integers(0, n), label="k")
+    j = data.draw(st.integers(1, n), label="j")
+    workers = [meta(uuid.UUID(int=number), pid=number) for number in range(1, n + 1)]
+    items: list[Any] = [added(worker) for worker in workers]
+    items.insert(k, Synced())
+
+    async def body() -> None:
+        feed = Feed()
+        feed.push(*items)
+        sub = subscription(feed, Source)
+        async with SubscriptionPool(), aiter(sub) as first:
+            for i in range(1, j + 1):
+                await read(first)
+                assert first.synced is (i > k), (i, k)
+            async with aiter(sub) as late:
+                for r in range(1, j + 1):
+                    await read(late)
+                    assert late.synced is (r == j and j > k), (r, j, k)
+            assert list(sub.workers()) == [worker.uid for worker in workers[:j]]
+
+    run(body, backend)
