@@ -52,6 +52,7 @@ from ._core.fanout import FanoutConsumer
 from ._core.fanout import FanoutStatistics
 from ._core.fanout import Lagged
 from ._core.fanout import LagPolicy
+from ._core.synced import Synced
 from ._pooling.decorator import shared_subscription
 from ._pooling.pool import PoolStatistics
 from ._pooling.pool import SubscriptionPool
@@ -79,6 +80,7 @@ __all__ = [
     "SubscriptionConsumer",
     "SubscriptionPool",
     "SyncSharedDiscovery",
+    "Synced",
     "afilter",
     "current_pool",
     "shared_subscription",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from collections.abc import Hashable
+from collections.abc import Mapping
 from typing import assert_type
 
 import anyio
@@ -30,6 +31,7 @@ from wool_pooling import SharedDiscovery
 from wool_pooling import SharedSubscription
 from wool_pooling import SubscriptionConsumer
 from wool_pooling import SubscriptionPool
+from wool_pooling import Synced
 from wool_pooling import SyncSharedDiscovery
 from wool_pooling import afilter
 from wool_pooling import current_pool
@@ -69,6 +71,13 @@ class Numbers:
             yield number
 
 
+@shared_subscription
+class Listed:
+    async def __aiter__(self) -> AsyncIterator[DiscoveryEvent | Synced]:
+        yield DiscoveryEvent("worker-added", metadata=worker(2))
+        yield Synced()  # the first listing is complete; never handed on
+
+
 @shared_subscription(max_lag=None)
 class Unbounded:
     async def __aiter__(self) -> AsyncIterator[str]:
@@ -95,9 +104,18 @@ async def use_subscriptions() -> None:
             assert_type(consumer, SubscriptionConsumer[int])
             async for number in consumer:
                 assert_type(number, int)
+            synced: bool = consumer.synced
+            print(synced)
+            await consumer.wait_synced()
+        view: Mapping[uuid.UUID, WorkerMetadata] = keyed.workers()
+        print(len(view))
         async for event in keyed:
             assert_type(event, DiscoveryEvent)
             break
+        async with aiter(Listed()) as listed:
+            async for item in listed:
+                if not isinstance(item, Synced):  # never true: for the type
+                    print(item.metadata.address, listed.synced)
         statistics: PoolStatistics = pool.statistics()
         print(statistics.entries, statistics.consumers, statistics.idle)
         filtered = afilter(lambda metadata: metadata.pid > 0, keyed)
@@ -128,6 +146,13 @@ async def use_discovery() -> None:
     shared = discovery.subscribe()
     assert_type(shared, SharedSubscription[DiscoveryEvent])
     print(like, discovery.subscribe(lambda metadata: metadata.version == "1.0"))
+    known: Mapping[uuid.UUID, WorkerMetadata] = discovery.workers()
+
+    def running(metadata: WorkerMetadata) -> bool:
+        return metadata.pid > 0
+
+    some = discovery.workers(filter=running)
+    print(len(known), len(some))
     async with wool.WorkerPool(spawn=1, discovery=discovery):
         pass
 

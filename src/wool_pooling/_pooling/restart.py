@@ -20,6 +20,7 @@ from wool import DiscoveryEvent
 from .._core.backend import current_loop
 from .._core.iterators import aclose_iterator
 from .._core.iterators import throw_into
+from .._core.synced import Synced
 from .._wool.tracking import BrokenSubscriber
 from .._wool.tracking import KnownWorkers
 from .._wool.tracking import open_iterator
@@ -301,6 +302,9 @@ class RestartingSource:
     def _translate(self, event: Any) -> Any:
         """Record ``event``; after a restart, turn the new stream's report
         into a diff (``None``: re-reported unchanged, nothing to log)."""
+        if type(event) is Synced:
+            self._listed()
+            return None
         reported = self._reported
         if reported is None or not isinstance(event, DiscoveryEvent):
             self.known.record(event)
@@ -311,6 +315,26 @@ class RestartingSource:
         else:
             reported.add(uid)
         return self.known.apply(event)
+
+    def _listed(self) -> None:
+        """The stream yielded :class:`~wool_pooling.Synced`: its listing is
+        complete. The first one marks the end of the first listing; after a
+        restart it also ends the settle time, dropping at once the workers
+        the new stream has not reported."""
+        self.known.mark_listed()
+        settling = self._settling
+        if self._reported is None or settling is None:
+            return
+        settling.cancel()
+        self._settling = None
+        reported = self._reported
+        self._reported = None
+        deliver = self._deliver() if self._deliver is not None else None
+        for uid in [uid for uid in self.known.workers if uid not in reported]:
+            # Recorded and logged together, ahead of the next item.
+            event = self.known.drop(uid)
+            if deliver is not None and event is not None:
+                deliver(event)
 
     async def aclose(self) -> None:
         """Stop the settle timer; close the raw iterator, if started and closable."""

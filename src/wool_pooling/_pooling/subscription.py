@@ -5,9 +5,12 @@ from __future__ import annotations
 import contextlib
 import inspect
 import pickle
+import types
+import uuid
 import weakref
 from collections import deque
 from collections.abc import Hashable
+from collections.abc import Mapping
 from typing import Any
 from typing import Generic
 from typing import TypeVar
@@ -18,6 +21,7 @@ import anyio
 import anyio.lowlevel
 import cloudpickle
 from wool import DiscoveryEvent
+from wool import WorkerMetadata
 
 from .._core.fanout import FanoutConsumer
 from .._core.fanout import Lagged
@@ -30,6 +34,7 @@ from .construction import build_raw
 from .construction import named_arguments
 from .construction import short_repr
 from .pool import Entry
+from .pool import SubscriptionPool
 from .pool import attach
 from .pool import current_pool
 from .restart import RestartPolicy
@@ -114,6 +119,30 @@ class SharedSubscription(Generic[T_co]):
 
     def _config(self) -> SubscriptionConfig:
         return getattr(self._cls, CONFIG_ATTRIBUTE)
+
+    def workers(self) -> Mapping[uuid.UUID, WorkerMetadata]:
+        """The workers this subscription's shared source knows now: a snapshot.
+
+        Read from the live entry of this subscription's (class, key) in the
+        current pool (see :func:`~wool_pooling.current_pool`): every worker
+        added or updated and not dropped since, with its latest metadata, in
+        the order first seen; what a consumer joining now would be replayed.
+        Empty when no entry is live (nothing iterates it, its source ended,
+        or no event loop runs here) and for streams of items that are not
+        discovery events.
+
+        The mapping is a read-only copy, taken now: it does not follow later
+        events (call again for a fresh one). Costs one dict copy of the
+        known workers, nothing else; starts and builds nothing. Use
+        :meth:`SubscriptionConsumer.wait_synced` first to read the view once
+        the source's first listing is complete.
+        """
+        pool = _current_pool_if_any()
+        if pool is not None:
+            entry = pool._entries.get((self._cls, self._key))
+            if entry is not None and not entry.fanout.finished:
+                return types.MappingProxyType(dict(entry.source.known.workers))
+        return _NO_WORKERS
 
     def __aiter__(self) -> SubscriptionConsumer[T_co]:
         return SubscriptionConsumer(self)
@@ -249,6 +278,19 @@ def _check_picklable(
         ) from error
 
 
+#: The view where no entry is live.
+_NO_WORKERS: Mapping[uuid.UUID, WorkerMetadata] = types.MappingProxyType({})
+
+
+def _current_pool_if_any() -> SubscriptionPool | None:
+    """The current pool, or ``None`` where no event loop runs (and no pool
+    is current)."""
+    try:
+        return current_pool()
+    except RuntimeError:
+        return None
+
+
 def _construct(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Unpickle a :class:`SharedSubscription` by constructing its class again."""
     return cls(*args, **kwargs)
@@ -315,6 +357,8 @@ class SubscriptionConsumer(Generic[T_co]):
         "_replay",
         "_seen",
         "_subscription",
+        "_sync_event",
+        "_synced",
     )
 
     def __init__(self, subscription: SharedSubscription[T_co]) -> None:
@@ -329,6 +373,10 @@ class SubscriptionConsumer(Generic[T_co]):
         # never resynchronised).
         self._seen: _Seen | None = None
         self._ended = False
+        # Whether it was found synced (it stays so), and what wait_synced()
+        # waits on meanwhile.
+        self._synced = False
+        self._sync_event: anyio.Event | None = None
 
     @property
     def subscription(self) -> SharedSubscription[T_co]:
@@ -344,15 +392,22 @@ class SubscriptionConsumer(Generic[T_co]):
             if self._ended:
                 raise StopAsyncIteration
             consumer = self._join()
+            if self._sync_event is not None:
+                self._wake_if_synced()
         while True:
             replay = self._replay
             if replay is not None and not consumer.closed:
                 event = replay.popleft()
                 if not replay:
                     self._replay = None
+                    if self._sync_event is not None:
+                        self._wake_if_synced()
                 return cast(T_co, event)
             try:
-                return await consumer.__anext__()
+                item = await consumer.__anext__()
+                if self._sync_event is not None:
+                    self._wake_if_synced()
+                return item
             except Lagged:
                 if not self._resync(consumer):
                     raise  # items that are not discovery events were skipped
@@ -368,6 +423,73 @@ class SubscriptionConsumer(Generic[T_co]):
                 # consumer ends (released meanwhile, it ends all the same).
                 await self._release()
                 raise
+
+    @property
+    def synced(self) -> bool:
+        """Whether this consumer has been handed the whole first listing.
+
+        True once it has been handed every worker its entry knew when it
+        joined (the replay of a consumer that joins a running source) and,
+        if the source had not finished its first listing then, every item
+        up to the end of that listing, which the source marks by yielding
+        :class:`~wool_pooling.Synced`. Once true it stays true: through
+        restarts, reconnections and a resync by diff (a later
+        :class:`~wool_pooling.Synced` changes nothing). False before this
+        consumer joins (its first ``__anext__``), and for as long as its
+        source has not yielded :class:`~wool_pooling.Synced`: a source that
+        never yields it never makes a consumer synced. Constant time.
+        """
+        if self._synced:
+            return True
+        consumer = self._consumer
+        entry = self._entry
+        if consumer is None or entry is None or self._replay is not None:
+            return False
+        known = entry.source.known
+        listed = known.listed_at
+        if listed is None or known.count - consumer.buffered < listed:
+            return False
+        self._synced = True
+        return True
+
+    async def wait_synced(self) -> None:
+        """Wait until :attr:`synced` is true, or this consumer has ended.
+
+        Reads nothing itself: the consumer's own iteration (``async for``,
+        in another task, or in this one between the waits) is handed the
+        events, and this returns once it has been handed the last one of
+        the first listing. So call it from a task other than the one
+        iterating, or check :attr:`synced` between events in that one.
+        Returns at once (after a checkpoint) if :attr:`synced` is already
+        true. Cancel-safe: cancelling it loses no event and changes nothing
+        of the consumer. Any number of tasks may wait.
+        """
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        while not self.synced and not self._ended:
+            event = self._sync_event
+            if event is None or event.is_set():
+                event = self._sync_event = anyio.Event()
+            entry = self._entry
+            if entry is not None and entry.source.known.listed_at is None:
+                entry.source.known.notify_listed(event)
+            await event.wait()
+        await anyio.lowlevel.cancel_shielded_checkpoint()
+
+    def _wake_if_synced(self) -> None:
+        """Wake the tasks in :meth:`wait_synced` if this consumer is now
+        synced (or has ended)."""
+        event = self._sync_event
+        if event is None:
+            return
+        entry = self._entry
+        if self._ended or self.synced:
+            self._sync_event = None
+            event.set()
+            if entry is not None:
+                entry.source.known.forget_listed(event)
+            return
+        if entry is not None and entry.source.known.listed_at is None:
+            entry.source.known.notify_listed(event)  # woken at the listing's end
 
     def _resync(self, consumer: FanoutConsumer[Any]) -> bool:
         """Replace the events this consumer missed by a diff to the current state.
@@ -427,7 +549,9 @@ class SubscriptionConsumer(Generic[T_co]):
         await self.aclose()
 
     async def _release(self) -> None:
+        _ = self.synced  # as it stood before the end (it stays so)
         self._ended = True
+        self._wake_if_synced()
         consumer, self._consumer = self._consumer, None
         self._replay = None
         if consumer is None:

@@ -22,10 +22,14 @@ import inspect
 import logging
 import pickle
 import threading
+import types
+import uuid
 from collections.abc import AsyncGenerator
+from collections.abc import AsyncIterator
 from collections.abc import Awaitable
 from collections.abc import Callable
 from collections.abc import Hashable
+from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from contextlib import AbstractContextManager
 from contextlib import AsyncExitStack
@@ -40,6 +44,7 @@ from typing import runtime_checkable
 import anyio
 import cloudpickle
 import wool
+from anyio.streams.memory import MemoryObjectReceiveStream
 from anyio.streams.memory import MemoryObjectSendStream
 from wool import DiscoveryEvent
 from wool import DiscoveryLike
@@ -51,10 +56,12 @@ from .._core.backend import EventLoop
 from .._core.backend import current_loop
 from .._core.iterators import aclose_iterator
 from .._core.signatures import check_keywords
+from .._core.synced import Synced
 from .._pooling.construction import CONFIG_ATTRIBUTE
 from .._pooling.construction import SubscriptionConfig
 from .._pooling.decorator import shared_subscription
 from .._pooling.subscription import SharedSubscription
+from .._pooling.subscription import SubscriptionConsumer
 from .afilter import afilter
 from .workers import WorkerMap
 
@@ -107,6 +114,17 @@ class SharedDiscovery:
       that change the known workers are passed on: a repeated
       ``worker-added`` or a ``worker-updated`` with unchanged metadata
       (``LocalDiscovery`` repeats one per worker at every scan) is not.
+    - :meth:`workers` reads the upstream's view (a snapshot), and each
+      consumer's :attr:`~wool_pooling.SubscriptionConsumer.synced` says
+      when it has been handed the upstream's first listing. An inner
+      subscriber that yields :class:`~wool_pooling.Synced` (or is itself a
+      shared subscription, such as ``RedisDiscovery``'s, whose ``synced``
+      is relayed) marks that end itself; wool's ``LocalDiscovery`` and
+      ``LanDiscovery`` never do, so the first listing is taken to be over
+      once the upstream has found nothing new for a quarter of a
+      second (an estimate: a worker reported later arrives as a live
+      event); around any other discovery no consumer is ever synced. A
+      consumer joining after that end is synced once handed its replay.
     - ``subscribe_options`` are passed to ``inner.subscribe`` as keywords,
       for example ``poll_interval=0.2`` for ``wool.LocalDiscovery``. They
       must be hashable: they are part of the upstream's key. They are
@@ -293,6 +311,33 @@ class SharedDiscovery:
         if filter is None:
             return upstream
         return afilter(filter, upstream)
+
+    def workers(self, **options: Any) -> Mapping[uuid.UUID, WorkerMetadata]:
+        """The workers the shared upstream knows now: a snapshot.
+
+        :meth:`SharedSubscription.workers
+        <wool_pooling.SharedSubscription.workers>` of the upstream that
+        :meth:`subscribe` shares (in the current pool), so empty while no
+        consumer iterates it. A read-only copy, taken now (it does not
+        follow later events); costs one dict copy and nothing else.
+
+        :param options: Those of :meth:`subscribe`: with ``filter``, only
+            the workers it accepts (it is called once per known worker).
+        :raises TypeError: for a keyword :meth:`subscribe` does not take.
+        """
+        predicate = options.pop("filter", None)
+        if options:
+            raise TypeError(
+                "SharedDiscovery.workers() takes the keywords of subscribe() "
+                f"(filter), got {', '.join(sorted(options))}"
+            )
+        view = _UpstreamSubscriber(self._portable, self._options).workers()
+        if predicate is None:
+            return view
+        accepts = cast(Callable[[WorkerMetadata], bool], predicate)
+        return types.MappingProxyType(
+            {uid: metadata for uid, metadata in view.items() if accepts(metadata)}
+        )
 
     # -- counted, reentrant context management -------------------------------
 
@@ -842,6 +887,7 @@ class _UpstreamSubscriber:
         # Rescans still open, and when each is to be closed.
         rescans: dict[_Reader, float] = {}
         known = WorkerMap()
+        listing = _FirstListing(type(self.inner) in _BY_CONSTRUCTOR)
         try:
             while True:
                 item: Any
@@ -851,7 +897,10 @@ class _UpstreamSubscriber:
                     try:
                         item = receive.receive_nowait()
                     except anyio.WouldBlock:
-                        item = await receive.receive()
+                        item = await listing.receive(receive)
+                if item is _LISTED:
+                    yield cast(DiscoveryEvent, Synced())
+                    continue
                 if item is _RESCAN:
                     if not self._rescan_wanted:
                         continue  # taken already, through the flag
@@ -873,6 +922,10 @@ class _UpstreamSubscriber:
                     continue
                 if reader is not main and reader not in rescans:
                     continue  # a closed rescan: what it still had is not needed
+                if type(payload) is Synced:
+                    if listing.marked(reader is main):
+                        yield cast(DiscoveryEvent, payload)
+                    continue
                 # Only what changes the known workers is passed on.
                 event: Any = (
                     known.apply(payload)
@@ -885,6 +938,7 @@ class _UpstreamSubscriber:
                     # A rescan that still finds something stays open longer.
                     rescans[reader] = anyio.current_time() + RESCAN_SETTLE
                 yield event
+                listing.resumed()
         finally:
             self._wake = None
             rescans.clear()
@@ -939,7 +993,10 @@ class _UpstreamSubscriber:
                         self.inner.subscribe(**dict(self.options)), stack
                     )
                     iterator = aiter(cast(Any, subscriber))
+                    relay = _SyncedRelay.of(iterator, reader, send) if main else None
                     try:
+                        if relay is not None:
+                            await relay.forward(iterator)
                         async for event in iterator:
                             # Into the buffer without a checkpoint per event:
                             # a scan's events reach the iteration in one go.
@@ -948,6 +1005,8 @@ class _UpstreamSubscriber:
                             except anyio.WouldBlock:
                                 await send.send((reader, event))
                     finally:
+                        if relay is not None:
+                            relay.stop()
                         with anyio.CancelScope(shield=True):
                             await aclose_iterator(iterator)
                 finally:
@@ -966,6 +1025,126 @@ class _UpstreamSubscriber:
 
     def __repr__(self) -> str:
         return f"_UpstreamSubscriber({self.inner!r}, {self.options!r})"
+
+
+#: Seconds the upstream of wool's ``LocalDiscovery`` or ``LanDiscovery``
+#: (which never say when a listing is complete) has to find nothing new,
+#: from its start or its last change, before its first listing is taken to
+#: be complete (see :attr:`~wool_pooling.SubscriptionConsumer.synced`).
+LISTING_QUIET = RESCAN_SETTLE
+
+#: What :meth:`_FirstListing.receive` returns once the quiet time is over.
+_LISTED = object()
+
+
+@final
+class _FirstListing:
+    """When the upstream's first listing is complete, as far as it can tell.
+
+    An inner subscriber that yields :class:`~wool_pooling.Synced` says so
+    itself (its first reader's first one is passed on; a rescan's, and any
+    later one, are not). For wool's ``LocalDiscovery`` and ``LanDiscovery``
+    (``quiet``), which never say, the first listing is taken to be complete
+    once the upstream has waited :data:`LISTING_QUIET` seconds without an
+    event that changed the known workers, counted from its start or its
+    last change: an estimate, not a promise.
+    """
+
+    __slots__ = ("done", "quiet_until")
+
+    def __init__(self, quiet: bool) -> None:
+        self.done = False
+        self.quiet_until: float | None = (
+            anyio.current_time() + LISTING_QUIET if quiet else None
+        )
+
+    async def receive(self, receive: MemoryObjectReceiveStream[Any]) -> Any:
+        """The next item, or :data:`_LISTED` once the quiet time is over."""
+        until = self.quiet_until
+        if until is None:
+            return await receive.receive()
+        with anyio.move_on_after(until - anyio.current_time()):
+            return await receive.receive()
+        self.quiet_until = None
+        self.done = True
+        return _LISTED
+
+    def resumed(self) -> None:
+        """An event was passed on: the quiet time starts again."""
+        if self.quiet_until is not None:
+            self.quiet_until = anyio.current_time() + LISTING_QUIET
+
+    def marked(self, main: bool) -> bool:
+        """A reader yielded :class:`~wool_pooling.Synced`: whether to pass
+        it on (the main reader's first one only)."""
+        if not main or self.done:
+            return False
+        self.done = True
+        self.quiet_until = None
+        return True
+
+
+@final
+class _SyncedRelay:
+    """Passes on the :attr:`~wool_pooling.SubscriptionConsumer.synced` of an
+    inner subscriber that is itself a shared subscription (a
+    ``RedisDiscovery``'s, whose consumers never see its marker), as a
+    :class:`~wool_pooling.Synced` sent after the events that made it true.
+
+    A task of its own waits for it (the inner consumer may become synced
+    while the reader waits for its next event); the reader itself sends the
+    marker when it becomes true as an event is handed over.
+    """
+
+    __slots__ = ("busy", "consumer", "reader", "scope", "send", "sent")
+
+    def __init__(
+        self,
+        consumer: SubscriptionConsumer[Any],
+        reader: _Reader,
+        send: MemoryObjectSendStream[Any],
+    ) -> None:
+        self.consumer = consumer
+        self.reader = reader
+        self.send = send
+        self.scope = anyio.CancelScope()
+        # Whether the reader holds an event not yet sent; the marker sent.
+        self.busy = False
+        self.sent = False
+
+    @classmethod
+    def of(
+        cls, iterator: object, reader: _Reader, send: MemoryObjectSendStream[Any]
+    ) -> _SyncedRelay | None:
+        if not isinstance(iterator, SubscriptionConsumer):
+            return None
+        relay = cls(cast(SubscriptionConsumer[Any], iterator), reader, send)
+        current_loop().spawn(relay._watch)
+        return relay
+
+    async def forward(self, iterator: AsyncIterator[Any]) -> None:
+        """Hand the inner consumer's events to the upstream, then the
+        marker once it is synced; returns at the inner stream's end."""
+        async for event in iterator:
+            self.busy = True
+            await self.send.send((self.reader, event))
+            self.busy = False
+            if not self.sent and self.consumer.synced:
+                await self._send_marker()
+
+    async def _watch(self) -> None:
+        with self.scope:
+            await self.consumer.wait_synced()
+            if self.consumer.synced and not self.busy and not self.sent:
+                await self._send_marker()
+
+    async def _send_marker(self) -> None:
+        self.sent = True
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await self.send.send((self.reader, Synced()))
+
+    def stop(self) -> None:
+        self.scope.cancel()
 
 
 async def _close_when_settled(reader: _Reader, rescans: dict[_Reader, float]) -> None:

@@ -13,11 +13,13 @@ from typing import Protocol
 from typing import cast
 from typing import final
 
+import anyio
 from wool import DiscoveryEvent
 from wool import WorkerMetadata
 
 from .._core.iterators import aclose_iterator
 from .._core.iterators import throw_into
+from .._core.synced import Synced
 from .workers import WorkerMap
 from .workers import Workers
 
@@ -103,7 +105,7 @@ class KnownWorkers(WorkerMap):
     records, and the last view :meth:`at` rebuilt.
     """
 
-    __slots__ = ("_at", "_undo", "count", "untracked")
+    __slots__ = ("_at", "_listed_waiters", "_undo", "count", "listed_at", "untracked")
 
     def __init__(self, history: int | None = None) -> None:
         super().__init__()
@@ -119,6 +121,34 @@ class KnownWorkers(WorkerMap):
         # The last view :meth:`at` built, while no item followed: consumers
         # that fell behind at the same item share it.
         self._at: tuple[int, int, Workers] | None = None
+        #: Items logged when the stream marked the end of its first listing
+        #: (see :class:`~wool_pooling.Synced`); ``None`` until it does.
+        self.listed_at: int | None = None
+        self._listed_waiters: list[anyio.Event] | None = None
+
+    def mark_listed(self) -> None:
+        """The stream yielded :class:`~wool_pooling.Synced`: its first
+        listing ends at the log's end (a later mark changes nothing)."""
+        if self.listed_at is not None:
+            return
+        self.listed_at = self.count
+        waiters, self._listed_waiters = self._listed_waiters, None
+        for event in waiters or ():
+            event.set()
+
+    def notify_listed(self, event: anyio.Event) -> None:
+        """Set ``event`` when :meth:`mark_listed` first runs."""
+        waiters = self._listed_waiters
+        if waiters is None:
+            waiters = self._listed_waiters = []
+        if event not in waiters:
+            waiters.append(event)
+
+    def forget_listed(self, event: anyio.Event) -> None:
+        """Undo :meth:`notify_listed` (its waiter has gone)."""
+        waiters = self._listed_waiters
+        if waiters is not None and event in waiters:
+            waiters.remove(event)
 
     def record(self, item: object) -> None:
         """Take ``item`` (a discovery event, or an untracked item) as the next
@@ -247,13 +277,29 @@ class TrackedSource:
         iterator = self._iterator
         if iterator is None:
             iterator = self._iterator = open_iterator(self._raw)
-        return self._track(await iterator.__anext__())
+        item = await iterator.__anext__()
+        if type(item) is Synced:
+            return await self._after_marker(iterator)
+        return self._track(item)
 
     async def athrow(self, error: BaseException) -> Any:
         """Raise ``error`` in the raw iteration, where it is suspended."""
-        if self._iterator is None:
+        iterator = self._iterator
+        if iterator is None:
             raise error
-        return self._track(await throw_into(self._iterator, error))
+        item = await throw_into(iterator, error)
+        if type(item) is Synced:
+            return await self._after_marker(iterator)
+        return self._track(item)
+
+    async def _after_marker(self, iterator: AsyncIterator[Any]) -> Any:
+        """Take in a :class:`~wool_pooling.Synced` (never logged) and every
+        one following it; return the next item."""
+        while True:
+            self.known.mark_listed()
+            item = await iterator.__anext__()
+            if type(item) is not Synced:
+                return self._track(item)
 
     def _track(self, event: Any) -> Any:
         self.known.record(event)

@@ -22,6 +22,7 @@ import anyio
 import redis.exceptions as redis_errors
 from wool import DiscoveryEvent
 
+from .._core.synced import Synced
 from .._pooling.decorator import shared_subscription
 from ._cluster import ClusterSession
 from ._connection import Connection
@@ -151,6 +152,11 @@ class RedisStream:
     into events.
     """
 
+    #: Whether a :class:`~wool_pooling.Synced` follows each snapshot: only
+    #: where a shared subscription takes it in (an unshared stream is
+    #: iterated by its user directly).
+    _marks_listing: bool = False
+
     def __init__(self, settings: SubscriberSettings) -> None:
         self.settings = settings
         self.url = settings.url
@@ -191,6 +197,8 @@ class RedisStream:
                 failures = 0
                 for event in events:
                     yield event
+                if self._marks_listing:
+                    yield cast(DiscoveryEvent, Synced())  # the snapshot is complete
                 # Closed here, not by the garbage collector, when this
                 # generator is closed while suspended in it.
                 async with contextlib.aclosing(self._follow(session, state)) as follow:
@@ -373,7 +381,15 @@ def _subscriber_key(cls: type, settings: SubscriberSettings) -> Hashable:
 
 @shared_subscription(key=_subscriber_key)
 class SharedRedisStream(RedisStream):
-    """The process's one subscription per (connection, namespace), shared."""
+    """The process's one subscription per (connection, namespace), shared.
+
+    Yields :class:`~wool_pooling.Synced` after each snapshot's events (the
+    first marks the end of the first listing; see
+    :attr:`~wool_pooling.SubscriptionConsumer.synced`): the shared
+    subscription takes it in, so no consumer sees it.
+    """
+
+    _marks_listing = True
 
 
 #: The options of the live shared subscribers, by key: a subscriber with
