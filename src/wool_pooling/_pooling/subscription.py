@@ -465,11 +465,11 @@ class SubscriptionConsumer(Generic[T_co]):
         self._replay = None
         if consumer is None:
             return
-        entry, self._entry = self._entry, None  # an ended consumer pins nothing
-        assert entry is not None
-        _count_leave(entry, consumer)
+        _count_leave(self._entry, consumer)
         consumer.close()
         self._seen = None
+        entry, self._entry = self._entry, None  # an ended consumer pins nothing
+        assert entry is not None
         await entry.release()
 
     def __del__(self) -> None:
@@ -479,10 +479,9 @@ class SubscriptionConsumer(Generic[T_co]):
         # Dropping the fan-out consumer ends it (its own finaliser hands the
         # leave to the loop's thread if need be).
         self._consumer = None
-        entry = self._entry
-        if entry is not None:
-            _count_leave(entry, consumer)
+        _count_leave(self._entry, consumer)
         del consumer
+        entry = self._entry
         if entry is not None:
             entry.release_soon()
 
@@ -496,9 +495,10 @@ class SubscriptionConsumer(Generic[T_co]):
         return f"<SubscriptionConsumer [{state}] of {self._subscription!r}>"
 
 
-def _count_leave(entry: Entry, consumer: FanoutConsumer[Any]) -> None:
+def _count_leave(entry: Entry | None, consumer: FanoutConsumer[Any]) -> None:
     """Count what ``consumer``, about to end, received from ``entry``'s log."""
-    count_leave(entry.counters, consumer, entry.fanout)
+    if entry is not None:
+        count_leave(entry.counters, consumer, entry.fanout)
 
 
 @final
