@@ -236,6 +236,7 @@ def test_report_renders_every_result_of_the_shared_folder(
         "pooling_redis.py",
         "report.py",
         "soak.py",
+        "statistics_overhead.py",
         "throughput.py",
         "wrapper_ceiling.py",
     ],

@@ -134,3 +134,26 @@ def test_redis_discovery_example_leaves_no_keys_on_the_given_server(
         assert client.keys("*") == [b"someone-elses-key"]
     finally:
         client.close()
+
+
+def test_metrics_example_exports_a_subscriptions_counters() -> None:
+    """``python examples/metrics.py`` prints the Prometheus exposition of one
+    shared subscription's counters: 50 consumers, 3 events delivered to 49,
+    one late joiner replayed, nothing lagged. ``prometheus_client`` is the
+    example's own dependency, not the package's: without it this is skipped."""
+    pytest.importorskip("prometheus_client")
+    completed = subprocess.run(
+        [sys.executable, str(EXAMPLES / "metrics.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    values = dict(line.rsplit(" ", 1) for line in completed.stdout.splitlines())
+    label = '{name="workers-prod"}'
+    assert values[f"wool_pooling_subscription_consumers{label}"] == "50.0"
+    assert values[f"wool_pooling_subscription_delivered_total{label}"] == "147.0"
+    assert values[f"wool_pooling_subscription_replays_total{label}"] == "1.0"
+    assert values[f"wool_pooling_subscription_lagged_total{label}"] == "0.0"
+    assert len(values) == 8

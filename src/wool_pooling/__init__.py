@@ -58,6 +58,7 @@ from ._pooling.pool import PoolStatistics
 from ._pooling.pool import SubscriptionPool
 from ._pooling.pool import current_pool
 from ._pooling.restart import RestartPolicy
+from ._pooling.statistics import SubscriptionStatistics
 from ._pooling.subscription import SharedSubscription
 from ._pooling.subscription import SubscriptionConsumer
 from ._wool.afilter import afilter
@@ -79,6 +80,7 @@ __all__ = [
     "SharedSubscription",
     "SubscriptionConsumer",
     "SubscriptionPool",
+    "SubscriptionStatistics",
     "SyncSharedDiscovery",
     "Synced",
     "afilter",

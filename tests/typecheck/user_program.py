@@ -31,6 +31,7 @@ from wool_pooling import SharedDiscovery
 from wool_pooling import SharedSubscription
 from wool_pooling import SubscriptionConsumer
 from wool_pooling import SubscriptionPool
+from wool_pooling import SubscriptionStatistics
 from wool_pooling import Synced
 from wool_pooling import SyncSharedDiscovery
 from wool_pooling import afilter
@@ -118,6 +119,10 @@ async def use_subscriptions() -> None:
                     print(item.metadata.address, listed.synced)
         statistics: PoolStatistics = pool.statistics()
         print(statistics.entries, statistics.consumers, statistics.idle)
+        counted = keyed.statistics(pool)
+        assert_type(counted, SubscriptionStatistics)
+        print(counted.consumers, counted.delivered, counted.replays, counted.lagged)
+        print(counted.resyncs, counted.restarts, counted.rescans, counted.source_errors)
         filtered = afilter(lambda metadata: metadata.pid > 0, keyed)
         async for event in filtered:
             print(event.type)
@@ -154,7 +159,8 @@ async def use_discovery() -> None:
     some = discovery.workers(filter=running)
     print(len(known), len(some))
     async with wool.WorkerPool(spawn=1, discovery=discovery):
-        pass
+        upstream: SubscriptionStatistics = discovery.statistics()
+        print(upstream.rescans)
 
 
 async def main() -> None:

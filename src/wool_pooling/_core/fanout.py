@@ -1149,3 +1149,38 @@ class FanoutConsumer(Generic[T]):
     def __repr__(self) -> str:
         state = "ACTIVE" if self._node is not _ENDED else "ENDED"
         return f"<FanoutConsumer [{state}, buffered: {self.buffered}]>"
+
+
+# -- what statistics derive from the log, at the time they are asked for -----
+
+
+def position(consumer: FanoutConsumer[Any]) -> int:
+    """How many items of its fan-out's log ``consumer`` has moved past: the
+    seq of its next item, less the items a :exc:`Lagged` it has yet to raise
+    will report skipped (so a skip counts once it is reported); ``-1`` once
+    it has ended.
+
+    Read, never kept: a delivery costs nothing for it.
+    """
+    node = consumer._node
+    if type(node) is _Trap and node.kind is _LAGGED:
+        return node[2] - node.skipped
+    return node[2]
+
+
+def positions_total(fanout: Fanout[Any]) -> int:
+    """The sum of :func:`position` over the consumers of ``fanout`` that have
+    not ended. O(consumers)."""
+    return sum(position(consumer) for consumer in fanout._state.live())
+
+
+def logged(fanout: Fanout[Any]) -> int:
+    """Items logged so far (:attr:`FanoutStatistics.pulled`), in O(1)."""
+    return fanout._state.tail[2]
+
+
+def source_failed(fanout: Fanout[Any]) -> bool:
+    """Whether the source of ``fanout`` raised (its end was an error, not an
+    exhaustion, a close, or a cancellation from outside)."""
+    end = fanout._state.end
+    return end is not None and end.error is not None and not end.cancelled

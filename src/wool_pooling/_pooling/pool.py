@@ -25,6 +25,7 @@ from .lifecycle import EntryEvent
 from .lifecycle import EntryState
 from .lifecycle import transition
 from .restart import RestartingSource
+from .statistics import EntryCounters
 
 __all__ = [
     "Entry",
@@ -114,6 +115,8 @@ class Entry:
     expiry: anyio.CancelScope | None = None
     #: Set once ``CLOSED``; made on entering ``CLOSING``.
     closed: anyio.Event | None = None
+    #: What its joins, leaves and lags counted, for its statistics.
+    counters: EntryCounters = attrs.field(factory=EntryCounters)
 
     async def release(self) -> None:
         """Detach one consumer; close the entry if it was the last one.

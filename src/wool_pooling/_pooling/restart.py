@@ -183,7 +183,9 @@ class RestartingSource:
         "_raw",
         "_reported",
         "_settling",
+        "errors",
         "known",
+        "restarts",
     )
 
     def __init__(
@@ -198,6 +200,9 @@ class RestartingSource:
         self.known = KnownWorkers(history)
         # Consecutive restarts without an event in between.
         self._failures = 0
+        #: Errors the raw stream raised, and restarts that followed, in all.
+        self.errors = 0
+        self.restarts = 0
         # After a restart: the workers the new stream has reported so far,
         # and the timer that drops the others once the settle time is over.
         self._reported: set[uuid.UUID] | None = None
@@ -237,6 +242,7 @@ class RestartingSource:
                         iterator = self._iterator = open_iterator(self._raw)
                     event = await iterator.__anext__()
             except BrokenSubscriber:
+                self.errors += 1
                 raise  # a programming error: another attempt cannot fix it
             except StopAsyncIteration as end:
                 if not policy.restart_on_end:
@@ -254,12 +260,14 @@ class RestartingSource:
     async def _restart_after(self, error: BaseException, policy: RestartPolicy) -> None:
         """Close the failed iteration and wait out the backoff, or re-raise."""
         self._failures += 1
+        self.errors += not isinstance(error, StopAsyncIteration)
         attempt = self._failures
         if not policy.allows(attempt):
             restart_logger.error(
                 "giving up on %r after %d restarts: %r", self._raw, attempt - 1, error
             )
             raise error
+        self.restarts += 1
         delay = policy.delay(attempt)
         restart_logger.warning(
             "restarting %r in %.3fs (attempt %d of %s) after %r",

@@ -38,6 +38,12 @@ from .pool import SubscriptionPool
 from .pool import attach
 from .pool import current_pool
 from .restart import RestartPolicy
+from .statistics import SubscriptionStatistics
+from .statistics import count_join
+from .statistics import count_lag
+from .statistics import count_leave
+from .statistics import count_resync
+from .statistics import entry_statistics
 
 __all__ = ["SharedSubscription", "SubscriptionConsumer"]
 
@@ -143,6 +149,29 @@ class SharedSubscription(Generic[T_co]):
             if entry is not None and not entry.fanout.finished:
                 return types.MappingProxyType(dict(entry.source.known.workers))
         return _NO_WORKERS
+
+    def statistics(
+        self, pool: SubscriptionPool | None = None
+    ) -> SubscriptionStatistics:
+        """Return a snapshot of what the entry iterating this subscription in
+        ``pool`` has counted: consumers, items delivered, replays, lags,
+        resyncs, restarts, rescans and source errors.
+
+        All zeros when nothing iterates this subscription's (class, key) in
+        the pool; the counts start again with each new entry. Nothing is
+        counted per delivered item: ``delivered`` is derived from the
+        consumers' places in the shared log, in O(consumers).
+
+        Call it from the pool's event loop (its thread): an exporter that
+        runs in another thread reads snapshots taken there.
+
+        :param pool: The pool to look in; by default :func:`~wool_pooling.current_pool`.
+        :raises RuntimeError: if ``pool`` is omitted and no pool is current
+            and no event loop is running.
+        """
+        if pool is None:
+            pool = current_pool()
+        return entry_statistics(pool, (self._cls, self._key))
 
     def __aiter__(self) -> SubscriptionConsumer[T_co]:
         return SubscriptionConsumer(self)
@@ -408,7 +437,9 @@ class SubscriptionConsumer(Generic[T_co]):
                 if self._sync_event is not None:
                     self._wake_if_synced()
                 return item
-            except Lagged:
+            except Lagged as lag:
+                assert self._entry is not None
+                count_lag(self._entry.counters, lag.skipped)
                 if not self._resync(consumer):
                     raise  # items that are not discovery events were skipped
             except anyio.BusyResourceError:
@@ -510,7 +541,7 @@ class SubscriptionConsumer(Generic[T_co]):
         if known.untracked:
             return False
         self._replay = WorkerMap(workers).diff(known) or None
-        consumer.skip_buffered()
+        count_resync(entry.counters, consumer.skip_buffered())
         return True
 
     def _join(self) -> FanoutConsumer[Any]:
@@ -530,6 +561,7 @@ class SubscriptionConsumer(Generic[T_co]):
         # Registered and replayed in one step: no gap, no duplicate.
         consumer = self._consumer = entry.fanout.consumer(on_skip=seen)
         self._replay = known.replay() or None
+        count_join(entry.counters, consumer, self._replay is not None)
         # A raw instance may want to know (SharedDiscovery's upstream rescans).
         raw: object = entry.raw
         joined = getattr(type(raw), "__wool_pooling_joined__", None)
@@ -556,6 +588,7 @@ class SubscriptionConsumer(Generic[T_co]):
         self._replay = None
         if consumer is None:
             return
+        _count_leave(self._entry, consumer)
         consumer.close()
         self._seen = None
         entry, self._entry = self._entry, None  # an ended consumer pins nothing
@@ -569,6 +602,7 @@ class SubscriptionConsumer(Generic[T_co]):
         # Dropping the fan-out consumer ends it (its own finaliser hands the
         # leave to the loop's thread if need be).
         self._consumer = None
+        _count_leave(self._entry, consumer)
         del consumer
         entry = self._entry
         if entry is not None:
@@ -582,6 +616,12 @@ class SubscriptionConsumer(Generic[T_co]):
         else:
             state = f"ACTIVE, replay: {len(self._replay or ())}"
         return f"<SubscriptionConsumer [{state}] of {self._subscription!r}>"
+
+
+def _count_leave(entry: Entry | None, consumer: FanoutConsumer[Any]) -> None:
+    """Count what ``consumer``, about to end, received from ``entry``'s log."""
+    if entry is not None:
+        count_leave(entry.counters, consumer, entry.fanout)
 
 
 @final

@@ -60,6 +60,8 @@ from .._core.synced import Synced
 from .._pooling.construction import CONFIG_ATTRIBUTE
 from .._pooling.construction import SubscriptionConfig
 from .._pooling.decorator import shared_subscription
+from .._pooling.pool import SubscriptionPool
+from .._pooling.statistics import SubscriptionStatistics
 from .._pooling.subscription import SharedSubscription
 from .._pooling.subscription import SubscriptionConsumer
 from .afilter import afilter
@@ -338,6 +340,22 @@ class SharedDiscovery:
         return types.MappingProxyType(
             {uid: metadata for uid, metadata in view.items() if accepts(metadata)}
         )
+
+    def statistics(
+        self, pool: SubscriptionPool | None = None
+    ) -> SubscriptionStatistics:
+        """Return a snapshot of the shared upstream's counters in ``pool``:
+        consumers (filtered ones included), events delivered, replays,
+        lags, resyncs, rescans and errors; see
+        :meth:`~wool_pooling.SharedSubscription.statistics`.
+
+        All zeros when nothing iterates the upstream in that pool.
+
+        :param pool: The pool to look in; by default :func:`~wool_pooling.current_pool`.
+        :raises RuntimeError: if ``pool`` is omitted and no pool is current
+            and no event loop is running.
+        """
+        return self.subscribe().statistics(pool)
 
     # -- counted, reentrant context management -------------------------------
 
@@ -843,7 +861,7 @@ class _UpstreamSubscriber:
     whatever was entered, and waits for that, shielded from cancellation.
     """
 
-    __slots__ = ("_rescan_wanted", "_wake", "inner", "options")
+    __slots__ = ("_rescan_wanted", "_rescans", "_wake", "inner", "options")
 
     def __init__(self, inner: _Portable, options: Options) -> None:
         # Any: wool types subscribe() without the options discoveries accept.
@@ -852,6 +870,11 @@ class _UpstreamSubscriber:
         # While iterating: where a joiner asks for a fresh scan.
         self._wake: MemoryObjectSendStream[Any] | None = None
         self._rescan_wanted = False
+        self._rescans = 0
+
+    def __wool_pooling_rescans__(self) -> int:
+        """Fresh scans started for joiners so far (for the entry's statistics)."""
+        return self._rescans
 
     def __wool_pooling_joined__(self) -> None:
         """A consumer has joined this upstream: scan the inner discovery afresh.
@@ -906,6 +929,7 @@ class _UpstreamSubscriber:
                         continue  # taken already, through the flag
                     self._rescan_wanted = False
                     reader = self._start(loop, send, alive)
+                    self._rescans += 1
                     rescans[reader] = anyio.current_time() + RESCAN_SETTLE
                     loop.spawn(_close_when_settled, reader, rescans)
                     continue

@@ -138,6 +138,14 @@ consumers receive only what changed.
 metadata is skipped with a warning on ``wool_pooling.redis`` and counted
 in :meth:`RedisDiscovery.statistics`; it never ends the subscription.
 
+**Statistics.** :meth:`RedisDiscovery.statistics` returns what this
+process's subscribers of the connection and namespace have counted
+(:class:`RedisStatistics`): connections held (two per subscription,
+however many consumers share it), snapshots, announcements, gaps, epoch
+changes, reconnects, invalid records and seconds since the last message.
+An announcement costs one counter update; see the docs' Metrics page for
+exporting them.
+
 **Asyncio only.** redis-py's client, and wool itself, run on asyncio
 (uvloop and eager task factories included). Under trio, iterating a
 subscriber or entering a publisher raises :exc:`RuntimeError` saying so.

@@ -34,7 +34,7 @@ from ._settings import check_namespace
 from ._settings import check_seconds
 from ._settings import rebuild
 from ._statistics import RedisStatistics
-from ._statistics import by_key
+from ._statistics import snapshot
 from ._stream import RedisStream
 from ._stream import SharedRedisStream
 from ._stream import note_options
@@ -288,7 +288,7 @@ class RedisDiscovery:
 
     def statistics(self) -> RedisStatistics:
         """Counters of this process's subscribers to this connection and namespace."""
-        return by_key.get(self._key, RedisStatistics())
+        return snapshot(self._key)
 
     def __eq__(self, other: object) -> bool:
         """Equal to a discovery whose subscribers share this one's

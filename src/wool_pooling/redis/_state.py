@@ -19,7 +19,7 @@ from wool import protocol
 
 from .._wool.workers import WorkerMap
 
-__all__ = ["Resync", "SubscriptionState", "decode"]
+__all__ = ["Gap", "Resync", "SubscriptionState", "decode"]
 
 _TYPES: dict[str, DiscoveryEventType] = {
     "worker-added": "worker-added",
@@ -31,6 +31,10 @@ _TYPES: dict[str, DiscoveryEventType] = {
 class Resync(Exception):
     """The subscription can no longer trust its sequence: take a new snapshot
     (an announcement is missing, did not parse, or is from another epoch)."""
+
+
+class Gap(Resync):
+    """An announcement is missing: its version was skipped."""
 
 
 def decode(uid: bytes, payload: bytes) -> WorkerMetadata:
@@ -139,7 +143,7 @@ class SubscriptionState:
         if version <= self.version:
             return None  # already in the snapshot, or a duplicate
         if version != self.version + 1:
-            raise Resync(
+            raise Gap(
                 f"an announcement is missing (expected version "
                 f"{self.version + 1}, got {version})"
             )

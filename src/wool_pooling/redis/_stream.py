@@ -42,8 +42,10 @@ from ._scripts import idle_expiry_ms
 from ._settings import SubscriberOptions
 from ._settings import SubscriberSettings
 from ._settings import keys_for
+from ._state import Gap
 from ._state import SubscriptionState
-from ._statistics import count
+from ._statistics import Counters
+from ._statistics import counters
 
 logger = logging.getLogger("wool_pooling.redis")
 
@@ -164,6 +166,7 @@ class RedisStream:
         self.options = settings.options
         self._target = parse_url(settings.url)
         self._stats_key = _subscriber_key(type(self), settings)
+        self._counters: Counters = counters(self._stats_key)
 
     def __eq__(self, other: object) -> bool:
         """Equal to a subscriber of the same class made of equal settings."""
@@ -185,13 +188,16 @@ class RedisStream:
     async def _events(self) -> AsyncGenerator[DiscoveryEvent, None]:
         require_asyncio("RedisDiscovery's subscriber")
         state = SubscriptionState(self.options.settle, self._invalid)
+        counted = self._counters
         failures = 0
         while True:
             session: _Session | ClusterSession | None = None
             try:
                 session = self._session(state)
+                counted.connections += 2
                 snapshot = await self._open(session, state)
                 events, lost = state.snapshot(*snapshot, now=time.monotonic())
+                _count_snapshot(counted, lost)
                 if failures:
                     self._reconnected(lost)
                 failures = 0
@@ -205,12 +211,14 @@ class RedisStream:
                     async for event in follow:
                         yield event
             except RETRIED as error:
+                counted.gaps += isinstance(error, Gap)
                 failures += 1
                 await self._back_off(error, failures)
             finally:
                 if session is not None:
                     with anyio.CancelScope(shield=True):
                         await session.aclose()
+                    counted.connections -= 2
 
     def _session(self, state: SubscriptionState) -> _Session | ClusterSession:
         try:
@@ -262,6 +270,7 @@ class RedisStream:
         the connection is not read then.
         """
         options = self.options
+        counted = self._counters
         liveness = options.liveness_timeout
         heard = time.monotonic()
         next_reap = heard + options.reap_interval
@@ -296,17 +305,18 @@ class RedisStream:
                 if pinged and time.monotonic() >= deadline:
                     raise _silent(liveness)
                 continue
-            heard = time.monotonic()
+            heard = counted.heard = time.monotonic()
             pinged = False
             if message.get("type") not in ("message", "smessage"):
                 continue  # a pong: the connection answers
+            counted.announcements += 1
             event = state.message(message.get("data"))
             if event is not None:
                 yield event
                 heard = max(heard, time.monotonic())
 
     def _reconnected(self, lost: bool) -> None:
-        count(self._stats_key, reconnects=1)
+        self._counters.reconnects += 1
         logger.warning(
             "reconnected to %s (namespace %s): resynchronising%s",
             redact(self.url),
@@ -341,7 +351,7 @@ class RedisStream:
         await anyio.sleep(delay)
 
     def _invalid(self, what: bytes, error: BaseException) -> None:
-        count(self._stats_key, invalid_records=1)
+        self._counters.invalid_records += 1
         logger.warning(
             "skipping a record of namespace %s at %s that is not valid worker "
             "metadata (%r): %s",
@@ -353,6 +363,12 @@ class RedisStream:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({redact(self.url)!r}, {self.namespace!r})"
+
+
+def _count_snapshot(counted: Counters, lost: bool) -> None:
+    """A snapshot was taken; ``lost``: it found a new epoch."""
+    counted.snapshots += 1
+    counted.epoch_changes += lost
 
 
 def _silent(liveness: float, what: str = "on the pub/sub connection") -> TimeoutError:
