@@ -26,6 +26,7 @@ from ._errors import DEFAULT_RECONNECT
 from ._publisher import RedisPublisher
 from ._publisher import is_wildcard
 from ._scripts import DEFAULT_KEY_PREFIX
+from ._settings import ConnectionArguments
 from ._settings import DiscoverySettings
 from ._settings import check_flag
 from ._settings import check_hosts
@@ -41,7 +42,7 @@ from ._stream import note_options
 
 
 @final
-class RedisDiscovery:
+class RedisDiscovery(ConnectionArguments):
     """A wool ``DiscoveryLike`` on one Redis server (or a Sentinel-monitored master).
 
     :mod:`wool_pooling.redis` states the guarantees in full: ordering by the
@@ -160,7 +161,7 @@ class RedisDiscovery:
             raise ValueError(
                 f"advertise_host must not be a wildcard: {advertise_host!r}"
             )
-        self._settings = DiscoverySettings(
+        self._settings: DiscoverySettings = DiscoverySettings(
             url=url,
             namespace=namespace,
             bind_host=bind_host,
@@ -179,40 +180,15 @@ class RedisDiscovery:
         self._target = target
 
     @property
-    def url(self) -> str:
-        """The server's url, as given."""
-        return self._settings.url
-
-    @property
-    def namespace(self) -> str:
-        """The namespace whose workers this discovery shares."""
-        return self._settings.namespace
-
-    @property
     def bind_host(self) -> str:
         """Where wool binds the workers this discovery's publisher announces."""
         return self._settings.bind_host
-
-    @property
-    def advertise_host(self) -> str | None:
-        """The host announced for a worker bound to a wildcard, if given."""
-        return self._settings.advertise_host
-
-    @property
-    def lease(self) -> float:
-        """Seconds a worker's record lives without renewal."""
-        return self._settings.lease
 
     @property
     def reap_interval(self) -> float:
         """Seconds between a subscription's sweeps of expired leases
         (``lease / 4`` unless given)."""
         return self._settings.reap_interval
-
-    @property
-    def connect_timeout(self) -> float:
-        """Bound, in seconds, on connecting and on each command."""
-        return self._settings.connect_timeout
 
     @property
     def reconnect(self) -> RestartPolicy:
@@ -225,25 +201,10 @@ class RedisDiscovery:
         return self._settings.shared
 
     @property
-    def client_options(self) -> Mapping[str, Any]:
-        """The keyword arguments for redis-py's client (a checked copy)."""
-        return self._settings.client_options
-
-    @property
-    def key_prefix(self) -> str:
-        """The prefix of every key and channel."""
-        return self._settings.key_prefix
-
-    @property
     def liveness_timeout(self) -> float:
         """Seconds the subscription's pub/sub connection may stay silent
         before it is treated as lost."""
         return self._settings.liveness_timeout
-
-    @property
-    def name_connections(self) -> bool:
-        """Whether each connection names itself with ``CLIENT SETNAME``."""
-        return self._settings.name_connections
 
     @functools.cached_property
     def _key(self) -> Hashable:

@@ -34,6 +34,7 @@ from ._scripts import DEFAULT_KEY_PREFIX
 from ._scripts import PUBLISH
 from ._scripts import RENEW
 from ._scripts import idle_expiry_ms
+from ._settings import ConnectionArguments
 from ._settings import PublisherSettings
 from ._settings import check_flag
 from ._settings import check_hosts
@@ -76,7 +77,7 @@ def _process_alive(pid: int) -> bool:
 
 
 @final
-class RedisPublisher:
+class RedisPublisher(ConnectionArguments):
     """Announces workers in a namespace's Redis hash, with a renewed lease.
 
     wool enters it (``async with``) before the first ``publish`` and exits it
@@ -139,7 +140,7 @@ class RedisPublisher:
             raise ValueError(
                 f"advertise_host must not be a wildcard: {advertise_host!r}"
             )
-        self._settings = PublisherSettings(
+        self._settings: PublisherSettings = PublisherSettings(
             url=url,
             namespace=namespace,
             bind_host=bind_host,
@@ -163,46 +164,6 @@ class RedisPublisher:
         self._pending_drops: set[str] = set()
         self._lock = asyncio.Lock()
         self._renewer: asyncio.Task[None] | None = None
-
-    @property
-    def url(self) -> str:
-        """The server's url, as given."""
-        return self._settings.url
-
-    @property
-    def namespace(self) -> str:
-        """The namespace the workers are announced in."""
-        return self._settings.namespace
-
-    @property
-    def advertise_host(self) -> str | None:
-        """The host announced for a worker bound to a wildcard, if given."""
-        return self._settings.advertise_host
-
-    @property
-    def lease(self) -> float:
-        """Seconds a worker's record lives without renewal."""
-        return self._settings.lease
-
-    @property
-    def connect_timeout(self) -> float:
-        """Bound, in seconds, on connecting and on each command."""
-        return self._settings.connect_timeout
-
-    @property
-    def client_options(self) -> Mapping[str, Any]:
-        """The keyword arguments for redis-py's client (a checked copy)."""
-        return self._settings.client_options
-
-    @property
-    def key_prefix(self) -> str:
-        """The prefix of every key and channel."""
-        return self._settings.key_prefix
-
-    @property
-    def name_connections(self) -> bool:
-        """Whether the connection names itself with ``CLIENT SETNAME``."""
-        return self._settings.name_connections
 
     def __eq__(self, other: object) -> bool:
         """Equal to a publisher made of equal arguments (what either has

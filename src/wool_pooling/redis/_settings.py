@@ -194,3 +194,52 @@ def rebuild(
     """``cls`` called again with the arguments ``settings`` records (and
     checked again): what an unpickled discovery or publisher is."""
     return cls(**arguments(settings))
+
+
+class ConnectionArguments:
+    """The arguments a discovery and a publisher share, read back from the
+    one record they were built from (``_settings``, a
+    :class:`DiscoverySettings` or :class:`PublisherSettings`): read-only."""
+
+    __slots__ = ()
+    _settings: Any
+
+    @property
+    def url(self) -> str:
+        """The server's url, as given."""
+        return self._settings.url
+
+    @property
+    def namespace(self) -> str:
+        """The namespace the workers are announced in."""
+        return self._settings.namespace
+
+    @property
+    def advertise_host(self) -> str | None:
+        """The host announced for a worker bound to a wildcard, if given."""
+        return self._settings.advertise_host
+
+    @property
+    def lease(self) -> float:
+        """Seconds a worker's record lives without renewal."""
+        return self._settings.lease
+
+    @property
+    def connect_timeout(self) -> float:
+        """Bound, in seconds, on connecting and on each command."""
+        return self._settings.connect_timeout
+
+    @property
+    def client_options(self) -> Mapping[str, Any]:
+        """The keyword arguments for redis-py's client (a checked copy)."""
+        return self._settings.client_options
+
+    @property
+    def key_prefix(self) -> str:
+        """The prefix of every key and channel."""
+        return self._settings.key_prefix
+
+    @property
+    def name_connections(self) -> bool:
+        """Whether each connection names itself with ``CLIENT SETNAME``."""
+        return self._settings.name_connections
