@@ -46,6 +46,7 @@ from ._scripts import idle_expiry_ms
 from ._settings import SubscriberOptions
 from ._settings import keys_for
 from ._state import Resync
+from ._subscribing import subscribe_then_snapshot
 
 __all__ = ["ClusterSession", "sharded"]
 
@@ -101,7 +102,7 @@ class ClusterSession:
             named=options.name_connections,
         )
 
-    def _args(self) -> list[str | int]:
+    def script_args(self) -> list[str | int]:
         keep = idle_expiry_ms(self.options.settle, self.options.reap_interval)
         return [self.keys.channel, uuid.uuid4().hex, keep]
 
@@ -151,17 +152,7 @@ class ClusterSession:
         self.pubsub = self.listening.client.pubsub()
         self.snapshot_script = self.command.client.register_script(sharded(SNAPSHOT))
         self.reap_script = self.command.client.register_script(sharded(REAP))
-        self.stage = "subscribing"
-        await watched(self.pubsub.ssubscribe(self.keys.channel))
-        while True:
-            message = await watched(self.pubsub.get_message(timeout=None))
-            if message is not None and message["type"] == "ssubscribe":
-                break
-        self.stage = "taking a snapshot"
-        version, epoch, flat = await watched(
-            self.snapshot_script(keys=self.keys.keys, args=self._args())
-        )
-        return int(version), cast(bytes, epoch), cast(list[bytes], flat)
+        return await subscribe_then_snapshot(self, self.pubsub.ssubscribe, "ssubscribe")
 
     async def next_message(self, wait: float) -> dict[str, Any] | None:
         """The next announcement, or None after ``wait`` seconds without one
@@ -198,7 +189,9 @@ class ClusterSession:
         """Reap expired leases; the namespace's epoch."""
         return cast(
             bytes,
-            await watched(self.reap_script(keys=self.keys.keys, args=self._args())),
+            await watched(
+                self.reap_script(keys=self.keys.keys, args=self.script_args())
+            ),
         )
 
     async def aclose(self) -> None:

@@ -46,6 +46,7 @@ from ._state import Gap
 from ._state import SubscriptionState
 from ._statistics import Counters
 from ._statistics import counters
+from ._subscribing import subscribe_then_snapshot
 
 logger = logging.getLogger("wool_pooling.redis")
 
@@ -89,24 +90,14 @@ class _Session:
         self.snapshot_script: Any = self.command.client.register_script(SNAPSHOT)
         self.reap_script: Any = self.command.client.register_script(REAP)
 
-    def _args(self) -> list[str | int]:
+    def script_args(self) -> list[str | int]:
         keep = idle_expiry_ms(self.options.settle, self.options.reap_interval)
         return [self.keys.channel, uuid.uuid4().hex, keep]
 
     async def open(self) -> tuple[int, bytes, list[bytes]]:
         """Subscribe, wait for the confirmation, then snapshot:
         (version, epoch, flat hash)."""
-        self.stage = "subscribing"
-        await watched(self.pubsub.subscribe(self.keys.channel))
-        while True:
-            message = await watched(self.pubsub.get_message(timeout=None))
-            if message is not None and message["type"] == "subscribe":
-                break
-        self.stage = "taking a snapshot"
-        version, epoch, flat = await watched(
-            self.snapshot_script(keys=self.keys.keys, args=self._args())
-        )
-        return int(version), cast(bytes, epoch), cast(list[bytes], flat)
+        return await subscribe_then_snapshot(self, self.pubsub.subscribe, "subscribe")
 
     async def next_message(self, wait: float) -> dict[str, Any] | None:
         """The next announcement, or None after ``wait`` seconds without one."""
@@ -123,7 +114,9 @@ class _Session:
         """Reap expired leases; the namespace's epoch."""
         return cast(
             bytes,
-            await watched(self.reap_script(keys=self.keys.keys, args=self._args())),
+            await watched(
+                self.reap_script(keys=self.keys.keys, args=self.script_args())
+            ),
         )
 
     async def aclose(self) -> None:
