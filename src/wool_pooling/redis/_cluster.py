@@ -24,10 +24,6 @@ only the difference.
 
 from __future__ import annotations
 
-import contextlib
-import uuid
-from collections.abc import Awaitable
-from collections.abc import Callable
 from typing import Any
 from typing import cast
 from typing import final
@@ -42,11 +38,10 @@ from ._connection import parse_url
 from ._errors import watched
 from ._scripts import REAP
 from ._scripts import SNAPSHOT
-from ._scripts import idle_expiry_ms
 from ._settings import SubscriberOptions
 from ._settings import keys_for
 from ._state import Resync
-from ._subscribing import subscribe_then_snapshot
+from ._subscribing import SessionSteps
 
 __all__ = ["ClusterSession", "sharded"]
 
@@ -66,7 +61,7 @@ def sharded(script: str) -> str:
 
 
 @final
-class ClusterSession:
+class ClusterSession(SessionSteps):
     """One subscription to a namespace of a Redis Cluster: sharded pub/sub
     and a command connection, both on the master owning the namespace's slot.
 
@@ -101,10 +96,6 @@ class ClusterSession:
             client_options=options.client_options,
             named=options.name_connections,
         )
-
-    def script_args(self) -> list[str | int]:
-        keep = idle_expiry_ms(self.options.settle, self.options.reap_interval)
-        return [self.keys.channel, uuid.uuid4().hex, keep]
 
     async def _owner(self) -> tuple[str, int]:
         """The master owning the namespace's slot, as the cluster says now."""
@@ -152,7 +143,7 @@ class ClusterSession:
         self.pubsub = self.listening.client.pubsub()
         self.snapshot_script = self.command.client.register_script(sharded(SNAPSHOT))
         self.reap_script = self.command.client.register_script(sharded(REAP))
-        return await subscribe_then_snapshot(self, self.pubsub.ssubscribe, "ssubscribe")
+        return await self.subscribe_then_snapshot(self.pubsub.ssubscribe, "ssubscribe")
 
     async def next_message(self, wait: float) -> dict[str, Any] | None:
         """The next announcement, or None after ``wait`` seconds without one
@@ -173,11 +164,6 @@ class ClusterSession:
         # An announcement, or the answer to a PING (the connection answers).
         return cast(dict[str, Any], message) if kind in ("smessage", "pong") else None
 
-    async def ping(self) -> None:
-        """Send a ``PING`` on the pub/sub connection (its answer comes as a
-        ``pong`` message)."""
-        await watched(self.pubsub.ping())
-
     @property
     def node_name(self) -> str:
         if self.node is None:
@@ -185,27 +171,8 @@ class ClusterSession:
         host, port = self.node
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
-    async def reap(self) -> bytes:
-        """Reap expired leases; the namespace's epoch."""
-        return cast(
-            bytes,
-            await watched(
-                self.reap_script(keys=self.keys.keys, args=self.script_args())
-            ),
-        )
-
-    async def aclose(self) -> None:
-        closers: list[Callable[[], Awaitable[Any]]] = []
-        if self.pubsub is not None:
-            closers.append(self.pubsub.aclose)
-        closers += [
-            c.aclose
-            for c in (self.listening, self.command, self.layout)
-            if c is not None
-        ]
-        for close in closers:
-            with contextlib.suppress(Exception):
-                await close()
+    def connections(self) -> tuple[Connection | None, ...]:
+        return (self.listening, self.command, self.layout)
 
 
 #: ``RedisCluster`` options that a single node's client does not take.

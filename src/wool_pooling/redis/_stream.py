@@ -5,13 +5,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-import uuid
 import warnings
 import weakref
 from collections.abc import AsyncGenerator
 from collections.abc import AsyncIterator
-from collections.abc import Awaitable
-from collections.abc import Callable
 from collections.abc import Generator
 from collections.abc import Hashable
 from typing import Any
@@ -38,7 +35,6 @@ from ._errors import require_asyncio
 from ._errors import watched
 from ._scripts import REAP
 from ._scripts import SNAPSHOT
-from ._scripts import idle_expiry_ms
 from ._settings import SubscriberOptions
 from ._settings import SubscriberSettings
 from ._settings import keys_for
@@ -46,13 +42,13 @@ from ._state import Gap
 from ._state import SubscriptionState
 from ._statistics import Counters
 from ._statistics import counters
-from ._subscribing import subscribe_then_snapshot
+from ._subscribing import SessionSteps
 
 logger = logging.getLogger("wool_pooling.redis")
 
 
 @final
-class _Session:
+class _Session(SessionSteps):
     """One connection's worth of subscription: pub/sub plus a command client."""
 
     def __init__(
@@ -90,14 +86,10 @@ class _Session:
         self.snapshot_script: Any = self.command.client.register_script(SNAPSHOT)
         self.reap_script: Any = self.command.client.register_script(REAP)
 
-    def script_args(self) -> list[str | int]:
-        keep = idle_expiry_ms(self.options.settle, self.options.reap_interval)
-        return [self.keys.channel, uuid.uuid4().hex, keep]
-
     async def open(self) -> tuple[int, bytes, list[bytes]]:
         """Subscribe, wait for the confirmation, then snapshot:
         (version, epoch, flat hash)."""
-        return await subscribe_then_snapshot(self, self.pubsub.subscribe, "subscribe")
+        return await self.subscribe_then_snapshot(self.pubsub.subscribe, "subscribe")
 
     async def next_message(self, wait: float) -> dict[str, Any] | None:
         """The next announcement, or None after ``wait`` seconds without one."""
@@ -105,28 +97,8 @@ class _Session:
             self.pubsub.get_message(ignore_subscribe_messages=True, timeout=wait)
         )
 
-    async def ping(self) -> None:
-        """Send a ``PING`` on the pub/sub connection (its answer comes as a
-        ``pong`` message)."""
-        await watched(self.pubsub.ping())
-
-    async def reap(self) -> bytes:
-        """Reap expired leases; the namespace's epoch."""
-        return cast(
-            bytes,
-            await watched(
-                self.reap_script(keys=self.keys.keys, args=self.script_args())
-            ),
-        )
-
-    async def aclose(self) -> None:
-        closers: list[Callable[[], Awaitable[Any]]] = []
-        if self.pubsub is not None:
-            closers.append(self.pubsub.aclose)
-        closers += [c.aclose for c in (self.listening, self.command) if c is not None]
-        for close in closers:
-            with contextlib.suppress(Exception):
-                await close()
+    def connections(self) -> tuple[Connection | None, ...]:
+        return (self.listening, self.command)
 
 
 class RedisStream:
