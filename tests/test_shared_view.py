@@ -87,11 +87,19 @@ class Scripted:
             yield item
 
 
-Source = shared_subscription(Scripted)
-Lagging = shared_subscription(max_lag=2, read_ahead=0)(Scripted)
+Source = shared_subscription(type("Source", (Scripted,), {}))
+
+
+class _OnDemand(Scripted):
+    """A scripted source pulled on demand only (``read_ahead=0``): where a
+    test counts which items a consumer's reads have pulled."""
+
+
+OnDemand = shared_subscription(read_ahead=0)(_OnDemand)
+Lagging = shared_subscription(max_lag=2, read_ahead=0)(type("Lagging", (Scripted,), {}))
 Restarting = shared_subscription(
     restart=RestartPolicy(backoff=0, jitter=0, settle=3600)
-)(Scripted)
+)(type("Restarting", (Scripted,), {}))
 
 
 def subscription(feed: Feed, cls: Any = Source) -> SharedSubscription[DiscoveryEvent]:
@@ -516,7 +524,7 @@ def test_synced_follows_the_model(backend: Any, data: st.DataObject) -> None:
     async def body() -> None:
         feed = Feed()
         feed.push(*items)
-        sub = subscription(feed, Source)
+        sub = subscription(feed, OnDemand)
         async with SubscriptionPool(), aiter(sub) as first:
             for i in range(1, j + 1):
                 await read(first)

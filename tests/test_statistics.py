@@ -112,7 +112,9 @@ async def test_delivered_counts_every_item_each_consumer_received() -> None:
 async def test_a_dropped_consumer_keeps_what_it_received_counted() -> None:
     """A consumer garbage collected without ``aclose()`` leaves its deliveries
     counted."""
-    cls = stub_class(ttl=60)
+    # Pulled on demand (read_ahead=0): the second consumer joins after one
+    # item, so its replay is worker 1 alone.
+    cls = stub_class(ttl=60, read_ahead=0)
     sub = subscription(cls)
     async with SubscriptionPool():
         keeper = aiter(sub)
