@@ -24,7 +24,6 @@ from ._connection import parse_url
 from ._connection import redact
 from ._errors import DEFAULT_RECONNECT
 from ._publisher import RedisPublisher
-from ._publisher import is_wildcard
 from ._scripts import DEFAULT_KEY_PREFIX
 from ._settings import ConnectionArguments
 from ._settings import DiscoverySettings
@@ -157,10 +156,6 @@ class RedisDiscovery(ConnectionArguments):
         check_key_prefix(key_prefix)
         # A publisher's settings, checked now rather than at first use.
         check_hosts(bind_host, advertise_host)
-        if advertise_host is not None and is_wildcard(advertise_host):
-            raise ValueError(
-                f"advertise_host must not be a wildcard: {advertise_host!r}"
-            )
         self._settings: DiscoverySettings = DiscoverySettings(
             url=url,
             namespace=namespace,

@@ -41,14 +41,11 @@ from ._settings import check_hosts
 from ._settings import check_key_prefix
 from ._settings import check_namespace
 from ._settings import check_seconds
+from ._settings import is_wildcard
 from ._settings import keys_for
 from ._settings import rebuild
 
 logger = logging.getLogger("wool_pooling.redis")
-
-
-def is_wildcard(host: str) -> bool:
-    return host in ("", "0.0.0.0", "::", "[::]")
 
 
 def _default_route_ip() -> str:
@@ -136,10 +133,6 @@ class RedisPublisher(ConnectionArguments):
         self._target = parse_url(url)
         check_namespace(namespace)
         check_hosts(bind_host, advertise_host)
-        if advertise_host is not None and is_wildcard(advertise_host):
-            raise ValueError(
-                f"advertise_host must not be a wildcard: {advertise_host!r}"
-            )
         self._settings: PublisherSettings = PublisherSettings(
             url=url,
             namespace=namespace,

@@ -50,8 +50,9 @@ def check_key_prefix(prefix: object) -> str:
 
 
 def check_hosts(bind_host: object, advertise_host: object) -> None:
-    """``bind_host`` and ``advertise_host`` (unless ``None``) are ``str``: a
-    publisher puts them in the address it announces."""
+    """``bind_host`` and ``advertise_host`` (unless ``None``) are ``str``, and
+    ``advertise_host`` is no wildcard: a publisher puts them in the address
+    it announces."""
     if not isinstance(bind_host, str):
         raise TypeError(f"bind_host must be a str, got {type(bind_host).__name__}")
     if advertise_host is None:
@@ -60,6 +61,13 @@ def check_hosts(bind_host: object, advertise_host: object) -> None:
         raise TypeError(
             f"advertise_host must be a str or None, got {type(advertise_host).__name__}"
         )
+    if is_wildcard(advertise_host):
+        raise ValueError(f"advertise_host must not be a wildcard: {advertise_host!r}")
+
+
+def is_wildcard(host: str) -> bool:
+    """Whether ``host`` binds every interface (so it cannot be announced)."""
+    return host in ("", "0.0.0.0", "::", "[::]")
 
 
 def check_seconds(name: str, value: object) -> float:
