@@ -423,3 +423,12 @@ def test_an_advertise_host_that_is_not_a_str_is_refused(cls: Any) -> None:
         TypeError, match=r"^advertise_host must be a str or None, got bytes$"
     ):
         cls("redis://127.0.0.1:1/0", "ns", advertise_host=b"10.0.0.1")
+
+
+@pytest.mark.parametrize("cls", [RedisDiscovery, RedisPublisher])
+@pytest.mark.parametrize("wildcard", ["0.0.0.0", "::", ""])
+def test_a_wildcard_advertise_host_is_refused(cls: Any, wildcard: str) -> None:
+    """``advertise_host`` is announced to every subscriber: a wildcard, which
+    no client can connect to, is refused at construction."""
+    with pytest.raises(ValueError, match=r"^advertise_host must not be a wildcard"):
+        cls("redis://127.0.0.1:6379/0", "ns", advertise_host=wildcard)
