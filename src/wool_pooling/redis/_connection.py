@@ -537,6 +537,15 @@ class Connection:
                     await each.aclose()
 
 
+def _retry(timeout: float, retries: int) -> Retry:
+    """redis-py's retry of a failed command: ``retries`` times, with jittered
+    backoff up to ``timeout``; none at all for ``retries=0`` (a session's
+    lost connection must end the session, not be retried silently)."""
+    if retries:
+        return Retry(EqualJitterBackoff(cap=timeout, base=0.05), retries)
+    return Retry(NoBackoff(), 0)
+
+
 def open_cluster_client(
     target: Target,
     role: str,
@@ -558,11 +567,7 @@ def open_cluster_client(
     (``require_full_coverage=False`` unless ``client_options`` say
     otherwise). Precedence as for :func:`open_client`.
     """
-    retry = (
-        Retry(EqualJitterBackoff(cap=timeout, base=0.05), retries)
-        if retries
-        else Retry(NoBackoff(), 0)
-    )
+    retry = _retry(timeout, retries)
     options: dict[str, Any] = {
         "socket_connect_timeout": timeout,
         "socket_timeout": timeout,
@@ -621,11 +626,7 @@ def open_client(
             client_options=client_options,
             named=named,
         )
-    retry = (
-        Retry(EqualJitterBackoff(cap=timeout, base=0.05), retries)
-        if retries
-        else Retry(NoBackoff(), 0)
-    )
+    retry = _retry(timeout, retries)
     options: dict[str, Any] = {
         "socket_connect_timeout": timeout,
         "socket_timeout": timeout,
