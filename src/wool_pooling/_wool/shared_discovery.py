@@ -830,7 +830,11 @@ class _Reader:
         self.done = anyio.Event()
 
 
-@shared_subscription(key=_upstream_key)
+# Pulled on demand (read_ahead=0): consumers that join together share the
+# first scan on every loop. (With read-ahead, under an eager task factory, a
+# second consumer of the same moment found the first scan started and was
+# given a rescan, building the inner subscriber twice.)
+@shared_subscription(key=_upstream_key, read_ahead=0)
 class _UpstreamSubscriber:
     """The raw, unfiltered subscription to one inner discovery, with given options.
 
