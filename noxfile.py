@@ -115,15 +115,18 @@ def release(session: nox.Session) -> None:
         session.run("python", "-m", "venv", str(venv))
         python = str(venv / "bin" / "python")
         wheel = next(dist.glob("wool_pooling-*.whl"))
-        session.run(python, "-m", "pip", "install", "-q", f"{wheel}[redis]")
+        session.run(
+            python, "-m", "pip", "install", "-q", f"{wheel}[redis]", external=True
+        )
         with session.chdir(work):
-            session.run(python, "-m", "wool_pooling", silent=True)
+            session.run(python, "-m", "wool_pooling", silent=True, external=True)
             session.run(
                 python,
                 "-c",
                 "import wool_pooling.redis, wool_pooling; "
                 "print('installed wheel:', wool_pooling.__version__, "
                 "wool_pooling.__file__)",
+                external=True,
             )
     finally:
         shutil.rmtree(work, ignore_errors=True)
