@@ -541,7 +541,7 @@ async def test_fanout_loop_cancelled_during_the_pull_it_started_loses_nothing() 
         finally:
             finally_runs.append(1)
 
-    fanout = Fanout(source())
+    fanout = Fanout(source(), read_ahead=0)  # the victim starts every pull
     victim, other = fanout.consumer(), fanout.consumer()
     victim_items: list[int] = []
     other_items: list[int] = []

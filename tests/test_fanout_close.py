@@ -170,7 +170,7 @@ async def test_closing_the_consumer_that_started_a_pull_spares_the_others() -> N
 
     await anyio.wait_all_tasks_blocked()
     baseline = running_tasks()
-    fanout = Fanout(source())
+    fanout = Fanout(source(), read_ahead=0)  # the starter starts the pulls
     starter = fanout.consumer()
     others = [fanout.consumer() for _ in range(3)]
     other_items: list[list[int]] = [[] for _ in others]

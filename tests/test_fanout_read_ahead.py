@@ -417,3 +417,72 @@ async def test_the_decorator_refuses_a_bad_read_ahead() -> None:
     """``read_ahead`` is checked when the class is decorated."""
     with pytest.raises(ValueError, match="read_ahead must be an int >= 0"):
         shared_subscription(read_ahead=-1)
+
+
+async def checkpointing(count: int) -> AsyncIterator[int]:
+    """``count`` items, each after one checkpoint (each pull suspends once)."""
+    for item in range(count):
+        await anyio.lowlevel.checkpoint()
+        yield item
+
+
+async def test_consumers_of_a_checkpointing_source_are_woken_once_per_batch() -> None:
+    """A source whose pulls only pass a checkpoint wakes its waiting consumers
+    once per batch of ``read_ahead`` items, not once per item: each wait of a
+    consumer ends with about a batch to read inline."""
+    count, read_ahead, n = 320, 16, 3
+    fanout = Fanout(checkpointing(count), read_ahead=read_ahead)
+    consumers = [fanout.consumer() for _ in range(n)]
+    waits = [0] * n
+    received: list[list[int]] = [[] for _ in range(n)]
+
+    async def run(index: int) -> None:
+        consumer = consumers[index]
+        while True:
+            if consumer.buffered == 0:
+                waits[index] += 1  # this __anext__ waits for the pump
+            try:
+                received[index].append(await anext(consumer))
+            except StopAsyncIteration:
+                return
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+            for index in range(n):
+                group.start_soon(run, index)
+    assert received == [list(range(count))] * n
+    # Woken per item, each consumer would wait ~320 times.
+    assert max(waits) <= 2 * count // read_ahead + 4, waits
+    await fanout.aclose()
+
+
+@pytest.mark.parametrize("burst", [1, 5, 40])
+async def test_items_reach_every_consumer_before_all_tasks_block(burst: int) -> None:
+    """However the wake-ups of a batch are held back, a consumer has every
+    item logged once ``wait_all_tasks_blocked()`` returns: the hold is a task,
+    never a pending callback (bursts smaller and larger than the read-ahead)."""
+    send, receive = anyio.create_memory_object_stream[int](100)
+    n, rounds = 3, 8
+
+    async def source() -> AsyncIterator[int]:
+        async with receive:
+            async for item in receive:
+                await anyio.lowlevel.checkpoint()
+                yield item
+
+    fanout = Fanout(source(), read_ahead=16)
+    consumers = [fanout.consumer() for _ in range(n)]
+    received: list[list[int]] = [[] for _ in range(n)]
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as group:
+            for index in range(n):
+                group.start_soon(drain_into, consumers[index], received[index])
+            sent: list[int] = []
+            for round_ in range(rounds):
+                for item in range(round_ * burst, (round_ + 1) * burst):
+                    send.send_nowait(item)
+                    sent.append(item)
+                await anyio.wait_all_tasks_blocked()
+                assert received == [sent] * n, round_
+            send.close()
+    await fanout.aclose()

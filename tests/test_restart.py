@@ -202,8 +202,9 @@ async def test_changed_metadata_becomes_worker_updated() -> None:
     a, b = meta(), meta()
     a2 = meta(a.uid, pid=2)
     b2 = meta(b.uid, pid=3)
+    joined = anyio.Event()  # both consumers join before the failure
     script = Script(
-        [added(a), added(b), FAIL],
+        [added(a), added(b), joined, FAIL],
         [added(a2), updated(b2), added(same(b2))],
     )
     sub = subscribe(fast(settle=5), script)
@@ -211,6 +212,7 @@ async def test_changed_metadata_becomes_worker_updated() -> None:
         first, second = aiter(sub), aiter(sub)
         one = await take(first, 2)
         two = await take(second, 2)
+        joined.set()
         one += await take(first, 2)
         two += await take(second, 2)
         for events in (one, two):
@@ -358,12 +360,14 @@ async def test_no_error_reaches_consumers_and_views_match_new_state() -> None:
 async def test_exhausted_attempts_reach_every_consumer() -> None:
     """When ``attempts`` restarts in a row fail, every consumer gets the last error."""
     a = meta()
-    script = Script([added(a), FAIL], [FAIL], [FAIL])
+    joined = anyio.Event()  # every consumer joins before the failures
+    script = Script([added(a), joined, FAIL], [FAIL], [FAIL])
     sub = subscribe(fast(attempts=2, settle=5), script)
     async with SubscriptionPool() as pool:
         consumers = [aiter(sub) for _ in range(3)]
         for it in consumers:
             assert pairs(await take(it, 1)) == [("worker-added", a)]
+        joined.set()
         for it in consumers:
             with (
                 anyio.fail_after(5),

@@ -241,6 +241,7 @@ class _FanoutState(Generic[T]):
         "arrival",
         "consumers",
         "context",
+        "deferred",
         "drop_lagging",
         "end",
         "handle",
@@ -248,6 +249,7 @@ class _FanoutState(Generic[T]):
         "lag_check_at",
         "loop",
         "max_lag",
+        "patience",
         "pulling",
         "pump",
         "read_ahead",
@@ -295,6 +297,10 @@ class _FanoutState(Generic[T]):
         # lands, or when the fan-out ends); a wait for room.
         self.arrival: Waiters | None = None
         self.space: Waiters | None = None
+        # Whether a watch holds the wake of ``arrival`` back, and how many
+        # releases wake at once before the next watch (release()).
+        self.deferred = False
+        self.patience = 0
         # Whether a pull is in flight (asked, not yet logged); the pump, from
         # the first demand on; what it holds of this state; the Fanout object
         # over it, held weakly (consumers hold the state, not the fan-out).
@@ -322,6 +328,11 @@ class _FanoutState(Generic[T]):
 
     def append(self, item: T) -> None:
         """Log ``item`` for every consumer, and wake those waiting for it."""
+        self.push(item)
+        self.wake_arrival()
+
+    def push(self, item: T) -> None:
+        """Log ``item`` for every consumer; wake no one (see :meth:`release`)."""
         tail = self.tail
         seq: int = tail[2] + 1
         following: _Node = [None, None, seq]
@@ -330,10 +341,38 @@ class _FanoutState(Generic[T]):
         self.tail = following
         if self.lag_check_at <= seq:
             self.drop_beyond_lag()
+
+    def wake_arrival(self) -> None:
+        """Wake the consumers waiting for an item."""
         arrival = self.arrival
         if arrival is not None:
             self.arrival = None
             arrival.wake()
+
+    def release(self, loop: EventLoop) -> None:
+        """The pump pulls again, reading ahead, with consumers waiting: wake
+        them at once, or, while the source's pulls look quick, once a whole
+        pass of the loop goes by with nothing logged.
+
+        A source whose pull only passes a checkpoint then costs its waiting
+        consumers one wake-up per batch, not per item: they are woken when
+        the pump parks (the batch is full, or no one asks) or when a pull
+        really waits. The watch is a task (:func:`_release_when_idle`), so
+        ``wait_all_tasks_blocked()`` returns only once the consumers are
+        woken. The watch costs a step per pass and saves one per consumer
+        per item: one that saw fewer items logged than passes went by, per
+        consumer registered (with a fifth to spare), found it did not pay;
+        the next ``read_ahead`` releases then wake at once, and the one
+        after watches again.
+        """
+        if self.arrival is None or self.deferred:
+            return
+        if self.patience:
+            self.patience -= 1
+            self.wake_arrival()
+            return
+        self.deferred = True
+        loop.spawn(_release_when_idle, self.ref)
 
     def live(self) -> list[FanoutConsumer[T]]:
         """A snapshot of the registered consumers, for a scan.
@@ -534,10 +573,12 @@ class _FanoutState(Generic[T]):
         return True
 
     def log(self, item: T) -> None:
-        """The pump's pull returned ``item``: log it, in the same step."""
+        """The pump's pull returned ``item``: log it, in the same step. The
+        pump then wakes the consumers waiting for it: at once if it parks,
+        a pass of the loop later if it reads ahead (:meth:`release`)."""
         self.pulling = False
         if self.end is None:
-            self.append(item)
+            self.push(item)
 
     def failed(self, error: BaseException) -> None:
         """The pump's pull raised ``error``: end the fan-out with it."""
@@ -658,7 +699,10 @@ async def _iterate(ref: weakref.ref[_FanoutState[Any]], pump: _Pump) -> None:
                 if state.end is not None or pump.stopping:
                     return
                 if state.reads_ahead():
+                    assert state.loop is not None  # bound before the first pull
+                    state.release(state.loop)
                     break
+                state.wake_arrival()
                 del state
                 parking = pump.parking = pump.loop.waiters()
                 try:
@@ -698,6 +742,39 @@ async def _iterate(ref: weakref.ref[_FanoutState[Any]], pump: _Pump) -> None:
                     await aclose_iterator(iterator)
                 except BaseException as error:  # for Fanout.aclose() to raise
                     pump.close_error = error
+
+
+async def _release_when_idle(ref: weakref.ref[_FanoutState[Any]]) -> None:
+    """:meth:`_FanoutState.release`'s watch: once per pass of the loop, look
+    at the log's end; wake the waiting consumers once it stayed put between
+    three looks in a row (two whole passes: trio may run this task before
+    or after the pump within a pass), or when no one waits any more."""
+    seen = -1
+    still = 0
+    logged = 0
+    passes = 0
+    while True:
+        await anyio.lowlevel.checkpoint()
+        passes += 1
+        state = ref()
+        if state is None:
+            return
+        end = state.tail[2]
+        if state.arrival is None or state.end is not None:
+            break
+        if end != seen:
+            if seen >= 0:
+                logged += end - seen
+            seen, still = end, 0
+        else:
+            still += 1
+            if still == 2:
+                break
+        del state
+    state.deferred = False
+    paid = 5 * logged * state.consumers >= 4 * passes
+    state.patience = 0 if paid else state.read_ahead
+    state.wake_arrival()
 
 
 @functools.cache
