@@ -372,7 +372,7 @@ class _FanoutState(Generic[T]):
             self.wake_arrival()
             return
         self.deferred = True
-        loop.spawn(_release_when_idle, self.ref)
+        loop.spawn(_release_when_idle, self.ref, loop.next_pass)
 
     def live(self) -> list[FanoutConsumer[T]]:
         """A snapshot of the registered consumers, for a scan.
@@ -744,7 +744,9 @@ async def _iterate(ref: weakref.ref[_FanoutState[Any]], pump: _Pump) -> None:
                     pump.close_error = error
 
 
-async def _release_when_idle(ref: weakref.ref[_FanoutState[Any]]) -> None:
+async def _release_when_idle(
+    ref: weakref.ref[_FanoutState[Any]], next_pass: Callable[[], Awaitable[None]]
+) -> None:
     """:meth:`_FanoutState.release`'s watch: once per pass of the loop, look
     at the log's end; wake the waiting consumers once it stayed put between
     three looks in a row (two whole passes: trio may run this task before
@@ -754,7 +756,7 @@ async def _release_when_idle(ref: weakref.ref[_FanoutState[Any]]) -> None:
     logged = 0
     passes = 0
     while True:
-        await anyio.lowlevel.checkpoint()
+        await next_pass()
         passes += 1
         state = ref()
         if state is None:

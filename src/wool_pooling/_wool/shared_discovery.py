@@ -830,11 +830,7 @@ class _Reader:
         self.done = anyio.Event()
 
 
-# Pulled on demand (read_ahead=0): consumers that join together share the
-# first scan on every loop. (With read-ahead, under an eager task factory, a
-# second consumer of the same moment found the first scan started and was
-# given a rescan, building the inner subscriber twice.)
-@shared_subscription(key=_upstream_key, read_ahead=0)
+@shared_subscription(key=_upstream_key)
 class _UpstreamSubscriber:
     """The raw, unfiltered subscription to one inner discovery, with given options.
 
@@ -1008,11 +1004,15 @@ class _UpstreamSubscriber:
         """Iterate the inner discovery once; hand ``(reader, item)`` to ``send``.
 
         The main reader opens the upstream to rescans as its first scan
-        starts: a consumer that joined before is covered by that scan.
+        starts: a consumer that joined before is covered by that scan. It
+        starts a pass of the loop after it was spawned, even under an eager
+        task factory (which runs a task's first step at once): consumers
+        joining at the same moment as the first share its first scan.
         """
         error: Exception | None = None
         try:
             with reader.scope:
+                await anyio.lowlevel.checkpoint()
                 if main and not reader.scope.cancel_called:
                     self._wake = send
                 stack = AsyncExitStack()

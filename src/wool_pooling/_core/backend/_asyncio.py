@@ -9,6 +9,7 @@ import types
 import weakref
 from collections.abc import Awaitable
 from collections.abc import Callable
+from collections.abc import Generator
 from typing import Any
 from typing import final
 
@@ -33,6 +34,7 @@ class AsyncioLoop(EventLoop):
         super().__init__()
         self._loop_ref = weakref.ref(loop)
         self.here = asyncio.get_running_loop
+        self.next_pass = _next_pass
 
     def _loop(self) -> asyncio.AbstractEventLoop:
         loop = self._loop_ref()
@@ -86,6 +88,12 @@ class AsyncioLoop(EventLoop):
         if loop is None:
             return "GONE"
         return "CLOSED" if loop.is_closed() else "RUNNING"
+
+
+@types.coroutine
+def _next_pass() -> Generator[None]:
+    """End the task's step; the loop runs it again at its next pass."""
+    yield
 
 
 @final

@@ -75,7 +75,7 @@ class EventLoop(ABC):
     is gone instead of keeping it alive.
     """
 
-    __slots__ = ("__weakref__", "here", "thread")
+    __slots__ = ("__weakref__", "here", "next_pass", "thread")
 
     #: ``"asyncio"`` or ``"trio"``.
     backend: ClassVar[str]
@@ -88,6 +88,10 @@ class EventLoop(ABC):
     #: in it: the per-wait check. An attribute, not a method: calling it
     #: binds nothing.
     here: Callable[[], object]
+    #: What a task awaits to let every other task ready to run have its step
+    #: first, the backend's cheapest way: asyncio, a bare yield (what
+    #: ``asyncio.sleep(0)`` does); trio, :func:`trio.lowlevel.checkpoint`.
+    next_pass: Callable[[], Awaitable[None]]
 
     def __init__(self) -> None:
         self.thread = threading.get_ident()

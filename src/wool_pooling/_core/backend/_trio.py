@@ -56,6 +56,7 @@ class TrioLoop(EventLoop):
         super().__init__()
         self._token_ref = weakref.ref(token)
         self.here = current_task
+        self.next_pass = trio.lowlevel.checkpoint
 
     def is_current(self) -> bool:
         try:
