@@ -122,6 +122,35 @@ async def test_current_loop_is_the_running_backends_handle(
 
 
 @pytest.mark.anyio
+async def test_next_pass_lets_the_tasks_ready_have_their_step(
+    anyio_backend: tuple[str, dict[str, Any]],
+) -> None:
+    """A task awaiting ``next_pass()`` resumes after the tasks made ready
+    before it had their step: on asyncio, every one of them (its ready queue
+    runs in order); on trio, whose batches run in either order, within the
+    next two passes."""
+    stepped: list[int] = []
+    released = anyio.Event()
+
+    async def woken(index: int) -> None:
+        await released.wait()
+        stepped.append(index)
+
+    async with anyio.create_task_group() as group:
+        for index in range(5):
+            group.start_soon(woken, index)
+        await anyio.wait_all_tasks_blocked()
+        released.set()
+        handle = current_loop()
+        await handle.next_pass()
+        if anyio_backend[0] == "asyncio":
+            assert sorted(stepped) == list(range(5))
+        else:
+            await handle.next_pass()
+            assert sorted(stepped) == list(range(5))
+
+
+@pytest.mark.anyio
 async def test_current_loop_differs_in_a_worker_threads_own_run(
     anyio_backend: tuple[str, dict[str, Any]],
 ) -> None:

@@ -1012,7 +1012,8 @@ class _UpstreamSubscriber:
         error: Exception | None = None
         try:
             with reader.scope:
-                await anyio.lowlevel.checkpoint()
+                if main:
+                    await anyio.lowlevel.checkpoint()
                 if main and not reader.scope.cancel_called:
                     self._wake = send
                 stack = AsyncExitStack()
