@@ -12,7 +12,7 @@ configurations: ``raw`` (each consumer iterates a subscriber of its own,
 ``kind.make(ns).subscribe(**options)``) and ``pooled`` (every consumer
 iterates ``SharedDiscovery(kind.make(ns), **options).subscribe()``), with
 the same options (``poll_interval=0.1``) for both. Each configuration runs
-in a fresh process; the whole set runs three times, raw and pooled
+in a fresh process; the whole set runs three times (``--runs``), raw and pooled
 alternating (which goes first alternates too), and the report takes
 medians. Raw at K = 10,000 is measured once: it fails at Linux's inotify
 instance limit (128 per user), as it does from K = 1,000 on; its dispatch
@@ -525,6 +525,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small K, short waits")
     parser.add_argument("--out", type=Path, help="results folder")
     parser.add_argument("--kind", action="append", choices=list(KINDS))
+    parser.add_argument(
+        "--runs", type=int, help=f"runs of the whole set (default {RUNS}; --quick: 1)"
+    )
     parser.add_argument("--configuration", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--dispatch", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -544,6 +547,9 @@ def main(argv: list[str] | None = None) -> int:
         Path(tempfile.mkdtemp(prefix="wool-pooling-bench-")) if args.quick else RESULTS
     )
     out.mkdir(parents=True, exist_ok=True)
+    runs = args.runs if args.runs is not None else QUICK_RUNS if args.quick else RUNS
+    if runs < 1:
+        parser.error("--runs must be at least 1")
     began, rows = time.perf_counter(), []
 
     def child(*arguments: str) -> Any:
@@ -555,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(1)
         return json.loads(done.stdout.splitlines()[-1])
 
-    for run in range(QUICK_RUNS if args.quick else RUNS):
+    for run in range(runs):
         for kind in args.kind or list(KINDS):
             for k in QUICK_CONSUMERS if args.quick else CONSUMERS:
                 order = ("raw", "pooled") if (run + k) % 2 == 0 else ("pooled", "raw")
@@ -604,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
         cpus=os.cpu_count(),
         wool=wool.__version__ if hasattr(wool, "__version__") else None,
         quick=args.quick,
-        runs=QUICK_RUNS if args.quick else RUNS,
+        runs=runs,
         fanout=dict(n=FANOUT_N, m=QUICK_FANOUT_M if args.quick else FANOUT_M),
         seconds=time.perf_counter() - began,
     )
