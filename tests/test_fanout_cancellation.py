@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
+from _loops import asyncio_only
 from _stubs import TIMEOUT
 from _stubs import Feed
 from _stubs import PollGaveUp
@@ -695,3 +696,63 @@ async def test_random_cancellations_of_many_consumers_lose_nothing(seed: int) ->
         False,
     )
     assert statistics.pulled == ITEMS
+
+
+@asyncio_only
+async def test_a_watch_cancelled_from_outside_still_wakes_the_consumers() -> None:
+    """The task that holds a batch's wake-up back (the read-ahead watch) may
+    be cancelled from outside, as asyncio does to every task when a loop
+    shuts down: the consumers waiting are woken all the same, and a later
+    batch is delivered too."""
+    import asyncio
+
+    more = anyio.Event()
+
+    async def source() -> AsyncIterator[int]:
+        for item in range(10):
+            await anyio.lowlevel.checkpoint()
+            yield item
+        await more.wait()
+        yield 10
+        await anyio.sleep_forever()
+
+    def awaits(task: asyncio.Task[Any]) -> list[str]:
+        """The names of the coroutines ``task`` is suspended in, outermost first."""
+        names: list[str] = []
+        awaited: Any = task.get_coro()
+        while awaited is not None and hasattr(awaited, "cr_code"):
+            names.append(awaited.cr_code.co_name)
+            awaited = awaited.cr_await
+        return names
+
+    def watches() -> list[asyncio.Task[Any]]:
+        return [
+            task for task in asyncio.all_tasks() if "_release_when_idle" in awaits(task)
+        ]
+
+    fanout = Fanout(source(), read_ahead=64)
+    consumer = fanout.consumer()
+    received: list[int] = []
+
+    async def read() -> None:
+        async for item in consumer:
+            received.append(item)
+
+    with anyio.fail_after(TIMEOUT):
+        async with anyio.create_task_group() as group:
+            group.start_soon(read)
+            while not (found := watches()):
+                await anyio.lowlevel.checkpoint()
+            for task in found:
+                task.cancel()
+            # The source now waits: only the cancelled watch could wake the
+            # consumer for the items logged so far.
+            while len(received) < 10:
+                await anyio.lowlevel.checkpoint()
+            assert received == list(range(10))
+            more.set()
+            while len(received) < 11:
+                await anyio.lowlevel.checkpoint()
+            assert received == list(range(11))
+            group.cancel_scope.cancel()
+    await fanout.aclose()

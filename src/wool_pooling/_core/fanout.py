@@ -755,28 +755,35 @@ async def _release_when_idle(
     still = 0
     logged = 0
     passes = 0
-    while True:
-        await next_pass()
-        passes += 1
-        state = ref()
-        if state is None:
-            return
-        end = state.tail[2]
-        if state.arrival is None or state.end is not None:
-            break
-        if end != seen:
-            if seen >= 0:
-                logged += end - seen
-            seen, still = end, 0
-        else:
-            still += 1
-            if still == 2:
+    paid = True
+    try:
+        while True:
+            await next_pass()
+            passes += 1
+            state = ref()
+            if state is None:
+                return
+            end = state.tail[2]
+            if state.arrival is None or state.end is not None:
                 break
-        del state
-    state.deferred = False
-    paid = 5 * logged * state.consumers >= 4 * passes
-    state.patience = 0 if paid else state.read_ahead
-    state.wake_arrival()
+            if end != seen:
+                if seen >= 0:
+                    logged += end - seen
+                seen, still = end, 0
+            else:
+                still += 1
+                if still == 2:
+                    break
+            del state
+        paid = 5 * logged * state.consumers >= 4 * passes
+    finally:
+        # Also when this task is cancelled from outside (the loop shuts
+        # down): the consumers are woken, and later releases watch again.
+        state = ref()
+        if state is not None:
+            state.deferred = False
+            state.patience = 0 if paid else state.read_ahead
+            state.wake_arrival()
 
 
 @functools.cache
