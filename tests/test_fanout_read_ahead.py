@@ -306,6 +306,24 @@ async def test_a_shared_subscription_reads_ahead_as_its_decorator_says() -> None
         assert PULLS == [0, 1, 2, 3, 4]
 
 
+async def test_a_shared_subscription_consumer_reads_a_batch_without_suspending() -> (
+    None
+):
+    """The events read ahead are handed out by the subscription's consumer
+    inline, in order: each ``__anext__`` returns without suspending."""
+    PULLS.clear()
+    async with SubscriptionPool(), aiter(ReadyWorkers("b")) as consumer:
+        first = await anext(consumer)
+        assert first.metadata.uid == worker(0).uid
+        await anyio.wait_all_tasks_blocked()
+        for number in range(1, 5):
+            step = consumer.__anext__()
+            with pytest.raises(StopIteration) as returned:
+                step.send(None)  # StopIteration: it returned at once
+            assert returned.value.value.metadata.uid == worker(number).uid
+        assert PULLS == [0, 1, 2, 3, 4]
+
+
 async def test_a_late_joiner_after_a_batch_gets_a_replay_without_gap_or_duplicate() -> (
     None
 ):

@@ -417,6 +417,14 @@ class SubscriptionConsumer(Generic[T_co]):
 
     async def __anext__(self) -> T_co:
         consumer = self._consumer
+        if consumer is not None and self._replay is None and self._sync_event is None:
+            # The common case, the next item of a batch: taken as the fan-out
+            # consumer's own __anext__ takes it, without awaiting that per item.
+            node = consumer._node  # pyright: ignore[reportPrivateUsage]
+            following = node[1]
+            if following is not None:
+                consumer._node = following  # pyright: ignore[reportPrivateUsage]
+                return node[0]
         if consumer is None:
             if self._ended:
                 raise StopAsyncIteration
