@@ -10,6 +10,7 @@ the argument (and, for a misspelt name, the closest accepted one).
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import AsyncIterator
 from typing import Any
@@ -323,6 +324,49 @@ def test_a_fanout_on_skip_that_takes_no_argument_is_refused() -> None:
     ):
         fanout.consumer(on_skip=skipped)  # type: ignore[arg-type]
     assert fanout.statistics().consumers == 0
+
+
+class _SkipCounter:
+    def __init__(self) -> None:
+        self.skipped: list[int] = []
+
+    def __call__(self, logged: int) -> None:
+        self.skipped.append(logged)
+
+
+class _TakesNothing:
+    def __call__(self) -> None:
+        pass
+
+
+def test_a_fanout_on_skip_object_whose_call_takes_no_argument_is_refused() -> None:
+    """A callable object is checked as its class's ``__call__``."""
+    fanout = Fanout(_Stream(), max_lag=2, on_lag="error")
+    with pytest.raises(
+        TypeError, match=r"^on_skip <.*_TakesNothing object at .*> must take 1"
+    ):
+        fanout.consumer(on_skip=_TakesNothing())  # type: ignore[arg-type]
+    assert fanout.statistics().consumers == 0
+
+
+def test_on_skip_objects_of_one_class_have_their_signature_read_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A consumer per join, each with a new callable object: the signature of
+    their class's ``__call__`` is read at the first only (reading one costs
+    tens of microseconds, a join otherwise a few)."""
+    reads: list[object] = []
+    signature = inspect.signature
+
+    def counted(function: Any, **options: Any) -> inspect.Signature:
+        reads.append(function)
+        return signature(function, **options)
+
+    monkeypatch.setattr(inspect, "signature", counted)
+    fanout = Fanout(_Stream(), max_lag=2, on_lag="error")
+    consumers = [fanout.consumer(on_skip=_SkipCounter()) for _ in range(5)]
+    assert fanout.statistics().consumers == len(consumers)
+    assert len(reads) <= 1, reads
 
 
 # -- @shared_subscription's numbers: checked already, every kind of bad value ----

@@ -105,6 +105,10 @@ def check_positional(
     needed = count
     if inspect.ismethod(function):
         plain, needed = function.__func__, count + 1
+    elif _called_through_its_class(function):
+        # An instance whose class defines __call__ in Python: checked, and
+        # remembered, as that function (each new instance costs nothing).
+        plain, needed = type(function).__call__, count + 1
     try:
         if needed in _takes.get(plain, ()):
             return
@@ -122,3 +126,18 @@ def check_positional(
         ) from None
     with contextlib.suppress(TypeError):
         _takes.setdefault(plain, set()).add(needed)
+
+
+def _called_through_its_class(function: object) -> bool:
+    """Whether calling ``function`` is calling its class's Python
+    ``__call__`` with it first, so that the signature is that function's: an
+    instance (not a class, function or method) with no ``__signature__`` of
+    its own, whose class's ``__call__`` is a plain function."""
+    return (
+        not isinstance(function, type)
+        and not inspect.isfunction(function)
+        and not inspect.ismethod(function)
+        and callable(function)
+        and inspect.isfunction(type(function).__call__)
+        and getattr(function, "__signature__", None) is None
+    )
