@@ -15,6 +15,7 @@ import math
 from collections.abc import AsyncIterator
 from typing import Any
 
+import cloudpickle
 import pytest
 import wool
 from wool import WorkerMetadata
@@ -43,6 +44,41 @@ def test_a_misspelt_option_fails_at_construction_naming_the_closest() -> None:
         ),
     ):
         SharedDiscovery(wool.LocalDiscovery("ns"), poll_intervall=0.2)
+
+
+def test_a_misspelt_option_is_refused_after_good_ones_were_accepted() -> None:
+    """What was found to bind is remembered by the options' names: another
+    name, or one missing, is still checked."""
+    SharedDiscovery(wool.LocalDiscovery("ns"), poll_interval=0.2)
+    SharedDiscovery(wool.LocalDiscovery("ns"))
+    with pytest.raises(TypeError, match=r"has no parameter 'poll_intervall'"):
+        SharedDiscovery(wool.LocalDiscovery("ns"), poll_intervall=0.2)
+    with pytest.raises(TypeError, match=r"has no parameter 'timeout'"):
+        SharedDiscovery(wool.LocalDiscovery("ns"), poll_interval=0.2, timeout=1)
+
+
+def test_an_unpickled_shared_discovery_reads_no_signature(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every task wool dispatches unpickles its pool's discovery: rebuilding
+    one whose kind was already checked reads no signature (each read costs
+    tens of microseconds), and rebuilds it with its arguments."""
+    shared = SharedDiscovery(
+        wool.LocalDiscovery("ns-read-once", capacity=64), poll_interval=0.3
+    )
+    blob = cloudpickle.dumps(shared)
+    cloudpickle.loads(blob)
+    reads: list[object] = []
+    signature = inspect.signature
+
+    def counted(function: Any, **options: Any) -> inspect.Signature:
+        reads.append(function)
+        return signature(function, **options)
+
+    monkeypatch.setattr(inspect, "signature", counted)
+    copies = [cloudpickle.loads(blob) for _ in range(3)]
+    assert reads == []
+    assert copies == [shared] * 3
 
 
 def test_sync_shared_discovery_checks_its_options_too() -> None:

@@ -57,6 +57,13 @@ def check_keywords(
         otherwise (a positional-only parameter given by name, a required
         parameter missing): the message names them and says why.
     """
+    plain: Any = function.__func__ if inspect.ismethod(function) else function
+    names = (inspect.ismethod(function), *keywords)
+    try:
+        if names in _binds.get(plain, ()):
+            return
+    except TypeError:  # not weakly referable: checked every time
+        pass
     signature = signature_of(function)
     if signature is None:
         return
@@ -83,6 +90,16 @@ def check_keywords(
     except TypeError as error:
         shown = ", ".join(f"{name}={value!r}" for name, value in keywords.items())
         raise TypeError(f"{what} cannot be called with ({shown}): {error}") from None
+    with contextlib.suppress(TypeError):
+        _binds.setdefault(plain, set()).add(names)
+
+
+#: Functions (a bound method: its function) found to take so many keywords
+#: by these names (whether bound first): whether keywords bind depends on
+#: their names only, and some wrappers are rebuilt at every unpickling.
+_binds: weakref.WeakKeyDictionary[Any, set[tuple[object, ...]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 #: Functions (a bound method: its function) found to take so many

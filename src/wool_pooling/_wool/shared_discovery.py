@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import copyreg
+import functools
 import inspect
 import logging
 import pickle
@@ -541,11 +542,18 @@ def _reduces_itself(cls: type) -> bool:
     )
 
 
+@functools.cache
+def _constructor_parameters(cls: type) -> tuple[tuple[str, inspect.Parameter], ...]:
+    """The parameters of ``cls``'s constructor (one of :data:`_BY_CONSTRUCTOR`),
+    read once: every unpickled wrapper settles its recipe again."""
+    return tuple(inspect.signature(cls).parameters.items())
+
+
 def _constructor_recipe(inner: object, cls: type) -> Recipe:
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
     positional = True  # until a parameter is left out: then by keyword
-    for name, parameter in inspect.signature(cls).parameters.items():
+    for name, parameter in _constructor_parameters(cls):
         try:
             value = getattr(inner, f"_{name}")
         except AttributeError:
