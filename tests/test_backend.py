@@ -3,6 +3,7 @@ trio imported only where trio runs."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from typing import Any
 import anyio
 import pytest
 from _loops import BACKENDS
+from _loops import asyncio_only
 from _loops import run
 
 from wool_pooling._core.backend import EventLoop
@@ -21,6 +23,7 @@ from wool_pooling._core.backend import Interruptible
 from wool_pooling._core.backend import Waiters
 from wool_pooling._core.backend import current_loop
 from wool_pooling._core.backend._asyncio import AsyncioLoop
+from wool_pooling._core.backend._asyncio import _UntilWaits
 from wool_pooling._core.backend._trio import TrioLoop
 
 #: What a backend must provide.
@@ -234,3 +237,85 @@ def test_current_loop_outside_any_loop_raises_with_trio_unimportable() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "RuntimeError"
+
+
+@pytest.mark.anyio
+async def test_until_waits_is_offered_on_asyncios_own_loops_only(
+    anyio_backend: tuple[str, dict[str, Any]],
+) -> None:
+    """Telling a checkpoint from a wait costs less than a task's step on
+    asyncio's own loops only: uvloop and trio have no ``until_waits``."""
+    handle = current_loop()
+    own = anyio_backend[0] == "asyncio" and isinstance(
+        asyncio.get_running_loop(), asyncio.BaseEventLoop
+    )
+    assert (handle.until_waits is not None) is own
+
+
+@asyncio_only
+@pytest.mark.anyio
+async def test_until_waits_calls_on_wait_for_a_wait_that_may_last_only() -> None:
+    """A pull through asyncio's ``until_waits`` wrapper returns or raises
+    what the awaitable does; ``on_wait`` runs before a yield on a future and
+    before a second bare yield, never for one bare yield or none; reused,
+    it starts afresh at each pull."""
+    calls: list[str] = []
+    stage = ["start"]
+    wrapper = _UntilWaits(lambda: calls.append(stage[0]))
+
+    async def at_once() -> str:
+        return "ready"
+
+    async def checkpoints(count: int) -> int:
+        for index in range(count):
+            stage[0] = f"checkpoint {index + 1}"
+            await asyncio.sleep(0)
+        return count
+
+    async def fails() -> None:
+        await asyncio.sleep(0)
+        raise LookupError("from the source")
+
+    assert await wrapper.pull(at_once()) == "ready"
+    assert (calls, wrapper.suspended) == ([], False)
+    assert await wrapper.pull(checkpoints(1)) == 1
+    assert (calls, wrapper.suspended) == ([], True)
+    assert await wrapper.pull(checkpoints(2)) == 2
+    assert calls == ["checkpoint 2"]
+    calls.clear()
+    with pytest.raises(LookupError, match="from the source"):
+        await wrapper.pull(fails())
+    assert calls == []
+
+    event = asyncio.Event()
+
+    async def waits() -> str:
+        stage[0] = "waiting"
+        await event.wait()
+        return "set"
+
+    async def set_later() -> None:
+        await asyncio.sleep(0)
+        assert calls == ["waiting"]  # called before the wait, not after
+        event.set()
+
+    setter = asyncio.ensure_future(set_later())
+    assert await wrapper.pull(waits()) == "set"
+    await setter
+    assert calls == ["waiting"]
+
+    calls.clear()
+    cleaned: list[bool] = []
+
+    async def cancelled() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cleaned.append(True)
+
+    task = asyncio.ensure_future(wrapper.pull(cancelled()))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert cleaned == [True]

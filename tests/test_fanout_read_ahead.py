@@ -474,6 +474,39 @@ async def test_consumers_of_a_checkpointing_source_are_woken_once_per_batch() ->
     await fanout.aclose()
 
 
+@pytest.mark.parametrize("source_kind", ["polls", "waits"])
+async def test_items_logged_before_the_source_stalls_reach_a_waiting_consumer(
+    source_kind: str,
+) -> None:
+    """A source that logs a few items and then stalls, by polling a flag at
+    every pass or by waiting on an event, does not hold back the items it
+    logged: the consumer waiting gets them while it stalls (the flag is set
+    only once the consumer has them)."""
+    go_on = anyio.Event()
+
+    async def source() -> AsyncIterator[int]:
+        for item in range(3):
+            await anyio.lowlevel.checkpoint()
+            yield item
+        if source_kind == "polls":
+            while not go_on.is_set():
+                await anyio.lowlevel.checkpoint()
+        else:
+            await go_on.wait()
+        yield 3
+
+    fanout = Fanout(source(), read_ahead=64)
+    received: list[int] = []
+    with anyio.fail_after(10):
+        async with fanout.consumer() as consumer:
+            while len(received) < 3:
+                received.append(await anext(consumer))
+            go_on.set()
+            received.append(await anext(consumer))
+    assert received == [0, 1, 2, 3]
+    await fanout.aclose()
+
+
 @pytest.mark.parametrize("burst", [1, 5, 40])
 async def test_items_reach_every_consumer_before_all_tasks_block(burst: int) -> None:
     """However the wake-ups of a batch are held back, a consumer has every

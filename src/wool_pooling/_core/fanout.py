@@ -259,6 +259,7 @@ class _FanoutState(Generic[T]):
         "source",
         "space",
         "tail",
+        "watching",
     )
 
     def __init__(
@@ -297,9 +298,11 @@ class _FanoutState(Generic[T]):
         # lands, or when the fan-out ends); a wait for room.
         self.arrival: Waiters | None = None
         self.space: Waiters | None = None
-        # Whether a watch holds the wake of ``arrival`` back, and how many
-        # releases wake at once before the next watch (release()).
+        # Whether the wake of ``arrival`` is held back; whether a watch
+        # runs; how many releases wake at once before the next watch
+        # (release()).
         self.deferred = False
+        self.watching = False
         self.patience = 0
         # Whether a pull is in flight (asked, not yet logged); the pump, from
         # the first demand on; what it holds of this state; the Fanout object
@@ -344,22 +347,27 @@ class _FanoutState(Generic[T]):
 
     def wake_arrival(self) -> None:
         """Wake the consumers waiting for an item."""
+        self.deferred = False
         arrival = self.arrival
         if arrival is not None:
             self.arrival = None
             arrival.wake()
 
-    def release(self, loop: EventLoop) -> None:
+    def release(self) -> None:
         """The pump pulls again, reading ahead, with consumers waiting: wake
-        them at once, or, while the source's pulls look quick, once a whole
-        pass of the loop goes by with nothing logged.
+        them at once, or, while the source's pulls look quick, hold the wake
+        back until a whole pass of the loop goes by with nothing logged.
 
         A source whose pull only passes a checkpoint then costs its waiting
         consumers one wake-up per batch, not per item: they are woken when
         the pump parks (the batch is full, or no one asks) or when a pull
-        really waits. The watch is a task (:func:`_release_when_idle`), so
-        ``wait_all_tasks_blocked()`` returns only once the consumers are
-        woken. The watch costs a step per pass and saves one per consumer
+        really waits. A *watch* task (:func:`_release_when_idle`) looks at
+        the log once per pass and wakes them; being a task, it keeps
+        ``wait_all_tasks_blocked()`` from returning before they are woken.
+        On asyncio the watch starts only once a pull suspends in a way that
+        may last (:attr:`EventLoop.until_waits`), so a source that only
+        passes checkpoints costs no step beyond its own; on trio it starts
+        here. The watch costs a step per pass and saves one per consumer
         per item: one that saw fewer items logged than passes went by, per
         consumer registered (with a fifth to spare), found it did not pay;
         the next ``read_ahead`` releases then wake at once, and the one
@@ -372,7 +380,18 @@ class _FanoutState(Generic[T]):
             self.wake_arrival()
             return
         self.deferred = True
-        loop.spawn(_release_when_idle, self.ref, loop.next_pass)
+        loop = self.loop
+        assert loop is not None  # bound before the first pull
+        if loop.until_waits is None:
+            self.watch()
+
+    def watch(self) -> None:
+        """Start the watch over a held-back wake, unless one runs."""
+        if self.deferred and not self.watching:
+            self.watching = True
+            loop = self.loop
+            assert loop is not None
+            loop.spawn(_release_when_idle, self.ref, loop.next_pass)
 
     def live(self) -> list[FanoutConsumer[T]]:
         """A snapshot of the registered consumers, for a scan.
@@ -476,6 +495,7 @@ class _FanoutState(Generic[T]):
 
     def wake_all(self) -> None:
         """Wake every wait: for an item, and for room."""
+        self.deferred = False
         arrival = self.arrival
         if arrival is not None:
             self.arrival = None
@@ -680,9 +700,25 @@ async def _iterate(ref: weakref.ref[_FanoutState[Any]], pump: _Pump) -> None:
         iterator = aiter(source)
         del source
         thrown: BaseException | None = None
+        # While a wake is held back with no watch over it (asyncio): the
+        # pull in flight starts the watch if it suspends in a way that may
+        # last (see _FanoutState.release); whether the last such pull
+        # suspended at all.
+        until_waits = pump.loop.until_waits
+        suspensions = (
+            None
+            if until_waits is None
+            else until_waits(functools.partial(_start_watch, ref))
+        )
+        classify = False
+        suspends = True
         while True:
             if thrown is None:
-                item = await iterator.__anext__()
+                if classify and suspensions is not None:
+                    item = await suspensions.pull(iterator.__anext__())
+                    suspends = suspensions.suspended
+                else:
+                    item = await iterator.__anext__()
             else:
                 # The source's own cancel scope (a task group's, a timeout's)
                 # was cancelled while this task waited between pulls, outside
@@ -699,9 +735,17 @@ async def _iterate(ref: weakref.ref[_FanoutState[Any]], pump: _Pump) -> None:
                 if state.end is not None or pump.stopping:
                     return
                 if state.reads_ahead():
-                    assert state.loop is not None  # bound before the first pull
-                    state.release(state.loop)
+                    if not state.deferred:  # else held back already: no call
+                        state.release()
+                    classify = state.deferred and not state.watching
+                    if classify and not suspends:
+                        # Items come without a yield: a watch costs a step
+                        # per pass of many items, classifying one per item.
+                        state.watch()
+                        classify = False
+                        suspends = True  # classify again at the next hold
                     break
+                classify = False
                 state.wake_arrival()
                 del state
                 parking = pump.parking = pump.loop.waiters()
@@ -750,7 +794,8 @@ async def _release_when_idle(
     """:meth:`_FanoutState.release`'s watch: once per pass of the loop, look
     at the log's end; wake the waiting consumers once it stayed put between
     three looks in a row (two whole passes: trio may run this task before
-    or after the pump within a pass), or when no one waits any more."""
+    or after the pump within a pass). Ends without waking anyone once the
+    wake it watches was done otherwise (the pump parked, the fan-out ended)."""
     seen = -1
     still = 0
     logged = 0
@@ -764,7 +809,7 @@ async def _release_when_idle(
             if state is None:
                 return
             end = state.tail[2]
-            if state.arrival is None or state.end is not None:
+            if not state.deferred or state.end is not None:
                 break
             if end != seen:
                 if seen >= 0:
@@ -781,9 +826,18 @@ async def _release_when_idle(
         # down): the consumers are woken, and later releases watch again.
         state = ref()
         if state is not None:
-            state.deferred = False
+            state.watching = False
             state.patience = 0 if paid else state.read_ahead
-            state.wake_arrival()
+            if state.deferred:
+                state.wake_arrival()
+
+
+def _start_watch(ref: weakref.ref[_FanoutState[Any]]) -> None:
+    """The pump's pull suspended in a way that may last: watch the wake held
+    back (the state is held weakly, as by the pump)."""
+    state = ref()
+    if state is not None:
+        state.watch()
 
 
 @functools.cache

@@ -68,6 +68,18 @@ class Interruptible(Protocol):
     def cancel(self) -> None: ...
 
 
+class Suspensions(Protocol):
+    """What :attr:`EventLoop.until_waits` returns: reused for one pull after
+    another."""
+
+    #: Whether the last pull awaited through it yielded to the loop at all.
+    suspended: bool
+
+    def pull(self, awaitable: Awaitable[Any]) -> Awaitable[Any]:
+        """What to await for ``awaitable``: its result, its error."""
+        ...
+
+
 class EventLoop(ABC):
     """A handle on one running asyncio loop or trio run.
 
@@ -75,7 +87,7 @@ class EventLoop(ABC):
     is gone instead of keeping it alive.
     """
 
-    __slots__ = ("__weakref__", "here", "next_pass", "thread")
+    __slots__ = ("__weakref__", "here", "next_pass", "thread", "until_waits")
 
     #: ``"asyncio"`` or ``"trio"``.
     backend: ClassVar[str]
@@ -92,6 +104,12 @@ class EventLoop(ABC):
     #: first, the backend's cheapest way: asyncio, a bare yield (what
     #: ``asyncio.sleep(0)`` does); trio, :func:`trio.lowlevel.checkpoint`.
     next_pass: Callable[[], Awaitable[None]]
+    #: ``until_waits(on_wait)``: a :class:`Suspensions`, whose ``pull(a)``
+    #: awaits ``a`` and calls ``on_wait()`` (synchronously) as soon as ``a``
+    #: suspends in a way that may last: on something to happen, or past one
+    #: bare checkpoint. ``None`` where telling them apart costs more than a
+    #: task's step (uvloop), or where the backend cannot tell them (trio).
+    until_waits: Callable[[Callable[[], object]], Suspensions] | None
 
     def __init__(self) -> None:
         self.thread = threading.get_ident()

@@ -57,6 +57,8 @@ class TrioLoop(EventLoop):
         self._token_ref = weakref.ref(token)
         self.here = current_task
         self.next_pass = trio.lowlevel.checkpoint
+        # trio's checkpoint and its waits yield the same kind of object.
+        self.until_waits = None
 
     def is_current(self) -> bool:
         try:
