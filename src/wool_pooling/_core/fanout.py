@@ -364,10 +364,10 @@ class _FanoutState(Generic[T]):
         really waits. A *watch* task (:func:`_release_when_idle`) looks at
         the log once per pass and wakes them; being a task, it keeps
         ``wait_all_tasks_blocked()`` from returning before they are woken.
-        On asyncio the watch starts only once a pull suspends in a way that
-        may last (:attr:`EventLoop.until_waits`), so a source that only
-        passes checkpoints costs no step beyond its own; on trio it starts
-        here. The watch costs a step per pass and saves one per consumer
+        On asyncio's own loops the watch starts only once a pull suspends in
+        a way that may last (:attr:`EventLoop.until_waits`), so a source that
+        only passes checkpoints costs no step beyond its own; on uvloop and
+        trio it starts here. The watch costs a step per pass and saves one per consumer
         per item: one that saw fewer items logged than passes went by, per
         consumer registered (with a fifth to spare), found it did not pay;
         the next ``read_ahead`` releases then wake at once, and the one
