@@ -57,17 +57,9 @@ def test_a_misspelt_option_is_refused_after_good_ones_were_accepted() -> None:
         SharedDiscovery(wool.LocalDiscovery("ns"), poll_interval=0.2, timeout=1)
 
 
-def test_an_unpickled_shared_discovery_reads_no_signature(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Every task wool dispatches unpickles its pool's discovery: rebuilding
-    one whose kind was already checked reads no signature (each read costs
-    tens of microseconds), and rebuilds it with its arguments."""
-    shared = SharedDiscovery(
-        wool.LocalDiscovery("ns-read-once", capacity=64), poll_interval=0.3
-    )
-    blob = cloudpickle.dumps(shared)
-    cloudpickle.loads(blob)
+@pytest.fixture
+def signature_reads(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """What ``inspect.signature`` is called with, from now on."""
     reads: list[object] = []
     signature = inspect.signature
 
@@ -76,8 +68,22 @@ def test_an_unpickled_shared_discovery_reads_no_signature(
         return signature(function, **options)
 
     monkeypatch.setattr(inspect, "signature", counted)
+    return reads
+
+
+def test_an_unpickled_shared_discovery_reads_no_signature(
+    signature_reads: list[object],
+) -> None:
+    """Every task wool dispatches unpickles its pool's discovery: rebuilding
+    one whose kind was already checked reads no signature (each read costs
+    tens of microseconds), and rebuilds it with its arguments."""
+    shared = SharedDiscovery(
+        wool.LocalDiscovery("ns-read-once", capacity=64), poll_interval=0.3
+    )
+    blob = cloudpickle.dumps(shared)
+    signature_reads.clear()  # what wrapping the discovery read
     copies = [cloudpickle.loads(blob) for _ in range(3)]
-    assert reads == []
+    assert signature_reads == []
     assert copies == [shared] * 3
 
 
@@ -386,23 +392,15 @@ def test_a_fanout_on_skip_object_whose_call_takes_no_argument_is_refused() -> No
 
 
 def test_on_skip_objects_of_one_class_have_their_signature_read_once(
-    monkeypatch: pytest.MonkeyPatch,
+    signature_reads: list[object],
 ) -> None:
     """A consumer per join, each with a new callable object: the signature of
     their class's ``__call__`` is read at the first only (reading one costs
     tens of microseconds, a join otherwise a few)."""
-    reads: list[object] = []
-    signature = inspect.signature
-
-    def counted(function: Any, **options: Any) -> inspect.Signature:
-        reads.append(function)
-        return signature(function, **options)
-
-    monkeypatch.setattr(inspect, "signature", counted)
     fanout = Fanout(_Stream(), max_lag=2, on_lag="error")
     consumers = [fanout.consumer(on_skip=_SkipCounter()) for _ in range(5)]
     assert fanout.statistics().consumers == len(consumers)
-    assert len(reads) <= 1, reads
+    assert len(signature_reads) <= 1, signature_reads
 
 
 # -- @shared_subscription's numbers: checked already, every kind of bad value ----
