@@ -34,6 +34,7 @@ from wool_pooling import SharedSubscription
 from wool_pooling import SubscriptionPool
 from wool_pooling import SyncSharedDiscovery
 from wool_pooling import afilter
+from wool_pooling._wool import shared_discovery
 
 pytestmark = pytest.mark.anyio
 
@@ -660,3 +661,103 @@ async def test_a_failing_rescan_disturbs_no_consumer() -> None:
             assert pairs(got["early"]) == [("worker-added", worker)]
             await late.aclose()
             await early.aclose()
+
+
+class RepeatingDiscovery(FakeDiscovery):
+    """Its one scan reports a worker, then repeats it unchanged ``REPEATS``
+    times, as ``LocalDiscovery`` repeats every known worker at every scan,
+    without a checkpoint in between (as it does); then marks the scan done
+    and waits for the next one, which never comes."""
+
+    REPEATS = 1000
+    scanned: ClassVar[dict[str, bool]] = {}
+
+    def subscribe(self, filter: Any = None, **options: Any) -> Any:
+        self.calls.append(options)
+        self.scanned[self.name] = False
+        return self._scan()
+
+    async def _scan(self) -> AsyncIterator[DiscoveryEvent]:
+        worker = meta(pid=1)
+        yield ev("worker-added", worker)
+        for _ in range(self.REPEATS):
+            yield ev("worker-updated", worker)
+        self.scanned[self.name] = True
+        await anyio.sleep_forever()
+
+
+async def test_a_scan_is_read_through_before_its_change_reaches_a_consumer() -> None:
+    """What changes nothing never waits in the upstream's buffer: by the time
+    a consumer has the change a scan began with, the inner discovery has been
+    read through the scan's unchanged repeats (far more than the buffer
+    holds), so it is back to watching for the next change."""
+    inner = RepeatingDiscovery()
+    shared = SharedDiscovery(inner)
+    with anyio.fail_after(5):
+        async with SubscriptionPool():
+            iterator = aiter(shared.subscriber)
+            first = await anext(iterator)
+            assert inner.scanned[inner.name]
+            assert first.type == "worker-added"
+            await iterator.aclose()
+    assert len(inner.calls) == 1
+
+
+async def test_a_change_a_closing_rescan_merged_still_reaches_every_consumer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rescan is closed while it waits to hand on a change it has merged
+    into the known workers (the buffer is full: no consumer reads): the
+    change is handed on all the same, so when the first reader repeats those
+    workers unchanged, as its next scan does, no consumer is left without
+    one of them."""
+    # The rescan is closed on cue, once it waits on the full buffer (its
+    # settle time counted as usual from then on).
+    cue, closed = anyio.Event(), anyio.Event()
+    close_when_settled = shared_discovery._close_when_settled
+
+    async def close_on_cue(reader: Any, rescans: dict[Any, float]) -> None:
+        await cue.wait()
+        await close_when_settled(reader, rescans)
+        closed.set()
+
+    monkeypatch.setattr(shared_discovery, "_close_when_settled", close_on_cue)
+    inner = FakeDiscovery()
+    shared = SharedDiscovery(inner)
+    found = [meta(pid=index) for index in range(200)]
+    last = meta(pid=1000)
+    with anyio.fail_after(10):
+        async with SubscriptionPool():
+            early = aiter(shared.subscriber)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(step, early)
+                await anyio.wait_all_tasks_blocked()
+                inner.built[0].push(ev("worker-added", meta()))
+            late = aiter(shared.subscriber)
+            await anext(late)  # the replay; it asks for a rescan
+            got: dict[str, list[DiscoveryEvent]] = {}
+            async with anyio.create_task_group() as tg:
+                # A consumer waits: the upstream is pulled, the rescan starts.
+                tg.start_soon(read, early, got, "early")
+                await anyio.wait_all_tasks_blocked()
+                assert len(inner.built) == 2
+                inner.built[1].push(*(ev("worker-added", w) for w in found))
+            await anyio.wait_all_tasks_blocked()
+            cue.set()  # the rescan waits to hand on a change: close it
+            await closed.wait()
+            await anyio.wait_all_tasks_blocked()
+            inner.built[0].push(
+                *(ev("worker-updated", worker) for worker in found),
+                ev("worker-added", last),
+            )
+            for iterator, seen in (
+                (early, {got["early"][0].metadata.uid}),
+                (late, set[uuid.UUID]()),
+            ):
+                while last.uid not in seen:
+                    event = await anext(iterator)
+                    assert event.type == "worker-added"
+                    seen.add(event.metadata.uid)
+                assert {worker.uid for worker in found} <= seen
+                await iterator.aclose()
+            assert inner.built[1].finally_runs == 1

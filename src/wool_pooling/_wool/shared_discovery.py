@@ -831,11 +831,58 @@ class _End:
 class _Reader:
     """One iteration of the inner discovery, run in a task of its own."""
 
-    __slots__ = ("done", "scope")
+    __slots__ = ("done", "main", "scope")
 
-    def __init__(self) -> None:
+    def __init__(self, main: bool) -> None:
+        self.main = main
         self.scope = anyio.CancelScope()
         self.done = anyio.Event()
+
+
+@final
+class _Merge:
+    """Where the readers' events meet: the workers known so far, and the
+    rescans still open with when each is to be closed.
+
+    A reader merges each event as it reads it (:meth:`admit`) and hands on
+    only what changed the known workers, in the order it merged them (one
+    buffer, first in first out). So an event that changes nothing (such as
+    the ``worker-updated`` with unchanged metadata that ``LocalDiscovery``
+    repeats for every worker at every scan) never waits in the buffer, and
+    a reader goes through an inner scan without waiting for the consumers
+    to take what changed nothing: the inner discovery is back to watching
+    for changes as soon as it can be.
+    """
+
+    __slots__ = ("known", "rescans")
+
+    def __init__(self) -> None:
+        self.known = WorkerMap()
+        self.rescans: dict[_Reader, float] = {}
+
+    def admit(self, reader: _Reader, item: object) -> object | None:
+        """What of ``item``, just read by ``reader``, is to be handed on
+        (``None``: nothing); a discovery event is merged into the known
+        workers. A closed rescan hands on nothing; one that changed
+        something stays open :data:`RESCAN_SETTLE` seconds longer."""
+        if not reader.main and reader not in self.rescans:
+            return None
+        if not isinstance(item, DiscoveryEvent):
+            return item
+        event = self.known.apply(item)
+        if event is not None and not reader.main:
+            self.rescans[reader] = anyio.current_time() + RESCAN_SETTLE
+        return event
+
+
+async def _hand_on(
+    send: MemoryObjectSendStream[Any], reader: _Reader, item: object
+) -> None:
+    """Send what ``reader`` merged, once the buffer has room; merged already,
+    it is sent even if the reader is closed meanwhile (the known workers
+    and what the consumers got stay one view)."""
+    with anyio.CancelScope(shield=True):
+        await send.send((reader, item))
 
 
 @shared_subscription(key=_upstream_key)
@@ -858,7 +905,9 @@ class _UpstreamSubscriber:
     what changes the known workers is passed on (a ``worker-added`` of a
     worker already known with equal metadata is not repeated, one with new
     metadata becomes ``worker-updated``, a ``worker-dropped`` of a worker not
-    known is left out), so no consumer sees a duplicate. The second reader
+    known is left out), so no consumer sees a duplicate. Each reader merges
+    what it reads as it reads it (see :class:`_Merge`), so an inner scan is
+    read through without waiting on what changed nothing. The second reader
     is closed :data:`RESCAN_SETTLE` seconds after it started or last changed
     something; joiners arriving before it starts share it. Its failure is
     logged and changes nothing; the first reader's failure or end ends the
@@ -914,10 +963,9 @@ class _UpstreamSubscriber:
         send, receive = anyio.create_memory_object_stream[Any](config.read_ahead)
         loop = current_loop()
         alive: set[_Reader] = set()
-        main = self._start(loop, send, alive, main=True)
-        # Rescans still open, and when each is to be closed.
-        rescans: dict[_Reader, float] = {}
-        known = WorkerMap()
+        merge = _Merge()
+        rescans = merge.rescans
+        main = self._start(loop, send, alive, merge, main=True)
         listing = _FirstListing(type(self.inner) in _BY_CONSTRUCTOR)
         try:
             while True:
@@ -936,7 +984,7 @@ class _UpstreamSubscriber:
                     if not self._rescan_wanted:
                         continue  # taken already, through the flag
                     self._rescan_wanted = False
-                    reader = self._start(loop, send, alive)
+                    reader = self._start(loop, send, alive, merge)
                     self._rescans += 1
                     rescans[reader] = anyio.current_time() + RESCAN_SETTLE
                     loop.spawn(_close_when_settled, reader, rescans)
@@ -952,24 +1000,12 @@ class _UpstreamSubscriber:
                             "a rescan of %r failed: %r", self.inner, payload.error
                         )
                     continue
-                if reader is not main and reader not in rescans:
-                    continue  # a closed rescan: what it still had is not needed
                 if type(payload) is Synced:
                     if listing.marked(reader is main):
                         yield cast(DiscoveryEvent, payload)
                     continue
-                # Only what changes the known workers is passed on.
-                event: Any = (
-                    known.apply(payload)
-                    if isinstance(payload, DiscoveryEvent)
-                    else payload
-                )
-                if event is None:
-                    continue
-                if reader is not main:
-                    # A rescan that still finds something stays open longer.
-                    rescans[reader] = anyio.current_time() + RESCAN_SETTLE
-                yield event
+                # Merged by its reader: it changed the known workers.
+                yield cast(DiscoveryEvent, payload)
                 listing.resumed()
         finally:
             self._wake = None
@@ -987,10 +1023,11 @@ class _UpstreamSubscriber:
         loop: EventLoop,
         send: MemoryObjectSendStream[Any],
         alive: set[_Reader],
+        merge: _Merge,
         *,
         main: bool = False,
     ) -> _Reader:
-        reader = _Reader()
+        reader = _Reader(main)
         alive.add(reader)
         # wool caches its subscribers per context (one raw subscriber, and
         # one fan-out, per key and per ``__subscriber_pool__``): a reader
@@ -999,7 +1036,7 @@ class _UpstreamSubscriber:
         # a pool of its own (wool makes it at the first subscribe).
         context = contextvars.copy_context()
         context.run(__subscriber_pool__.set, None)
-        loop.spawn(self._read, reader, send, alive, main, context=context)
+        loop.spawn(self._read, reader, send, alive, merge, context=context)
         return reader
 
     async def _read(
@@ -1007,9 +1044,10 @@ class _UpstreamSubscriber:
         reader: _Reader,
         send: MemoryObjectSendStream[Any],
         alive: set[_Reader],
-        main: bool,
+        merge: _Merge,
     ) -> None:
-        """Iterate the inner discovery once; hand ``(reader, item)`` to ``send``.
+        """Iterate the inner discovery once; hand ``(reader, item)`` to
+        ``send`` for each item that :meth:`_Merge.admit` lets through.
 
         The main reader opens the upstream to rescans as its first scan
         starts: a consumer that joined before is covered by that scan. It
@@ -1018,6 +1056,7 @@ class _UpstreamSubscriber:
         joining at the same moment as the first share its first scan.
         """
         error: Exception | None = None
+        main = reader.main
         try:
             with reader.scope:
                 if main:
@@ -1030,17 +1069,22 @@ class _UpstreamSubscriber:
                         self.inner.subscribe(**dict(self.options)), stack
                     )
                     iterator = aiter(cast(Any, subscriber))
-                    relay = _SyncedRelay.of(iterator, reader, send) if main else None
+                    relay = (
+                        _SyncedRelay.of(iterator, reader, send, merge) if main else None
+                    )
                     try:
                         if relay is not None:
                             await relay.forward(iterator)
                         async for event in iterator:
+                            item = merge.admit(reader, event)
+                            if item is None:
+                                continue
                             # Into the buffer without a checkpoint per event:
                             # a scan's events reach the iteration in one go.
                             try:
-                                send.send_nowait((reader, event))
+                                send.send_nowait((reader, item))
                             except anyio.WouldBlock:
-                                await send.send((reader, event))
+                                await _hand_on(send, reader, item)
                     finally:
                         if relay is not None:
                             relay.stop()
@@ -1133,17 +1177,19 @@ class _SyncedRelay:
     marker when it becomes true as an event is handed over.
     """
 
-    __slots__ = ("busy", "consumer", "reader", "scope", "send", "sent")
+    __slots__ = ("busy", "consumer", "merge", "reader", "scope", "send", "sent")
 
     def __init__(
         self,
         consumer: SubscriptionConsumer[Any],
         reader: _Reader,
         send: MemoryObjectSendStream[Any],
+        merge: _Merge,
     ) -> None:
         self.consumer = consumer
         self.reader = reader
         self.send = send
+        self.merge = merge
         self.scope = anyio.CancelScope()
         # Whether the reader holds an event not yet sent; the marker sent.
         self.busy = False
@@ -1151,11 +1197,15 @@ class _SyncedRelay:
 
     @classmethod
     def of(
-        cls, iterator: object, reader: _Reader, send: MemoryObjectSendStream[Any]
+        cls,
+        iterator: object,
+        reader: _Reader,
+        send: MemoryObjectSendStream[Any],
+        merge: _Merge,
     ) -> _SyncedRelay | None:
         if not isinstance(iterator, SubscriptionConsumer):
             return None
-        relay = cls(cast(SubscriptionConsumer[Any], iterator), reader, send)
+        relay = cls(cast(SubscriptionConsumer[Any], iterator), reader, send, merge)
         current_loop().spawn(relay._watch)
         return relay
 
@@ -1163,9 +1213,11 @@ class _SyncedRelay:
         """Hand the inner consumer's events to the upstream, then the
         marker once it is synced; returns at the inner stream's end."""
         async for event in iterator:
-            self.busy = True
-            await self.send.send((self.reader, event))
-            self.busy = False
+            item = self.merge.admit(self.reader, event)
+            if item is not None:
+                self.busy = True
+                await _hand_on(self.send, self.reader, item)
+                self.busy = False
             if not self.sent and self.consumer.synced:
                 await self._send_marker()
 
