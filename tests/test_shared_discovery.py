@@ -545,6 +545,21 @@ async def read(
     into[name] = [await anext(iterator)]
 
 
+async def early_and_late(
+    shared: SharedDiscovery, inner: FakeDiscovery
+) -> tuple[AsyncIterator[DiscoveryEvent], AsyncIterator[DiscoveryEvent]]:
+    """An early consumer of a running upstream that has reported one worker,
+    and a late one that has had its replay of it (and so asked for a rescan)."""
+    early = aiter(shared.subscriber)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(step, early)
+        await anyio.wait_all_tasks_blocked()
+        inner.built[0].push(ev("worker-added", meta()))
+    late = aiter(shared.subscriber)
+    await anext(late)
+    return early, late
+
+
 async def until(check: Callable[[], bool]) -> None:
     """Wait, polling, for what a background task does in real time (a rescan
     closing after its settle time)."""
@@ -642,13 +657,7 @@ async def test_a_failing_rescan_disturbs_no_consumer() -> None:
     worker = meta()
     with anyio.fail_after(5):
         async with SubscriptionPool():
-            early = aiter(shared.subscriber)
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(step, early)
-                await anyio.wait_all_tasks_blocked()
-                inner.built[0].push(ev("worker-added", meta()))
-            late = aiter(shared.subscriber)
-            await anext(late)
+            early, late = await early_and_late(shared, inner)
             got: dict[str, list[DiscoveryEvent]] = {}
             async with anyio.create_task_group() as tg:
                 tg.start_soon(read, late, got, "late")
@@ -728,13 +737,7 @@ async def test_a_change_a_closing_rescan_merged_still_reaches_every_consumer(
     last = meta(pid=1000)
     with anyio.fail_after(10):
         async with SubscriptionPool():
-            early = aiter(shared.subscriber)
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(step, early)
-                await anyio.wait_all_tasks_blocked()
-                inner.built[0].push(ev("worker-added", meta()))
-            late = aiter(shared.subscriber)
-            await anext(late)  # the replay; it asks for a rescan
+            early, late = await early_and_late(shared, inner)
             got: dict[str, list[DiscoveryEvent]] = {}
             async with anyio.create_task_group() as tg:
                 # A consumer waits: the upstream is pulled, the rescan starts.
