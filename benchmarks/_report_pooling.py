@@ -204,15 +204,20 @@ def delivery_rate_row(kind: str, k: int, runs: list[Row], w: str) -> list[str]:
     def median(key: str) -> float:
         return statistics.median(c[key] for c in conv)
 
-    def against_fanout(key: str) -> str:
-        shares = [c[key] / f for c, f in zip(conv, fan, strict=True)]
+    at_n = [r["fanout_rate_at_n"] for r in runs]
+
+    def against(key: str, rates: list[float]) -> str:
+        shares = [c[key] / f for c, f in zip(conv, rates, strict=True)]
         return f"{statistics.median(shares):.2f}x"
+
+    def against_both(key: str) -> str:
+        return f"{against(key, fan)} ({against(key, at_n)})"
 
     return [kind, f"{k:,}",
             f"{median('added_publisher'):.2f} / {median('dropped_publisher'):.2f}",
             human(median("added_rate")), human(median("dropped_rate")),
-            human(statistics.median(fan)), against_fanout("added_rate"),
-            against_fanout("dropped_rate")]  # fmt: skip
+            f"{human(statistics.median(fan))} ({human(statistics.median(at_n))})",
+            against_both("added_rate"), against_both("dropped_rate")]  # fmt: skip
 
 
 def delivery_rate_blocks(by: Pairs, w: str, fanout: Row) -> list[str]:
@@ -227,8 +232,9 @@ def delivery_rate_blocks(by: Pairs, w: str, fanout: Row) -> list[str]:
     return [
         f"Pooled delivery rate at W={int(w):,}: K x W deliveries over the "
         "convergence time less the publisher's own time, against the fan-out's "
-        f"own rate at N={fanout.get('n', 1000):,} (the same per-event consumer "
-        "work), measured in the same process.",
+        "own rate to as many consumers (N = K, the same per-event consumer "
+        "work), measured in the same process; in brackets, against its rate "
+        f"to N={fanout.get('n', 1000):,} consumers.",
         table(
             "discovery | K | publisher s (add / drop) | adds/s | drops/s | "
             "fan-out/s | adds / fan-out | drops / fan-out",
