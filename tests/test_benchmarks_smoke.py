@@ -25,7 +25,9 @@ MISSING_TOOLS = require_modules("pyperf", "matplotlib", "asyncstdlib", extra="be
 if MISSING_TOOLS is None:
     import pyperf
 
-pytestmark = pytest.mark.benchmarks
+# Each test runs scripts for a while (the fixture runs every one): more time than
+# the suite's per-test timeout, wherever the tests are run from.
+pytestmark = [pytest.mark.benchmarks, pytest.mark.timeout(900)]
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 RESULTS = BENCHMARKS / "results"
