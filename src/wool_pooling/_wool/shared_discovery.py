@@ -865,12 +865,13 @@ class _Merge:
         (``None``: nothing); a discovery event is merged into the known
         workers. A closed rescan hands on nothing; one that changed
         something stays open :data:`RESCAN_SETTLE` seconds longer."""
-        if not reader.main and reader not in self.rescans:
+        main = reader.main
+        if not main and reader not in self.rescans:
             return None
         if not isinstance(item, DiscoveryEvent):
             return item
         event = self.known.apply(item)
-        if event is not None and not reader.main:
+        if event is not None and not main:
             self.rescans[reader] = anyio.current_time() + RESCAN_SETTLE
         return event
 
@@ -967,6 +968,7 @@ class _UpstreamSubscriber:
         rescans = merge.rescans
         main = self._start(loop, send, alive, merge, main=True)
         listing = _FirstListing(type(self.inner) in _BY_CONSTRUCTOR)
+        receive_nowait = receive.receive_nowait
         try:
             while True:
                 item: Any
@@ -974,13 +976,21 @@ class _UpstreamSubscriber:
                     item = _RESCAN
                 else:
                     try:
-                        item = receive.receive_nowait()
+                        item = receive_nowait()
                     except anyio.WouldBlock:
                         item = await listing.receive(receive)
-                if item is _LISTED:
+                if type(item) is tuple:
+                    reader, payload = cast(tuple[_Reader, object], item)
+                    if type(payload) is DiscoveryEvent:
+                        # Merged by its reader: it changed the known workers.
+                        yield payload
+                        if listing.quiet_until is not None:
+                            listing.resumed()
+                        continue
+                elif item is _LISTED:
                     yield cast(DiscoveryEvent, Synced())
                     continue
-                if item is _RESCAN:
+                else:  # _RESCAN
                     if not self._rescan_wanted:
                         continue  # taken already, through the flag
                     self._rescan_wanted = False
@@ -989,7 +999,6 @@ class _UpstreamSubscriber:
                     rescans[reader] = anyio.current_time() + RESCAN_SETTLE
                     loop.spawn(_close_when_settled, reader, rescans)
                     continue
-                reader, payload = cast(tuple[_Reader, object], item)
                 if isinstance(payload, _End):
                     if reader is main:
                         if payload.error is not None:
@@ -1004,7 +1013,7 @@ class _UpstreamSubscriber:
                     if listing.marked(reader is main):
                         yield cast(DiscoveryEvent, payload)
                     continue
-                # Merged by its reader: it changed the known workers.
+                # Not a discovery event: passed on as the inner one yielded it.
                 yield cast(DiscoveryEvent, payload)
                 listing.resumed()
         finally:
@@ -1075,14 +1084,15 @@ class _UpstreamSubscriber:
                     try:
                         if relay is not None:
                             await relay.forward(iterator)
+                        admit, send_nowait = merge.admit, send.send_nowait
                         async for event in iterator:
-                            item = merge.admit(reader, event)
+                            item = admit(reader, event)
                             if item is None:
                                 continue
                             # Into the buffer without a checkpoint per event:
                             # a scan's events reach the iteration in one go.
                             try:
-                                send.send_nowait((reader, item))
+                                send_nowait((reader, item))
                             except anyio.WouldBlock:
                                 await _hand_on(send, reader, item)
                     finally:

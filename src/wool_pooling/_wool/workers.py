@@ -61,14 +61,14 @@ class WorkerMap:
         metadata = event.metadata
         uid = metadata.uid
         workers = self.workers
-        before = workers.get(uid)
         if event.type == "worker-dropped":
+            before = workers.pop(uid, None)
             if before is None:
                 return None
-            del workers[uid]
             if metadata is before:
                 return event
             return DiscoveryEvent("worker-dropped", metadata=before)
+        before = workers.get(uid)
         if before is None:
             workers[uid] = metadata
             if event.type == "worker-added":
