@@ -10,6 +10,7 @@ import sys
 import textwrap
 from collections.abc import Awaitable
 from collections.abc import Callable
+from collections.abc import Generator
 from typing import Any
 
 import anyio
@@ -319,3 +320,39 @@ async def test_until_waits_calls_on_wait_for_a_wait_that_may_last_only() -> None
     with pytest.raises(asyncio.CancelledError):
         await task
     assert cleaned == [True]
+
+
+def test_until_waits_hands_a_sent_value_and_a_thrown_error_to_the_awaitable() -> None:
+    """What a task sends into asyncio's ``until_waits`` wrapper, a value or an
+    error (an instance, a class, or a class with its value), reaches the
+    awaitable's step unchanged; each such step counts as a wait that may
+    last, and what the awaitable yields or returns comes back unchanged."""
+    waits: list[int] = []
+    received: list[object] = []
+
+    class Steps:
+        def __await__(self) -> Generator[str, object, str]:
+            received.append((yield "first"))
+            for _ in range(3):
+                try:
+                    yield "next"
+                except LookupError as error:
+                    received.append(error)
+            return "done"
+
+    wrapper = _UntilWaits(lambda: waits.append(len(waits)))
+    steps = wrapper.pull(Steps()).__await__()
+    assert next(steps) == "first"
+    assert steps.send(42) == "next"
+    assert received == [42]
+    assert steps.throw(LookupError) == "next"
+    assert steps.throw(LookupError, LookupError("with a value")) == "next"
+    instance = LookupError("an instance")
+    with pytest.raises(StopIteration) as stopped:
+        steps.throw(instance)
+    assert stopped.value.value == "done"
+    assert received[0] == 42
+    assert [type(error) for error in received[1:]] == [LookupError] * 3
+    assert [str(error) for error in received[2:]] == ["with a value", "an instance"]
+    assert waits == [0, 1, 2, 3]
+    assert wrapper.suspended
