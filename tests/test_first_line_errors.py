@@ -10,9 +10,12 @@ the argument (and, for a misspelt name, the closest accepted one).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
+import uuid
 from collections.abc import AsyncIterator
+from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
@@ -342,6 +345,74 @@ def test_an_afilter_predicate_that_needs_two_arguments_is_refused() -> None:
         match=r"must take 1 positional argument: missing a required argument: 'tag'$",
     ):
         afilter(matches, _Stream())  # type: ignore[arg-type]
+
+
+def test_a_filter_unpickled_anew_has_no_signature_read(
+    signature_reads: list[object],
+) -> None:
+    """wool ships a proxy's filter with every task, and a worker unpickles it
+    as a new function each time: once one function of its shape was checked,
+    filtering a ``SharedDiscovery`` with a fresh copy reads no signature
+    (each read costs tens of microseconds), and still filters with it."""
+    version = "1.2"
+
+    def accepts(metadata: WorkerMetadata) -> bool:  # pickled by value: local
+        return metadata.version == version
+
+    shared = SharedDiscovery(wool.LocalDiscovery("ns-filter-read-once"))
+    blob = cloudpickle.dumps(shared.subscribe(accepts))
+    first = cloudpickle.loads(blob)
+    signature_reads.clear()
+    copies = [cloudpickle.loads(blob) for _ in range(3)]
+    assert signature_reads == []
+    assert all(type(copy) is afilter for copy in copies)
+    assert {copy.predicate for copy in copies}.isdisjoint({first.predicate})
+    same = WorkerMetadata(uid=uuid.uuid4(), address="127.0.0.1:1", pid=1, version="1.2")
+    assert all(copy.predicate(same) for copy in copies)
+
+
+@functools.wraps(lambda a, b: True)
+def _wraps_two(*args):  # type: ignore[no-untyped-def]
+    return True
+
+
+@pytest.mark.parametrize(
+    ("predicate", "accepted"),
+    [
+        (lambda: True, False),
+        (lambda a: True, True),
+        (lambda a, b: True, False),
+        (lambda a, b=1: True, True),
+        (lambda *a: True, True),
+        (lambda a, *, k: True, False),
+        (lambda a, *, k=1: True, True),
+        (lambda a, /, b=1: True, True),
+        (lambda a, **k: True, True),
+    ],
+)
+def test_a_predicate_is_judged_by_its_parameters_checked_or_remembered(
+    predicate: Callable[..., bool], accepted: bool
+) -> None:
+    """Whether a plain function takes one argument is remembered by what
+    decides it (its parameters and how many have defaults), so a copy is
+    judged as its original was, twice over: never accepted for having the
+    shape of another that was."""
+    for function in (predicate, cloudpickle.loads(cloudpickle.dumps(predicate))):
+        for _ in range(2):
+            if accepted:
+                afilter(function, _Stream())  # type: ignore[arg-type]
+            else:
+                with pytest.raises(TypeError, match=r"must take 1 positional"):
+                    afilter(function, _Stream())  # type: ignore[arg-type]
+
+
+def test_a_wrapper_is_judged_by_what_it_wraps_not_by_its_own_shape() -> None:
+    """``functools.wraps`` gives a function the signature of what it wraps:
+    a ``(*args)`` wrapper around a two-argument function is refused, even
+    once a plain ``(*args)`` function was accepted."""
+    afilter(lambda *args: True, _Stream())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"missing a required argument: 'b'$"):
+        afilter(_wraps_two, _Stream())  # type: ignore[arg-type]
 
 
 def test_a_fanout_on_skip_that_is_not_callable_is_refused() -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import inspect
+import types
 import weakref
 from collections.abc import Callable
 from collections.abc import Iterable
@@ -102,10 +103,36 @@ _binds: weakref.WeakKeyDictionary[Any, set[tuple[object, ...]]] = (
 )
 
 
-#: Functions (a bound method: its function) found to take so many
-#: positional arguments: reading a signature costs tens of microseconds, and
-#: the same callbacks are checked at every call of some hot paths.
+#: Callables other than plain functions found to take so many positional
+#: arguments: reading a signature costs tens of microseconds, and the same
+#: callbacks are checked at every call of some hot paths.
 _takes: weakref.WeakKeyDictionary[Any, set[int]] = weakref.WeakKeyDictionary()
+
+#: Plain functions' shapes (see :func:`_shape`) found to take so many
+#: positional arguments. A function unpickled anew (a predicate wool ships
+#: with every task) is a new object each time, with the shape of the last.
+_shape_takes: dict[tuple[int, ...], set[int]] = {}
+
+_VARIADIC = inspect.CO_VARARGS | inspect.CO_VARKEYWORDS
+
+
+def _shape(function: object) -> tuple[int, ...] | None:
+    """All that decides which positional arguments bind to ``function``, if
+    it is a plain Python function with no attribute of its own (so no
+    ``__wrapped__`` or ``__signature__`` that a signature would follow): its
+    code's parameter counts and variadic flags, and how many defaults it
+    has. ``None`` for anything else."""
+    if type(function) is not types.FunctionType or function.__dict__:
+        return None
+    code = function.__code__
+    return (
+        code.co_argcount,
+        code.co_posonlyargcount,
+        code.co_kwonlyargcount,
+        code.co_flags & _VARIADIC,
+        len(function.__defaults__ or ()),
+        len(function.__kwdefaults__ or ()),
+    )
 
 
 def check_positional(
@@ -126,11 +153,16 @@ def check_positional(
         # An instance whose class defines __call__ in Python: checked, and
         # remembered, as that function (each new instance costs nothing).
         plain, needed = type(function).__call__, count + 1
-    try:
-        if needed in _takes.get(plain, ()):
+    shape = _shape(plain)
+    if shape is not None:
+        if needed in _shape_takes.get(shape, ()):
             return
-    except TypeError:  # not weakly referable: checked every time
-        pass
+    else:
+        try:
+            if needed in _takes.get(plain, ()):
+                return
+        except TypeError:  # not weakly referable: checked every time
+            pass
     signature = signature_of(plain)
     if signature is None:
         return
@@ -141,6 +173,9 @@ def check_positional(
         raise TypeError(
             f"{what()} must take {count} positional argument{plural}: {error}"
         ) from None
+    if shape is not None:
+        _shape_takes.setdefault(shape, set()).add(needed)
+        return
     with contextlib.suppress(TypeError):
         _takes.setdefault(plain, set()).add(needed)
 
