@@ -200,6 +200,26 @@ def test_soak_and_wrapper_ceiling_write_their_results_with_out(
     assert all(row["median"] > 0 for row in ceiling["rows"])
 
 
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_handoff_quick_run_times_every_layer_against_direct(backend: str) -> None:
+    """``handoff.py --quick`` times a burst through every layer, on either
+    backend, and prints each figure: positive, the direct iteration's the
+    reference."""
+    done = run("handoff.py", "--quick", "--backend", backend)
+    figures = json.loads(done.stdout.splitlines()[-1])
+    assert figures["backend"] == backend
+    layers = figures["us_per_event"]
+    assert list(layers) == [
+        "direct",
+        "Fanout",
+        "shared_subscription",
+        "SharedDiscovery",
+    ]
+    assert all(value > 0 for value in layers.values())
+    for layer in layers:
+        assert any(line.startswith(layer) for line in done.stdout.splitlines())
+
+
 def test_report_renders_every_result_of_the_shared_folder(
     quick: dict[str, Any],
 ) -> None:
@@ -234,6 +254,7 @@ def test_report_renders_every_result_of_the_shared_folder(
 @pytest.mark.parametrize(
     "script",
     [
+        "handoff.py",
         "pooling.py",
         "pooling_redis.py",
         "report.py",
