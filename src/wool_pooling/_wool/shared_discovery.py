@@ -984,8 +984,7 @@ class _UpstreamSubscriber:
                     if type(payload) is DiscoveryEvent:
                         # Merged by its reader: it changed the known workers.
                         yield payload
-                        if listing.quiet_until is not None:
-                            listing.resumed()
+                        listing.resumed()
                         continue
                 elif item is _LISTED:
                     yield cast(DiscoveryEvent, Synced())
