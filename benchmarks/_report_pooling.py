@@ -172,6 +172,21 @@ def convergence(pooled: list[Row], raw: list[Row], w: str, what: str) -> str:
     return median_ratio(pooled, raw, converged(w, what), " s", 2)
 
 
+def rounds_said(rows: list[Row]) -> str:
+    """How many rounds each convergence figure is the median of, by K."""
+    counts: dict[int, set[int]] = {}
+    for row in rows:
+        for figures in row.get("converge", {}).values():
+            counts.setdefault(row["k"], set()).add(len(figures.get("rounds", [1])))
+    if len({n for ns in counts.values() for n in ns}) == 1:
+        n = next(iter(next(iter(counts.values()))))
+        return f"the median of {n} rounds per process" if n > 1 else "one round"
+    parts = [
+        f"K = {k:,}: {'/'.join(map(str, sorted(ns)))}" for k, ns in sorted(counts.items())
+    ]
+    return "the median of the rounds per process, " + ", ".join(parts)
+
+
 def convergence_blocks(by: Pairs, rows: list[Row], meta: dict[str, Any]) -> list[str]:
     workers = sorted({w for row in rows for w in row.get("converge", {})}, key=int)
     if not workers:
@@ -180,8 +195,8 @@ def convergence_blocks(by: Pairs, rows: list[Row], meta: dict[str, Any]) -> list
     header = " | ".join(["discovery", "K"] + [f"W={int(w):,} {x}" for w, x in changes])
     blocks = [
         "Convergence: seconds from publishing the first of W workers (or drops) "
-        "until every consumer holds the full view (below K = 10,000, the median "
-        "of three rounds per process); pooled / raw.",
+        f"until every consumer holds the full view ({rounds_said(rows)}); "
+        "pooled / raw.",
         table(
             header,
             "lr" + "l" * len(changes),

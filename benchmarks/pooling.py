@@ -31,8 +31,9 @@ process measures in turn:
   publish until every consumer holds all W; then the same for W drops. The
   publisher's own time (the publish calls) is recorded too, and the
   delivery rate is K x W over the convergence time less the publisher's.
-  Below K = 10,000 each W is added and dropped three times and each figure
-  is the median of the three (K = 10,000: once; a round takes minutes);
+  Each W is added and dropped three times and each figure is the median of
+  the three (at K = 10,000 a round takes about 20 s, and one alone moved
+  the delivery rate by up to 20% between runs);
 - pooled, from K = 1,000 on: the fan-out's own delivery rate, for
   comparison in the same process: a ``wool_pooling.Fanout`` of 1,000
   discovery events to N = K consumers doing the same per-event work as
@@ -113,8 +114,8 @@ DISPATCH_SECONDS, QUICK_DISPATCH_SECONDS = 6.0, 0.3
 DISPATCH_BURSTS = 16
 #: Measurements of the fan-out's own rate per process (the median is used).
 FANOUT_REPEATS = 3
-#: Add-and-drop rounds per W below K = 10,000, as many as the fan-out's own
-#: rate gets (each figure is the median over the rounds).
+#: Add-and-drop rounds per W, as many as the fan-out's own rate gets (each
+#: figure is the median over the rounds).
 CONVERGE_REPEATS = FANOUT_REPEATS
 CAPACITY = 2048  # the namespace's bound on workers (wool's default is 128)
 DEADLINE = 300.0  # bound on any one wait
@@ -300,10 +301,9 @@ async def measure(kind_name: str, pooled: bool, k: int, quick: bool) -> dict[str
             )
             result["converge"] = {}
             sizes = WORKERS_AT_10K if k >= 10_000 else WORKERS
-            repeats = 1 if k >= RAW_ONCE else CONVERGE_REPEATS
             for w in QUICK_WORKERS if quick else sizes:
                 rounds: list[dict[str, float]] = []
-                for _ in range(repeats):
+                for _ in range(CONVERGE_REPEATS):
                     figures: dict[str, float] = {}
                     batch = fake_workers(w)
                     for what, event in (
