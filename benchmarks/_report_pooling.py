@@ -182,7 +182,8 @@ def rounds_said(rows: list[Row]) -> str:
         n = next(iter(next(iter(counts.values()))))
         return f"the median of {n} rounds per process" if n > 1 else "one round"
     parts = [
-        f"K = {k:,}: {'/'.join(map(str, sorted(ns)))}" for k, ns in sorted(counts.items())
+        f"K = {k:,}: {'/'.join(map(str, sorted(ns)))}"
+        for k, ns in sorted(counts.items())
     ]
     return "the median of the rounds per process, " + ", ".join(parts)
 

@@ -174,6 +174,27 @@ def test_pooling_quick_run_counts_one_upstream_when_pooled(
         assert row["dispatch"]["dispatches"] > 0
         assert row["dispatch"]["p50"] <= row["dispatch"]["p99"]
         assert set(row["converge"]) == {"10"}
+        assert len(row["converge"]["10"]["rounds"]) == 3
+
+
+def test_convergence_caption_counts_the_rounds_each_figure_is_the_median_of() -> None:
+    """The pooling report's convergence caption counts each row's rounds:
+    one count when every K has the same, else the count per K."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import _report_pooling
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+    def row(k: int, rounds: int) -> dict[str, Any]:
+        return {"k": k, "converge": {"1000": {"rounds": [{}] * rounds}}}
+
+    said = _report_pooling.rounds_said
+    assert said([row(1, 3), row(10_000, 3)]) == "the median of 3 rounds per process"
+    assert said([row(1, 1)]) == "one round"
+    assert said([row(1, 3), row(10, 3), row(10_000, 1)]) == (
+        "the median of the rounds per process, K = 1: 3, K = 10: 3, K = 10,000: 1"
+    )
 
 
 def test_soak_and_wrapper_ceiling_write_their_results_with_out(
