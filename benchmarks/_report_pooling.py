@@ -260,6 +260,85 @@ def delivery_rate_blocks(by: Pairs, w: str, fanout: Row) -> list[str]:
     ]
 
 
+# -- pooling_k1.py -------------------------------------------------------------
+
+
+def k1_pairs(path: Path) -> dict[tuple[str, str], list[Row]]:
+    """Every pair of rounds, by (discovery, W), over the runs."""
+    by: dict[tuple[str, str], list[Row]] = defaultdict(list)
+    for row in load(path)["rows"]:
+        for w, pairs in row["pairs"].items():
+            by[row["kind"], w] += pairs
+    return dict(by)
+
+
+def k1_ratio(pairs: list[Row], key: str, scale: float, unit: str, digits: int) -> str:
+    """The median over the pairs of pooled / raw, then both medians."""
+    ratio = statistics.median(p["pooled"][key] / p["raw"][key] for p in pairs)
+    p, r = (statistics.median(x[c][key] for x in pairs) for c in ("pooled", "raw"))
+    return f"{ratio:.2f}x ({pair(scale * p, scale * r, digits, unit)})"
+
+
+def k1_floor(pairs: list[Row], w: str, what: str) -> float:
+    """The median over the pairs of the tails' difference, in µs per change."""
+    key = f"{what}_tail"
+    return statistics.median(
+        1e6 * (p["pooled"][key] - p["raw"][key]) / int(w) for p in pairs
+    )
+
+
+def pooling_k1_blocks(path: Path) -> list[str]:
+    meta = load(path)["meta"]
+    rows = [
+        [kind, f"{int(w):,}", str(len(pairs)),
+         k1_ratio(pairs, "added", 1, " s", 2),
+         k1_ratio(pairs, "added_tail", 1e3, " ms", 1),
+         k1_ratio(pairs, "dropped", 1, " s", 2),
+         k1_ratio(pairs, "dropped_tail", 1e3, " ms", 1),
+         f"{k1_floor(pairs, w, 'added'):+.1f} / {k1_floor(pairs, w, 'dropped'):+.1f}"]
+        for (kind, w), pairs in k1_pairs(path).items()
+    ]  # fmt: skip
+    return [
+        f"### One consumer, raw and pooled paired in one process ({path.name})",
+        f"`python benchmarks/pooling_k1.py`: {version(meta)}, "
+        f"{meta.get('platform', '?')}, wool {meta.get('wool', '?')}; "
+        f"{meta.get('runs', 1)} fresh process(es), {meta.get('seconds', 0):.0f} s "
+        "in all. One publisher; rounds of a raw and a pooled consumer in turn "
+        "(which goes first alternates), each round W workers added then dropped. "
+        "Each cell: the median over the pairs of pooled / raw, then the medians "
+        "(pooled / raw). The tail is the convergence less the publisher's own "
+        "time; the floor, the tails' difference per change (pooled less raw): "
+        "what pooling adds to a change at one consumer, in the same run.",
+        table(
+            "discovery | W | pairs | added | added tail | dropped | dropped tail | "
+            "floor µs per change (added / dropped)",
+            "lrrlllll",
+            rows,
+        ),
+    ]
+
+
+def k1_summary(path: Path | None) -> str | None:
+    """The K = 1 convergence paired in one process, in a sentence."""
+    if path is None:
+        return None
+    by = k1_pairs(path)
+    if not by:
+        return None
+    (kind, w), pairs = max(by.items(), key=lambda item: int(item[0][1]))
+    return (
+        f"At K = 1 a change is mostly the publisher's own time, which varies "
+        f"more between processes than pooling costs. Paired in one process "
+        f"(`{path.name}`, {len(pairs)} pairs of rounds), {int(w):,} workers "
+        f"reach one `{kind}` consumer pooled / raw in "
+        f"{k1_ratio(pairs, 'added', 1, ' s', 2)} added and "
+        f"{k1_ratio(pairs, 'dropped', 1, ' s', 2)} dropped; what pooling adds, "
+        f"the tails' difference after the last publish: "
+        f"{k1_floor(pairs, w, 'added'):+.1f} / {k1_floor(pairs, w, 'dropped'):+.1f}"
+        " µs per change (added / dropped)."
+    )
+
+
 # -- pooling_redis.py ----------------------------------------------------------
 
 

@@ -7,11 +7,11 @@ Every figure the README and the docs quote comes from here::
     python benchmarks/report.py --check benchmarks/results --readme README.md
 
 Reads, from DIR, whichever of these it finds (other files are left alone):
-``pooling-*.json`` (``pooling.py``), ``pooling_redis-*.json``
-(``pooling_redis.py``), pyperf's ``throughput-*.json`` and ``memory-*.json``
-(``throughput.py``), ``soak-*.json`` (``soak.py --out``), ``soak_redis*.json``
-(``soak_redis.py``) and ``wrapper_ceiling-*.json`` (``wrapper_ceiling.py
---out``). Writes:
+``pooling-*.json`` (``pooling.py``), ``pooling_k1-*.json`` (``pooling_k1.py``),
+``pooling_redis-*.json`` (``pooling_redis.py``), pyperf's ``throughput-*.json``
+and ``memory-*.json`` (``throughput.py``), ``soak-*.json`` (``soak.py
+--out``), ``soak_redis*.json`` (``soak_redis.py``) and
+``wrapper_ceiling-*.json`` (``wrapper_ceiling.py --out``). Writes:
 
 - ``DIR/report.md``: every table, in Markdown (also printed); the docs show
   ``benchmarks/results/report.md`` as a page of their own, through MyST;
@@ -22,7 +22,8 @@ Reads, from DIR, whichever of these it finds (other files are left alone):
   interpreter's throughput plot with its table, between its two marks.
 
 Each benchmark's tables are rendered by a module next to this one:
-``_report_pooling.py`` (``pooling.py``, ``pooling_redis.py``, the summary),
+``_report_pooling.py`` (``pooling.py``, ``pooling_k1.py``, ``pooling_redis.py``,
+the summary),
 ``_report_fanout.py`` (``throughput.py``), ``_report_checks.py`` (the soaks,
 the wrapper ceiling) and ``_report_plot.py`` (the plots), all in the
 Markdown of ``_report_markdown.py``. This script puts them in order,
@@ -58,7 +59,9 @@ from _report_markdown import load
 from _report_markdown import markdown
 from _report_markdown import table
 from _report_plot import plot
+from _report_pooling import k1_summary
 from _report_pooling import pooling_blocks
+from _report_pooling import pooling_k1_blocks
 from _report_pooling import pooling_redis_blocks
 from _report_pooling import summary_blocks
 from _report_pooling import summary_table
@@ -74,6 +77,7 @@ Runs = dict[str, tuple[Path, dict[str, Any], Rates]]
 #: Each file that records its run time: its glob, what ran, its key in ``meta``.
 RUN_TIMES = (
     ("pooling-*.json", "pooling.py", "seconds"),
+    ("pooling_k1-*.json", "pooling_k1.py", "seconds"),
     ("pooling_redis-*.json", "pooling_redis.py", "seconds"),
     ("memory-*.json", "throughput.py (pyperf cases and memory cases)", "run_seconds"),
 )
@@ -112,6 +116,11 @@ def summary(folder: Path) -> tuple[Path | None, Path | None]:
     return next(iter(poolings), None), next(iter(redises), None)
 
 
+def k1_file(folder: Path) -> Path | None:
+    """The file of one consumer's convergence paired in one process, if any."""
+    return next(iter(sorted(folder.glob("pooling_k1-*.json"))), None)
+
+
 def render(folder: Path, runs: Runs, plotted: set[str]) -> list[str]:
     """Every block of the report, from the files of ``folder``; ``plotted``
     names the interpreters whose plot is next to them."""
@@ -122,16 +131,21 @@ def render(folder: Path, runs: Runs, plotted: set[str]) -> list[str]:
         "are what to read: absolute figures drift with the machine's load.",
     ]
     blocks += summary_blocks(*summary(folder))
+    if (k1 := k1_summary(k1_file(folder))) is not None:
+        blocks.append(k1)
     if runs:
         blocks.append("## Fan-out throughput against wool's Fanout")
         for interp, (_, _, rates) in runs.items():
             blocks += versus_blocks(interp, rates, interp in plotted)
     poolings = sorted(folder.glob("pooling-*.json"))
+    k1s = sorted(folder.glob("pooling_k1-*.json"))
     redises = sorted(folder.glob("pooling_redis-*.json"))
-    if poolings or redises:
+    if poolings or k1s or redises:
         blocks.append("## Pooling: every figure")
         for path in poolings:
             blocks += pooling_blocks(path)
+        for path in k1s:
+            blocks += pooling_k1_blocks(path)
         for path in redises:
             blocks += pooling_redis_blocks(path)
     memories = sorted(folder.glob("memory-*.json"))
@@ -174,6 +188,8 @@ def readme_part(folder: Path, runs: Runs, plotted: set[str]) -> str:
     a package index page) next to its table; the others are in the docs."""
     local = summary_table(*summary(folder))
     blocks = [] if local is None else [local]
+    if (k1 := k1_summary(k1_file(folder))) is not None:
+        blocks.append(k1)
     versus = {interp: versus_table(rates) for interp, (_, _, rates) in runs.items()}
     newest = [interp for interp, table in versus.items() if table is not None]
     if newest:

@@ -102,6 +102,7 @@ def quick(request: pytest.FixtureRequest) -> dict[str, Any]:
     out = folder_of(throughput.stderr)
     outputs = {"throughput.py": throughput}
     outputs["pooling.py"] = run("pooling.py", "--quick", "--out", str(out))
+    outputs["pooling_k1.py"] = run("pooling_k1.py", "--quick", "--out", str(out))
     for backend in ("asyncio", "trio"):
         outputs[f"soak.py {backend}"] = run(
             "soak.py", "--quick", "--backend", backend, "--out", str(out)
@@ -175,6 +176,53 @@ def test_pooling_quick_run_counts_one_upstream_when_pooled(
         assert row["dispatch"]["p50"] <= row["dispatch"]["p99"]
         assert set(row["converge"]) == {"10"}
         assert len(row["converge"]["10"]["rounds"]) == 3
+
+
+def test_pooling_k1_quick_run_pairs_a_raw_and_a_pooled_round(
+    quick: dict[str, Any],
+) -> None:
+    """``pooling_k1.py --quick --out DIR``: one process, rounds of raw and
+    pooled in turn over one publisher, each timed with its publisher's part."""
+    report = json.loads((quick["out"] / f"pooling_k1-{INTERPRETER}.json").read_text())
+    assert report["meta"]["python"] == sys.version
+    [row] = report["rows"]
+    assert row["kind"] == "local"
+    [pair] = row["pairs"]["10"]
+    assert pair["order"] == ["raw", "pooled"]
+    for name in ("raw", "pooled"):
+        figures = pair[name]
+        for what in ("added", "dropped"):
+            assert figures[what] > figures[f"{what}_publisher"] > 0
+            assert figures[f"{what}_tail"] == pytest.approx(
+                figures[what] - figures[f"{what}_publisher"]
+            )
+
+
+def test_pooling_k1_report_takes_the_median_of_each_pair_s_ratio() -> None:
+    """The K = 1 table's ratio is the median over the pairs of each pair's
+    pooled / raw (not the ratio of the medians), and the floor the median of
+    the tails' difference per change."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import _report_pooling
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+    def pair(pooled: float, raw: float) -> dict[str, Any]:
+        return {
+            "pooled": {"added": pooled, "added_tail": pooled / 10},
+            "raw": {"added": raw, "added_tail": raw / 10},
+        }
+
+    pairs = [pair(1.0, 2.0), pair(3.0, 2.0), pair(4.0, 4.0)]
+    # ratios 0.5, 1.5, 1.0: median 1.0; medians of the figures 3.0 / 2.0
+    assert _report_pooling.k1_ratio(pairs, "added", 1, " s", 2) == (
+        "1.00x (3.00 / 2.00 s)"
+    )
+    # tails' differences -0.1, +0.1, 0 s over 1,000 changes: median 0 µs
+    assert _report_pooling.k1_floor(pairs, "1000", "added") == 0
+    pairs.append(pair(2.2, 2.0))  # +0.02 s: the median is now +0.01 s, 10 µs
+    assert _report_pooling.k1_floor(pairs, "1000", "added") == pytest.approx(10.0)
 
 
 def test_convergence_caption_counts_the_rounds_each_figure_is_the_median_of() -> None:
@@ -260,6 +308,9 @@ def test_report_renders_every_result_of_the_shared_folder(
         "### Soak: consumers joining and leaving at random",
         f"| soak-trio-{INTERPRETER}.json | trio | 50 |",
         "| wool_pooling.Fanout |",
+        f"### One consumer, raw and pooled paired in one process (pooling_k1-"
+        f"{INTERPRETER}.json)",
+        "At K = 1 a change is mostly the publisher's own time",
         "## Run times",
     ):
         assert shown in report, shown
@@ -277,6 +328,7 @@ def test_report_renders_every_result_of_the_shared_folder(
     [
         "handoff.py",
         "pooling.py",
+        "pooling_k1.py",
         "pooling_redis.py",
         "report.py",
         "soak.py",
