@@ -9,6 +9,8 @@ DIR either way, so a quick run of every script can share one folder for
 
 from __future__ import annotations
 
+import json
+import os
 import platform
 import sys
 import tempfile
@@ -39,6 +41,12 @@ def meta(quick: bool, seconds: float) -> dict[str, object]:
         "python": sys.version,
         "interpreter": interpreter(),
         "platform": platform.platform(),
+        "cpus": os.cpu_count(),
         "quick": quick,
         "seconds": seconds,
     }
+
+
+def write(path: Path, meta: dict[str, object], rows: list[dict[str, object]]) -> None:
+    """A result file: the run's ``meta`` and its ``rows``, as JSON."""
+    path.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")

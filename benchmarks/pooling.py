@@ -71,11 +71,9 @@ import contextlib
 import contextvars
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -86,13 +84,16 @@ from pathlib import Path
 from typing import Any
 
 import wool
+from _results import folder
+from _results import interpreter
+from _results import meta
+from _results import write
 from watchdog.observers.api import BaseObserver
 from wool import WorkerMetadata
 
 from wool_pooling import Fanout
 from wool_pooling import SharedDiscovery
 
-RESULTS = Path(__file__).resolve().parent / "results"
 CONSUMERS, QUICK_CONSUMERS = (1, 10, 100, 1000, 10_000), (1, 10)
 #: Consumers from which raw cannot run (inotify): measured in the first run only.
 RAW_ONCE = 10_000
@@ -134,10 +135,6 @@ class Kind:
 KINDS: dict[str, Kind] = {
     "local": Kind("wool.LocalDiscovery", wool.LocalDiscovery, {"poll_interval": 0.1}),
 }
-
-
-def interpreter() -> str:
-    return f"{sys.implementation.name}{sys.version_info[0]}.{sys.version_info[1]}"
 
 
 def status_mb(field_name: str) -> float:
@@ -550,10 +547,7 @@ def main(argv: list[str] | None = None) -> int:
         row = asyncio.run(dispatch(KINDS[kind], int(k), args.quick, first))
         print(json.dumps(row))
         return 0
-    out: Path = args.out or (
-        Path(tempfile.mkdtemp(prefix="wool-pooling-bench-")) if args.quick else RESULTS
-    )
-    out.mkdir(parents=True, exist_ok=True)
+    out = folder(args.out, args.quick)
     runs = args.runs if args.runs is not None else QUICK_RUNS if args.quick else RUNS
     if runs < 1:
         parser.error("--runs must be at least 1")
@@ -610,20 +604,14 @@ def main(argv: list[str] | None = None) -> int:
                     f"pooled / raw ({time.perf_counter() - began:.0f} s)",
                     file=sys.stderr,
                 )
-    meta = dict(
-        python=sys.version,
-        interpreter=interpreter(),
-        platform=platform.platform(),
-        cpus=os.cpu_count(),
-        wool=wool.__version__ if hasattr(wool, "__version__") else None,
-        quick=args.quick,
+    info = meta(args.quick, time.perf_counter() - began) | dict(
+        wool=wool.__version__,
         runs=runs,
         fanout=dict(n=FANOUT_N, m=QUICK_FANOUT_M if args.quick else FANOUT_M),
-        seconds=time.perf_counter() - began,
     )
     path = out / f"pooling-{interpreter()}.json"
-    path.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
-    print(f"results: {path} ({meta['seconds']:.0f} s)", file=sys.stderr)
+    write(path, info, rows)
+    print(f"results: {path} ({info['seconds']:.0f} s)", file=sys.stderr)
     return 0
 
 

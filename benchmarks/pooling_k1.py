@@ -51,6 +51,7 @@ import wool
 from _results import folder
 from _results import interpreter
 from _results import meta
+from _results import write
 from pooling import CAPACITY
 from pooling import DEADLINE
 from pooling import KINDS
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         runs=runs, wool=wool.__version__, settle=QUICK_SETTLE if args.quick else SETTLE
     )
     path = out / f"pooling_k1-{interpreter()}.json"
-    path.write_text(json.dumps(dict(meta=info, rows=rows), indent=1) + "\n")
+    write(path, info, rows)
     print(f"results: {path} ({info['seconds']:.0f} s)", file=sys.stderr)
     return 0
 

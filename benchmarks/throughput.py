@@ -35,7 +35,6 @@ import math
 import platform
 import subprocess
 import sys
-import tempfile
 import time
 import tracemalloc
 import uuid
@@ -47,6 +46,9 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
+from _results import folder
+from _results import interpreter
+from _results import write
 from wool import DiscoveryEvent
 from wool import WorkerMetadata
 
@@ -55,7 +57,6 @@ from wool_pooling import Lagged
 from wool_pooling import SubscriptionPool
 from wool_pooling import shared_subscription
 
-RESULTS = Path(__file__).resolve().parent / "results"
 SOURCES = ("never", "checkpoint", "waiting")
 NS = (1, 10, 100, 1000)
 #: Delivered items (M x N) per run; M is at least LEAST_ITEMS.
@@ -96,10 +97,6 @@ def implementations(backend: str, n: int) -> list[str]:
         names.append("asyncstdlib.tee")
     names += ["pump + streams", "wake-up only", "wake-up per batch"]
     return [*names, "raw source"] if n == 1 else names
-
-
-def interpreter() -> str:
-    return f"{sys.implementation.name}{sys.version_info[0]}.{sys.version_info[1]}"
 
 
 # -- sources -------------------------------------------------------------------
@@ -632,7 +629,7 @@ def run_memory(out: Path, quick: bool, began: float) -> None:
     meta = dict(python=sys.version, platform=platform.platform(), events=events)
     meta["run_seconds"] = time.perf_counter() - began  # the whole run, pyperf's too
     path = out / f"memory-{interpreter()}.json"
-    path.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
+    write(path, meta, rows)
 
 
 # -- main ------------------------------------------------------------------------------
@@ -688,15 +685,9 @@ def main() -> None:
     args = runner.parse_args(argv)
     began = time.perf_counter()
     if not args.worker:
-        out = args.out or (
-            Path(tempfile.mkdtemp(prefix="wool-pooling-bench-"))
-            if args.quick
-            else RESULTS
-        )
-        out.mkdir(parents=True, exist_ok=True)
+        out = folder(args.out, args.quick)
         args.output = str(out / f"throughput-{interpreter()}.json")
         Path(args.output).unlink(missing_ok=True)  # this run replaces the last one
-        print(f"results: {out}", file=sys.stderr)
     delivered = QUICK_DELIVERED if args.quick else DELIVERED
     for backend in BACKENDS:
         for source in SOURCES:
