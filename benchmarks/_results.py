@@ -15,6 +15,7 @@ import platform
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -47,6 +48,13 @@ def meta(quick: bool, seconds: float) -> dict[str, object]:
     }
 
 
-def write(path: Path, meta: dict[str, object], rows: list[dict[str, object]]) -> None:
-    """A result file: the run's ``meta`` and its ``rows``, as JSON."""
+def write(
+    out: Path, name: str, meta: dict[str, Any], rows: list[dict[str, Any]]
+) -> Path:
+    """Write ``name-<interpreter>.json`` into ``out``, the run's ``meta`` and its
+    ``rows`` as JSON, and announce it on stderr (with ``meta["seconds"]``)."""
+    path = out / f"{name}-{interpreter()}.json"
     path.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
+    took = f" ({meta['seconds']:.0f} s)" if "seconds" in meta else ""
+    print(f"results: {path}{took}", file=sys.stderr)
+    return path

@@ -85,7 +85,6 @@ from typing import Any
 
 import wool
 from _results import folder
-from _results import interpreter
 from _results import meta
 from _results import write
 from watchdog.observers.api import BaseObserver
@@ -609,9 +608,7 @@ def main(argv: list[str] | None = None) -> int:
         runs=runs,
         fanout=dict(n=FANOUT_N, m=QUICK_FANOUT_M if args.quick else FANOUT_M),
     )
-    path = out / f"pooling-{interpreter()}.json"
-    write(path, info, rows)
-    print(f"results: {path} ({info['seconds']:.0f} s)", file=sys.stderr)
+    write(out, "pooling", info, rows)
     return 0
 
 

@@ -49,7 +49,6 @@ from typing import Any
 
 import wool
 from _results import folder
-from _results import interpreter
 from _results import meta
 from _results import write
 from pooling import CAPACITY
@@ -193,9 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     info = meta(args.quick, time.perf_counter() - began) | dict(
         runs=runs, wool=wool.__version__, settle=QUICK_SETTLE if args.quick else SETTLE
     )
-    path = out / f"pooling_k1-{interpreter()}.json"
-    write(path, info, rows)
-    print(f"results: {path} ({info['seconds']:.0f} s)", file=sys.stderr)
+    write(out, "pooling_k1", info, rows)
     return 0
 
 

@@ -628,8 +628,7 @@ def run_memory(out: Path, quick: bool, began: float) -> None:
         )
     meta = dict(python=sys.version, platform=platform.platform(), events=events)
     meta["run_seconds"] = time.perf_counter() - began  # the whole run, pyperf's too
-    path = out / f"memory-{interpreter()}.json"
-    write(path, meta, rows)
+    write(out, "memory", meta, rows)
 
 
 # -- main ------------------------------------------------------------------------------
