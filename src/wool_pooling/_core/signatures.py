@@ -18,11 +18,22 @@ import inspect
 import types
 import weakref
 from collections.abc import Callable
+from collections.abc import Hashable
 from collections.abc import Iterable
 from collections.abc import Mapping
 from typing import Any
+from typing import Generic
+from typing import TypeVar
 
-__all__ = ["check_keywords", "check_positional", "did_you_mean", "signature_of"]
+Shape = TypeVar("Shape", bound=Hashable)
+
+__all__ = [
+    "BindingMemo",
+    "check_keywords",
+    "check_positional",
+    "did_you_mean",
+    "signature_of",
+]
 
 _KEYWORD_KINDS = (
     inspect.Parameter.POSITIONAL_OR_KEYWORD,
@@ -36,6 +47,36 @@ def signature_of(function: Callable[..., Any]) -> inspect.Signature | None:
         return inspect.signature(function)
     except (TypeError, ValueError):
         return None
+
+
+class BindingMemo(Generic[Shape]):
+    """The shapes of call found to bind to each callable, held weakly.
+
+    Whether arguments bind to a signature depends on their shape only (how
+    many are positional, which names are given), and reading and binding a
+    signature costs tens of microseconds, so each check is made once per
+    callable and shape. A callable that cannot be weakly referenced is never
+    remembered: it is checked every time.
+    """
+
+    __slots__ = ("_bound",)
+
+    def __init__(self) -> None:
+        self._bound: weakref.WeakKeyDictionary[Any, set[Shape]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def binds(self, function: object, shape: Shape) -> bool:
+        """Whether ``shape`` was found to bind to ``function``."""
+        try:
+            return shape in self._bound.get(function, ())
+        except TypeError:  # not weakly referable
+            return False
+
+    def add(self, function: object, shape: Shape) -> None:
+        """Remember that ``shape`` binds to ``function``."""
+        with contextlib.suppress(TypeError):
+            self._bound.setdefault(function, set()).add(shape)
 
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:
@@ -60,11 +101,8 @@ def check_keywords(
     """
     plain: Any = function.__func__ if inspect.ismethod(function) else function
     names = (inspect.ismethod(function), *keywords)
-    try:
-        if names in _binds.get(plain, ()):
-            return
-    except TypeError:  # not weakly referable: checked every time
-        pass
+    if _binds.binds(plain, names):
+        return
     signature = signature_of(function)
     if signature is None:
         return
@@ -91,22 +129,19 @@ def check_keywords(
     except TypeError as error:
         shown = ", ".join(f"{name}={value!r}" for name, value in keywords.items())
         raise TypeError(f"{what} cannot be called with ({shown}): {error}") from None
-    with contextlib.suppress(TypeError):
-        _binds.setdefault(plain, set()).add(names)
+    _binds.add(plain, names)
 
 
 #: Functions (a bound method: its function) found to take so many keywords
 #: by these names (whether bound first): whether keywords bind depends on
 #: their names only, and some wrappers are rebuilt at every unpickling.
-_binds: weakref.WeakKeyDictionary[Any, set[tuple[object, ...]]] = (
-    weakref.WeakKeyDictionary()
-)
+_binds: BindingMemo[tuple[object, ...]] = BindingMemo()
 
 
 #: Callables other than plain functions found to take so many positional
 #: arguments: reading a signature costs tens of microseconds, and the same
 #: callbacks are checked at every call of some hot paths.
-_takes: weakref.WeakKeyDictionary[Any, set[int]] = weakref.WeakKeyDictionary()
+_takes: BindingMemo[int] = BindingMemo()
 
 #: Plain functions' shapes (see :func:`_shape`) found to take so many
 #: positional arguments. A function unpickled anew (a predicate wool ships
@@ -157,12 +192,8 @@ def check_positional(
     if shape is not None:
         if needed in _shape_takes.get(shape, ()):
             return
-    else:
-        try:
-            if needed in _takes.get(plain, ()):
-                return
-        except TypeError:  # not weakly referable: checked every time
-            pass
+    elif _takes.binds(plain, needed):
+        return
     signature = signature_of(plain)
     if signature is None:
         return
@@ -175,9 +206,8 @@ def check_positional(
         ) from None
     if shape is not None:
         _shape_takes.setdefault(shape, set()).add(needed)
-        return
-    with contextlib.suppress(TypeError):
-        _takes.setdefault(plain, set()).add(needed)
+    else:
+        _takes.add(plain, needed)
 
 
 def _called_through_its_class(function: object) -> bool:

@@ -11,6 +11,7 @@ from typing import cast
 
 import attrs
 
+from .._core.signatures import BindingMemo
 from .._core.signatures import signature_of
 from .restart import RestartPolicy
 
@@ -231,9 +232,7 @@ def _bind(
 #: The shapes of call (positional count, keyword names) found to fit each
 #: class's ``__init__``: whether arguments bind depends on nothing else, and
 #: binding costs several times what a keyed construction does otherwise.
-_fitting: weakref.WeakKeyDictionary[type, set[tuple[int, frozenset[str]]]] = (
-    weakref.WeakKeyDictionary()
-)
+_fitting: BindingMemo[tuple[int, frozenset[str]]] = BindingMemo()
 
 
 def _check_fits(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -241,13 +240,12 @@ def _check_fits(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Non
     instance is built from them at the first iteration, and ones that do not
     fit fail here instead, naming the class."""
     shape = (len(args), frozenset(kwargs))
-    fitting = _fitting.get(cls)
-    if fitting is not None and shape in fitting:
+    if _fitting.binds(cls, shape):
         return
     signature = _init_signature(cls)
     if signature is not None:
         _bind(cls, signature, args, kwargs)
-    _fitting.setdefault(cls, set()).add(shape)
+    _fitting.add(cls, shape)
 
 
 def _bound_arguments(
