@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _tools import require_modules
 from _tools import require_program
 
 import wool_pooling
@@ -41,7 +42,10 @@ pytestmark = pytest.mark.docs
 ROOT = Path(__file__).resolve().parent.parent
 TYPECHECK = Path(__file__).resolve().parent / "typecheck"
 PYRIGHT = Path(sys.executable).with_name("pyright")
-MISSING_TOOLS = require_program(PYRIGHT, extra="dev")
+# examples/metrics.py imports prometheus_client, which pyright must resolve.
+MISSING_TOOLS = require_program(PYRIGHT, extra="dev") or require_modules(
+    "prometheus_client", extra="dev"
+)
 CONFIG = {"typeCheckingMode": "strict", "reportMissingTypeStubs": False}
 PYTHON_BLOCK = re.compile(
     r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE
