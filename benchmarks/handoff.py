@@ -83,6 +83,28 @@ class BurstDiscovery:
         raise TypeError("a BurstDiscovery stays in its process")
 
 
+def adds_and_drops(workers: int) -> tuple[list[DiscoveryEvent], list[DiscoveryEvent]]:
+    """A burst adding ``workers`` fresh workers, and the burst dropping them."""
+    metadata = [
+        WorkerMetadata(uid=uuid.uuid4(), address="127.0.0.1:1", pid=1, version="1")
+        for _ in range(workers)
+    ]
+    added = [DiscoveryEvent("worker-added", metadata=m) for m in metadata]
+    dropped = [DiscoveryEvent("worker-dropped", metadata=m) for m in metadata]
+    return added, dropped
+
+
+def apply(view: dict[uuid.UUID, WorkerMetadata], event: object) -> None:
+    """Apply a discovery event to ``view``, as a consumer keeps its workers
+    (a subscription's other items, its ``Synced`` markers, are passed over)."""
+    if type(event) is not DiscoveryEvent:
+        return
+    if event.type == "worker-dropped":
+        view.pop(event.metadata.uid, None)
+    else:
+        view[event.metadata.uid] = event.metadata
+
+
 def through(layer: str, discovery: BurstDiscovery) -> Callable[[], AsyncIterator[Any]]:
     """How the consumer iterates ``discovery`` in ``layer``."""
     if layer == "direct":
@@ -102,12 +124,7 @@ def through(layer: str, discovery: BurstDiscovery) -> Callable[[], AsyncIterator
 
 async def measure(layer: str, workers: int, bursts: int) -> float:
     """The fastest burst's seconds per event, in a loop of its own."""
-    metadata = [
-        WorkerMetadata(uid=uuid.uuid4(), address="127.0.0.1:1", pid=1, version="1")
-        for _ in range(workers)
-    ]
-    added = [DiscoveryEvent("worker-added", metadata=m) for m in metadata]
-    dropped = [DiscoveryEvent("worker-dropped", metadata=m) for m in metadata]
+    added, dropped = adds_and_drops(workers)
     send, receive = anyio.create_memory_object_stream[list[DiscoveryEvent]](1)
     iterate = through(layer, BurstDiscovery(receive))
     view: dict[uuid.UUID, WorkerMetadata] = {}
@@ -116,12 +133,7 @@ async def measure(layer: str, workers: int, bursts: int) -> float:
 
     async def consume() -> None:
         async for event in iterate():
-            if type(event) is not DiscoveryEvent:
-                continue  # a Synced marker
-            if event.type == "worker-dropped":
-                view.pop(event.metadata.uid, None)
-            else:
-                view[event.metadata.uid] = event.metadata
+            apply(view, event)
             if len(view) == target:
                 done.set()
 

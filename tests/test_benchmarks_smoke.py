@@ -41,7 +41,9 @@ def importable(module: str) -> bool:
         return False
 
 
-def run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+def run(
+    script: str, *args: str, returncode: int = 0
+) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(
         [sys.executable, str(BENCHMARKS / script), *args],
         capture_output=True,
@@ -49,7 +51,7 @@ def run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
         timeout=240,
         check=False,
     )
-    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.returncode == returncode, done.stderr[-4000:]
     return done
 
 
@@ -289,6 +291,34 @@ def test_handoff_quick_run_times_every_layer_against_direct(backend: str) -> Non
         assert any(line.startswith(layer) for line in done.stdout.splitlines())
 
 
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_read_ahead_quick_run_rates_every_source_at_every_value(backend: str) -> None:
+    """``read_ahead.py --quick`` measures every source at every read-ahead
+    it is given, R = 0 first, and prints each row: positive rates, one
+    cell per value."""
+    done = run("read_ahead.py", "--quick", "--backend", backend, "--values", "0", "8")
+    figures = json.loads(done.stdout.splitlines()[-1])
+    assert figures["backend"] == backend
+    assert figures["values"] == [0, 8]
+    rows = figures["rows"]
+    assert [(row["source"], row["n"]) for row in rows] == [
+        (source, n)
+        for source in ("never", "checkpoint", "waiting", "discovery")
+        for n in (1, 10)
+    ]
+    assert all(list(row["rates"]) == ["0", "8"] for row in rows)
+    assert all(rate > 0 for row in rows for rate in row["rates"].values())
+    printed = done.stdout.splitlines()[2:-1]
+    assert len(printed) == len(rows)
+    assert all(line.count("x") == 2 for line in printed)
+
+
+def test_read_ahead_refuses_values_not_starting_at_zero() -> None:
+    """R = 0 is every ratio's reference: ``--values`` must start with it."""
+    done = run("read_ahead.py", "--values", "4", "0", returncode=2)
+    assert "--values must start with 0" in done.stderr
+
+
 def test_report_renders_every_result_of_the_shared_folder(
     quick: dict[str, Any],
 ) -> None:
@@ -330,6 +360,7 @@ def test_report_renders_every_result_of_the_shared_folder(
         "pooling.py",
         "pooling_k1.py",
         "pooling_redis.py",
+        "read_ahead.py",
         "report.py",
         "soak.py",
         "statistics_overhead.py",
