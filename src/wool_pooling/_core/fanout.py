@@ -87,7 +87,8 @@ class Lagged(Exception):
 #: How many items a fan-out's pump pulls ahead of demand, by default. A
 #: batch of 64 amortises the pump's wake-up and each consumer's over 64
 #: items of a source that has them ready (one that waits is unaffected);
-#: beyond 64 the gain flattens while the items held ahead grow. Read-ahead
+#: beyond 64 the gain flattens while the items held ahead grow
+#: (``benchmarks/read_ahead.py``; figures in docs/benchmarks.rst). Read-ahead
 #: counts inside ``max_lag``: it never takes the log past the lag bound.
 DEFAULT_READ_AHEAD = 64
 
