@@ -240,7 +240,18 @@ class SentinelSet:
             str(self.master.port),
         )
         self.replica.start()
-        for port in self.sentinel_ports:
+        for index in range(len(self.sentinel_ports)):
+            self._start_sentinel(index)
+        self.wait_until_ready()
+
+    def _start_sentinel(self, index: int) -> None:
+        """Start sentinel ``index`` and wait until it answers. A port taken
+        since :func:`free_port` chose it (the replica's own connection to the
+        master may take it) makes the sentinel exit: it is started again on
+        a fresh one, as :meth:`RedisServer.start` does."""
+        exited: int | None = None
+        for _ in range(5):
+            port = self.sentinel_ports[index]
             config = self.directory / f"sentinel-{port}.conf"
             config.write_text(
                 f"port {port}\n"
@@ -256,43 +267,79 @@ class SentinelSet:
                     file.write(f"sentinel auth-pass {self.SERVICE} {self.password}\n")
                     if self.sentinel_password is not None:
                         file.write(f"requirepass {self.sentinel_password}\n")
-            self.sentinels.append(
-                subprocess.Popen(
-                    [self.executable, str(config), "--sentinel"],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
+            process = subprocess.Popen(
+                [self.executable, str(config), "--sentinel"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
-        self.wait_until_ready()
+            exited = self._answers_or_exits(process, port)
+            if exited is None:
+                self.sentinels.append(process)
+                return
+            self.sentinel_ports[index] = free_port()
+        raise RuntimeError(f"a sentinel exited with {exited}")
+
+    @staticmethod
+    def _answers_or_exits(process: subprocess.Popen[bytes], port: int) -> int | None:
+        """``None`` once the sentinel answers on ``port`` (alive, so the
+        answer is its own), its exit code if it exits first."""
+        deadline = time.monotonic() + 20
+        while True:
+            exited = process.poll()
+            if exited is not None:
+                return exited
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
+                    sock.sendall(b"PING\r\n")
+                    reply = sock.recv(64)
+                    if (
+                        reply.startswith((b"+PONG", b"-NOAUTH"))
+                        and process.poll() is None
+                    ):
+                        return None
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                process.kill()
+                process.wait()
+                raise RuntimeError("a sentinel did not answer within 20 s")
+            time.sleep(0.02)
 
     def wait_until_ready(self) -> None:
         """Until every sentinel knows the master, the replica and the other
-        two sentinels (what a failover needs)."""
+        two sentinels (what a failover needs). On a timeout the error says
+        what each sentinel saw last."""
         import redis
 
         deadline = time.monotonic() + 30
         while True:
-            ready = 0
-            for port in self.sentinel_ports:
+            seen: dict[int, str] = {}
+            for port, process in zip(self.sentinel_ports, self.sentinels, strict=True):
+                if process.poll() is not None:
+                    seen[port] = f"exited with {process.returncode}"
+                    continue
                 client = redis.Redis(
                     port=port, password=self.sentinel_password, socket_timeout=1
                 )
                 try:
                     replicas = client.sentinel_slaves(self.SERVICE)
                     others = client.sentinel_sentinels(self.SERVICE)
-                    if (
-                        any(r["port"] == self.replica.port for r in replicas)
-                        and len(others) == 2
-                    ):
-                        ready += 1
-                except redis.RedisError:
-                    pass
+                    ports = sorted(int(r["port"]) for r in replicas)
+                    if self.replica.port in ports and len(others) == 2:
+                        continue
+                    seen[port] = f"replicas at {ports}, {len(others)} other sentinels"
+                except redis.RedisError as error:
+                    seen[port] = f"{type(error).__name__}: {error}"
                 finally:
                     client.close()
-            if ready == len(self.sentinel_ports):
+            if not seen:
                 return
             if time.monotonic() > deadline:
-                raise RuntimeError("the sentinels did not see each other within 30 s")
+                raise RuntimeError(
+                    "the sentinels did not see each other within 30 s (replica "
+                    f"at {self.replica.port}): "
+                    + "; ".join(f"{port}: {what}" for port, what in seen.items())
+                )
             time.sleep(0.05)
 
     def current_master(self) -> tuple[str, int] | None:

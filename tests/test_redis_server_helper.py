@@ -1,6 +1,6 @@
 """The test suite's ``redis-server`` helper under a port race: CI runs two
 interpreters' suites side by side, so a port chosen free may be taken before
-the server binds it."""
+the server binds it, or a sentinel's."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import socket
 
 import pytest
 from _redis import RedisServer
+from _redis import SentinelSet
 from _redis import require_redis_server
 
 
@@ -48,3 +49,16 @@ def test_a_restart_keeps_its_port_and_fails_if_it_was_taken() -> None:
         assert server.port == port
     finally:
         server.cleanup()
+
+
+def test_a_sentinel_whose_port_was_taken_starts_on_a_free_one() -> None:
+    group = SentinelSet(require_redis_server())
+    with taken_port() as stranger:
+        group.sentinel_ports[1] = stranger.getsockname()[1]
+        try:
+            group.start()  # ready: every sentinel sees the replica and the others
+            assert stranger.getsockname()[1] not in group.sentinel_ports
+            assert len(set(group.sentinel_ports)) == 3
+            assert group.current_master() == ("127.0.0.1", group.master.port)
+        finally:
+            group.cleanup()
