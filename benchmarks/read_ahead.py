@@ -11,7 +11,8 @@ The evidence behind ``DEFAULT_READ_AHEAD``. For each ``read_ahead`` R in
 
 - ``never``, ``checkpoint``, ``waiting``: ``throughput.py``'s sources (never
   suspends, one checkpoint per item, waits for another task per item),
-  ``--items`` items through a :class:`~wool_pooling.Fanout`;
+  ``--items`` items through a :class:`~wool_pooling.Fanout`, run as
+  ``throughput.py`` runs its ``Fanout`` case;
 - ``discovery``: a discovery source yielding bursts of ``--workers``
   changes at once (adds, then drops), through a ``@shared_subscription``
   with the decorator's default ``max_lag``, each consumer applying every
@@ -39,11 +40,10 @@ from handoff import BurstSubscriber
 from handoff import adds_and_drops
 from handoff import apply
 from throughput import BACKENDS
-from throughput import make_source
+from throughput import one_run
 from wool import DiscoveryEvent
 from wool import WorkerMetadata
 
-from wool_pooling import Fanout
 from wool_pooling import SubscriptionPool
 from wool_pooling import shared_subscription
 
@@ -53,40 +53,6 @@ NS, QUICK_NS = (1, 100), (1, 10)
 ITEMS, QUICK_ITEMS = 4096, 128
 WORKERS, QUICK_WORKERS = 1000, 50
 ROUNDS, QUICK_ROUNDS = 5, 1
-
-
-async def fan_out(source: str, read_ahead: int, n: int, items: int) -> float:
-    """Seconds for ``n`` consumers of a fan-out to take all ``items``."""
-    iterator, produce = make_source(source, items)
-    fanout = Fanout(iterator, read_ahead=read_ahead)
-    consumers = [fanout.consumer() for _ in range(n)]
-    gate = anyio.Event()
-    counts = [0] * n
-
-    async def drain(index: int) -> None:
-        await gate.wait()
-        async for _ in consumers[index]:
-            counts[index] += 1
-
-    async def gated_produce() -> None:
-        await gate.wait()
-        assert produce is not None
-        await produce()
-
-    start = 0.0
-    async with anyio.create_task_group() as group:
-        if produce is not None:
-            group.start_soon(gated_produce)
-        for index in range(n):
-            group.start_soon(drain, index)
-        await anyio.wait_all_tasks_blocked()
-        start = time.perf_counter()
-        gate.set()
-    elapsed = time.perf_counter() - start
-    await fanout.aclose()
-    if counts != [items] * n:
-        raise RuntimeError(f"R={read_ahead}: got {sorted(set(counts))}, not {items}")
-    return elapsed
 
 
 async def discovery(read_ahead: int, n: int, workers: int) -> float:
@@ -135,7 +101,15 @@ def measure(backend: str, source: str, read_ahead: int, n: int, size: int) -> fl
         )
         return 2 * size * n / seconds
     seconds = anyio.run(
-        fan_out, source, read_ahead, n, size, backend=name, backend_options=options
+        one_run,
+        "Fanout",
+        backend,
+        source,
+        size,
+        n,
+        read_ahead,
+        backend=name,
+        backend_options=options,
     )
     return size * n / seconds
 

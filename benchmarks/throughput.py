@@ -275,14 +275,22 @@ class BatchBell:
         self.bell.set()
 
 
-async def one_run(implementation: str, backend: str, source: str, m: int, n: int):
-    """Seconds from releasing the consumers to the last one finishing."""
+async def one_run(
+    implementation: str,
+    backend: str,
+    source: str,
+    m: int,
+    n: int,
+    read_ahead: int = READ_AHEAD,
+):
+    """Seconds from releasing the consumers to the last one finishing
+    (``read_ahead``: the ``Fanout``'s, for ``read_ahead.py``'s sweep)."""
     iterator, produce = make_source(source, m)
     counts, consumers = [-1] * n, list[Any]()
     pool, closer, pump = None, None, None
     gate, start = anyio.Event(), 0.0
     if implementation == "Fanout":
-        fanout = Fanout(iterator, read_ahead=READ_AHEAD)
+        fanout = Fanout(iterator, read_ahead=read_ahead)
         consumers, closer = [fanout.consumer() for _ in range(n)], fanout.aclose
     elif implementation == "SharedSubscription":
         subscription = Lossless(lambda: gated_source(gate, iterator))
