@@ -15,12 +15,14 @@ the tests (never a skip: the server was asked for).
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -71,6 +73,32 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def _answers_or_exits(
+    process: subprocess.Popen[bytes], name: str, connect: Callable[[], socket.socket]
+) -> int | None:
+    """``None`` once ``process`` answers a PING on what ``connect`` opens and is
+    still alive (so the answer is its own), its exit code if it exits first.
+    It is killed if it does neither within 20 s."""
+    deadline = time.monotonic() + 20
+    while True:
+        exited = process.poll()
+        if exited is not None:
+            return exited
+        try:
+            with connect() as sock:
+                sock.sendall(b"PING\r\n")
+                reply = sock.recv(64)
+                if reply.startswith((b"+PONG", b"-NOAUTH")) and process.poll() is None:
+                    return None
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            process.kill()
+            process.wait()
+            raise RuntimeError(f"{name} did not answer within 20 s")
+        time.sleep(0.02)
 
 
 class RedisServer:
@@ -134,25 +162,21 @@ class RedisServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 20
-        while True:
-            exited = self.process.poll()
-            if exited is not None:
-                self.process = None
-                return exited
-            try:
-                with socket.socket(socket.AF_UNIX) as sock:
-                    sock.settimeout(0.2)
-                    sock.connect(str(self.socket_path))
-                    sock.sendall(b"PING\r\n")
-                    reply = sock.recv(64)
-                    if reply.startswith((b"+PONG", b"-NOAUTH")):
-                        return None
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("redis-server did not answer within 20 s")
-            time.sleep(0.02)
+        exited = _answers_or_exits(self.process, "redis-server", self._connect)
+        if exited is not None:
+            self.process = None
+        return exited
+
+    def _connect(self) -> socket.socket:
+        """A connection to the server's own unix socket, never a stranger's port."""
+        sock = socket.socket(socket.AF_UNIX)
+        try:
+            sock.settimeout(0.2)
+            sock.connect(str(self.socket_path))
+        except OSError:
+            sock.close()
+            raise
+        return sock
 
     def stop(self) -> None:
         process, self.process = self.process, None
@@ -272,38 +296,18 @@ class SentinelSet:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
-            exited = self._answers_or_exits(process, port)
+            exited = _answers_or_exits(
+                process,
+                "a sentinel",
+                functools.partial(
+                    socket.create_connection, ("127.0.0.1", port), timeout=0.2
+                ),
+            )
             if exited is None:
                 self.sentinels.append(process)
                 return
             self.sentinel_ports[index] = free_port()
         raise RuntimeError(f"a sentinel exited with {exited}")
-
-    @staticmethod
-    def _answers_or_exits(process: subprocess.Popen[bytes], port: int) -> int | None:
-        """``None`` once the sentinel answers on ``port`` (alive, so the
-        answer is its own), its exit code if it exits first."""
-        deadline = time.monotonic() + 20
-        while True:
-            exited = process.poll()
-            if exited is not None:
-                return exited
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
-                    sock.sendall(b"PING\r\n")
-                    reply = sock.recv(64)
-                    if (
-                        reply.startswith((b"+PONG", b"-NOAUTH"))
-                        and process.poll() is None
-                    ):
-                        return None
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                process.kill()
-                process.wait()
-                raise RuntimeError("a sentinel did not answer within 20 s")
-            time.sleep(0.02)
 
     def wait_until_ready(self) -> None:
         """Until every sentinel knows the master, the replica and the other
