@@ -225,6 +225,22 @@ def test_readme_demo_output_holds_under_trio_up_to_the_order_of_proxies() -> Non
     assert not_proxies(printed) == not_proxies(shown)
 
 
+def test_readme_demo_output_holds_under_uvloop_up_to_the_order_of_proxies() -> None:
+    """``--backend uvloop`` runs the demo on asyncio with uvloop's loop and
+    prints the same lines; only the order of the proxies' lines may differ."""
+    shown = _block_after(README, "It prints:\n")
+    shown[0] = "wool-pooling demo on uvloop"
+    assert sorted(_run_demo("--backend", "uvloop")) == sorted(shown)
+
+
+def test_the_demo_help_says_what_each_backend_is() -> None:
+    """``python -m wool_pooling --help`` explains ``--backend`` and lists
+    every loop it runs on."""
+    text = " ".join(" ".join(_run_demo("--help")).split())
+    assert "--backend {asyncio,trio,uvloop}" in text
+    assert "the event loop to run the demo on" in text
+
+
 def test_readme_explains_each_part_of_the_demo_output() -> None:
     """The text under the demo's output explains the raw lines, the pool
     statistics, the proxies' lines and the replay."""

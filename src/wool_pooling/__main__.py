@@ -1,7 +1,8 @@
 """Demo: consumers share one discovery subscription; a late joiner gets a replay.
 
-Run with ``python -m wool_pooling``; add ``--backend trio`` to run under trio,
-which needs the ``trio`` extra: ``pip install "wool-pooling[trio]"``.
+Run with ``python -m wool_pooling``; add ``--backend trio`` to run under trio
+(the ``trio`` extra: ``pip install "wool-pooling[trio]"``) or ``--backend uvloop``
+under asyncio with uvloop's event loop (``pip install uvloop``).
 """
 
 from __future__ import annotations
@@ -119,12 +120,25 @@ def _cli() -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+    parser.add_argument(
+        "--backend",
+        choices=["asyncio", "trio", "uvloop"],
+        default="asyncio",
+        help="the event loop to run the demo on: asyncio's own (the default), "
+        "trio, or asyncio with uvloop's loop",
+    )
     options = parser.parse_args()
-    if options.backend == "trio" and importlib.util.find_spec("trio") is None:
-        parser.error('--backend trio needs trio: pip install "wool-pooling[trio]"')
+    needs = {
+        "trio": 'trio: pip install "wool-pooling[trio]"',
+        "uvloop": "uvloop: pip install uvloop",
+    }
+    if options.backend in needs and importlib.util.find_spec(options.backend) is None:
+        parser.error(f"--backend {options.backend} needs {needs[options.backend]}")
     print(f"wool-pooling demo on {options.backend}")
-    anyio.run(main, backend=options.backend)
+    if options.backend == "uvloop":
+        anyio.run(main, backend="asyncio", backend_options={"use_uvloop": True})
+    else:
+        anyio.run(main, backend=options.backend)
 
 
 if __name__ == "__main__":
