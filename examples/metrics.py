@@ -1,8 +1,9 @@
 """Export a shared subscription's counters to Prometheus with ``prometheus_client``.
 
-Run it with ``python examples/metrics.py`` (``pip install prometheus_client``
-first: the example needs it, wool-pooling does not). Add ``--serve 8000``
-to keep serving ``http://localhost:8000/metrics`` until interrupted.
+Run it with ``python examples/metrics.py`` (first ``pip install
+"wool-pooling[metrics]"``: the example needs ``prometheus_client``, wool-pooling
+does not). Add ``--serve 8000`` to keep serving
+``http://localhost:8000/metrics`` until interrupted.
 
 ``statistics()`` reads the pool of the event loop it is called in, so the
 snapshots are taken there, by a task, every ``interval`` seconds; a
@@ -33,12 +34,18 @@ from collections.abc import Iterator
 import anyio
 import attrs
 from attrs import AttrsInstance
-from prometheus_client import CollectorRegistry
-from prometheus_client import generate_latest
-from prometheus_client import start_http_server
-from prometheus_client.core import CounterMetricFamily
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
+
+try:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client import generate_latest
+    from prometheus_client import start_http_server
+    from prometheus_client.core import CounterMetricFamily
+    from prometheus_client.core import GaugeMetricFamily
+    from prometheus_client.registry import Collector
+except ModuleNotFoundError as missing:
+    raise SystemExit(
+        f'examples/metrics.py needs {missing.name}: pip install "wool-pooling[metrics]"'
+    ) from None
 from wool import DiscoveryEvent
 from wool import WorkerMetadata
 

@@ -137,6 +137,28 @@ def test_redis_discovery_example_leaves_no_keys_on_the_given_server(
         client.close()
 
 
+def test_metrics_example_without_prometheus_client_names_its_extra() -> None:
+    """Without ``prometheus_client``, ``examples/metrics.py`` exits with one
+    line naming the extra that installs it, not a traceback."""
+    hide = (
+        "import sys, runpy; sys.modules['prometheus_client'] = None; "
+        f"sys.argv = [{str(EXAMPLES / 'metrics.py')!r}]; "
+        f"runpy.run_path({str(EXAMPLES / 'metrics.py')!r}, run_name='__main__')"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", hide],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert completed.returncode == 1
+    assert completed.stderr == (
+        "examples/metrics.py needs prometheus_client: "
+        'pip install "wool-pooling[metrics]"\n'
+    )
+
+
 @pytest.mark.docs
 def test_metrics_example_exports_a_subscriptions_counters() -> None:
     """``python examples/metrics.py`` prints the Prometheus exposition of one
@@ -145,7 +167,7 @@ def test_metrics_example_exports_a_subscriptions_counters() -> None:
     example's own dependency (the ``dev`` extra), not the package's: without
     it this is skipped, and fails under ``WOOL_POOLING_REQUIRE_TOOLS=1``; it
     runs in the ``docs`` session, which has it."""
-    missing = require_modules("prometheus_client", extra="dev")
+    missing = require_modules("prometheus_client", extra="metrics")
     if missing is not None:
         pytest.fail(missing, pytrace=False)
     completed = subprocess.run(

@@ -44,7 +44,7 @@ TYPECHECK = Path(__file__).resolve().parent / "typecheck"
 PYRIGHT = Path(sys.executable).with_name("pyright")
 # examples/metrics.py imports prometheus_client, which pyright must resolve.
 MISSING_TOOLS = require_program(PYRIGHT, extra="dev") or require_modules(
-    "prometheus_client", extra="dev"
+    "prometheus_client", extra="metrics"
 )
 CONFIG = {"typeCheckingMode": "strict", "reportMissingTypeStubs": False}
 PYTHON_BLOCK = re.compile(
