@@ -4,15 +4,24 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from collections.abc import Collection
+from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
+from _stubs import meta
+from _stubs import pairs
+from wool import DiscoveryEvent
 
 from wool_pooling import Lagged
+from wool_pooling import RestartPolicy
 from wool_pooling import SubscriptionPool
+from wool_pooling import Synced
 from wool_pooling import View
 from wool_pooling import shared_subscription
 from wool_pooling._pooling.decorator import shared_subscription as plain_subscription
+from wool_pooling._pooling.restart import RestartingSource
+from wool_pooling._wool.view import WorkerView
 
 pytestmark = pytest.mark.anyio
 
@@ -122,3 +131,59 @@ async def test_without_a_view_factory_the_pool_remembers_nothing() -> None:
             stats = subscription.statistics()
             assert (stats.consumers, stats.replays) == (3, 0)
             tg.cancel_scope.cancel()
+
+
+class Script:
+    """A raw stream that runs ``runs`` in turn, raising after each but the last."""
+
+    def __init__(self, *runs: list[Any]) -> None:
+        self.runs = list(runs)
+
+    async def __aiter__(self) -> AsyncIterator[Any]:
+        run = self.runs.pop(0)
+        for item in run:
+            await anyio.lowlevel.checkpoint()
+            yield item
+        if self.runs:
+            raise RuntimeError("lost")
+        await anyio.sleep_forever()
+
+
+def added(pid: int) -> DiscoveryEvent:
+    return DiscoveryEvent("worker-added", metadata=meta(UIDS[pid], pid=pid))
+
+
+UIDS = [meta().uid for _ in range(3)]
+
+
+async def test_the_restart_engine_runs_on_its_own() -> None:
+    """``RestartingSource(raw, policy, view)`` without a pool: it restarts the
+    raw stream, the view turns the relisting into what changed and the
+    ``Synced`` marker ends it (the unreported worker is dropped), and it
+    counts the restart and the error."""
+    raw = Script([added(0), added(1), Synced()], [added(1), Synced(), added(2)])
+    view = WorkerView(raw)
+    source = RestartingSource[Any](raw, RestartPolicy(backoff=0, settle=60), view)
+    try:
+        with anyio.fail_after(5):
+            got = [await anext(source) for _ in range(4)]
+    finally:
+        await source.aclose()
+    assert pairs(got) == [
+        ("worker-added", meta(UIDS[0], pid=0)),
+        ("worker-added", meta(UIDS[1], pid=1)),
+        ("worker-dropped", meta(UIDS[0], pid=0)),
+        ("worker-added", meta(UIDS[2], pid=2)),
+    ]
+    assert (source.restarts, source.errors, source.count) == (1, 1, 4)
+    assert source.listed_at == 2
+    assert list(view.workers) == [UIDS[1], UIDS[2]]
+
+
+async def test_without_a_policy_the_engine_raises_and_counts() -> None:
+    """With no policy the stream's error ends the iteration, counted once."""
+    source = RestartingSource[Any](Script([added(0)], [added(1)]))
+    assert pairs([await anext(source)]) == [("worker-added", meta(UIDS[0], pid=0))]
+    with pytest.raises(RuntimeError, match="lost"):
+        await anext(source)
+    assert (source.restarts, source.errors) == (0, 1)
