@@ -6,6 +6,7 @@ import inspect
 import logging
 import math
 import random
+import sys
 import weakref
 from collections import deque
 from collections.abc import AsyncIterable
@@ -33,113 +34,77 @@ T = TypeVar("T")
 restart_logger = logging.getLogger("wool_pooling.restart")
 
 
-def _in_range(value: object, low: float, high: float) -> bool:
+def _number(value: object, low: float, high: float) -> bool:
     """A number (an int or float, not a bool) with ``low <= value <= high``."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return False
     return low <= value <= high
 
 
-def _is_attempts(value: object) -> bool:
-    if value is None:
-        return True
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-def _is_bool(value: object) -> bool:
-    return isinstance(value, bool)
-
-
-def _check(name: str, value: object, valid: bool, rule: str) -> None:
-    """One rule per field, one wording for every way of breaking it."""
-    if not valid:
-        raise ValueError(f"{name} must be {rule}, got {value!r}")
-
-
 @attrs.frozen
 class RestartPolicy:
-    """Opt-in restarts of a shared subscription's raw stream.
+    """Opt-in restarts of a raw stream that fails (or ends), the same wherever
+    one is given: ``@shared_subscription(restart=...)``, a Redis discovery.
 
-    Pass as ``@shared_subscription(restart=RestartPolicy(...))``. When the
-    raw subscriber's stream raises, it is iterated again (``aiter(raw)``)
-    after a delay, and consumers see no error: only the difference between
-    the workers known before the failure and those the new stream reports
-    (workers it re-reports unchanged are not repeated; those it has not
-    reported within ``settle`` seconds are dropped). The delay before attempt
-    *n* is drawn uniformly between ``(1 - jitter)`` and ``(1 + jitter)``
-    times ``backoff * multiplier ** (n - 1)`` capped at ``max_backoff``, and
-    never above ``max_backoff``: at the cap, the delays still spread over
-    ``[max_backoff * (1 - jitter), max_backoff]``, so restarts that failed
-    together do not retry in step. Once ``attempts``
-    consecutive restarts have failed without a single event in between,
-    every consumer gets the last error. Each restart is logged on the
-    ``wool_pooling.restart`` logger.
+    The stream is iterated again after a delay; consumers see only what
+    changed, and the last error once ``attempts`` consecutive restarts failed
+    without an item in between. Each restart is logged on the
+    ``wool_pooling.restart`` logger. See :ref:`restart`.
 
-    :param attempts: Consecutive restarts allowed; ``None`` for no limit.
+    :param attempts: Consecutive restarts allowed (an int >= 1); ``None``
+        for no limit. The count starts again at the first item of a stream.
     :param backoff: Delay before the first restart, in seconds.
     :param multiplier: Growth of the delay from one attempt to the next.
     :param max_backoff: Cap on the delay, in seconds.
-    :param jitter: Relative randomisation of each delay, in ``[0, 1]``.
-    :param settle: Seconds the new stream has to report the workers it
-        knows; workers known before the failure and not reported by then
-        are dropped.
-    :param restart_on_end: Also restart when the raw stream ends normally
-        (otherwise its end ends the consumers).
-    :raises ValueError: naming the parameter, with one wording per rule
-        whatever breaks it (wrong type or value): ``attempts`` is ``None`` or
-        an int >= 1; ``backoff``, ``max_backoff`` and ``settle`` finite
-        numbers >= 0; ``multiplier`` a finite number >= 1; ``jitter`` a number
-        in ``[0, 1]``; ``restart_on_end`` a bool.
+    :param jitter: Relative randomisation of each delay, in ``[0, 1]``:
+        drawn from ``[1 - jitter, 1 + jitter]`` times its base, under the cap.
+    :param settle: Seconds the new stream has to relist what it knows
+        (ended early by its :class:`~wool_pooling.Synced`).
+    :param restart_on_end: Also restart when the stream ends normally.
+    :raises ValueError: naming the parameter, with one wording per rule:
+        ``attempts`` is ``None`` or an int >= 1; ``backoff``, ``max_backoff``
+        and ``settle`` finite numbers >= 0; ``multiplier`` a finite number
+        >= 1; ``jitter`` a number in ``[0, 1]``; ``restart_on_end`` a bool.
     """
 
-    #: Consecutive restarts allowed (an int >= 1); ``None`` for no limit.
-    #: The count starts again after the first event of a new stream.
+    #: Consecutive restarts allowed; ``None`` for no limit.
     attempts: int | None = 5
-    #: Delay before the first restart, in seconds (a finite number >= 0;
-    #: 0 restarts at once, every time).
+    #: Delay before the first restart, in seconds.
     backoff: float = 0.1
-    #: Growth of the delay from one attempt to the next (a finite number
-    #: >= 1; 1 keeps it constant).
+    #: Growth of the delay from one attempt to the next.
     multiplier: float = 2.0
-    #: Cap on the delay, in seconds (a finite number >= 0).
+    #: Cap on the delay, in seconds.
     max_backoff: float = 10.0
-    #: Relative randomisation of each delay, in ``[0, 1]``: the delay is
-    #: drawn from ``[1 - jitter, 1 + jitter]`` times its base, below the cap.
+    #: Relative randomisation of each delay.
     jitter: float = 0.1
-    #: Seconds the new stream has to report the workers it knows (a finite
-    #: number >= 0); workers known before the failure and not reported by
-    #: then are dropped.
+    #: Seconds the new stream has to relist what it knows.
     settle: float = 1.0
-    #: Also restart when the raw stream ends normally; ``False`` lets its
-    #: end end the consumers.
+    #: Also restart when the stream ends normally.
     restart_on_end: bool = False
 
     def __attrs_post_init__(self) -> None:
-        finite = math.nextafter(math.inf, 0)  # the largest finite float
-        _check(
-            "attempts",
-            self.attempts,
-            _is_attempts(self.attempts),
-            "None or an int >= 1",
-        )
-        for name in ("backoff", "max_backoff", "settle"):
-            value = getattr(self, name)
-            _check(name, value, _in_range(value, 0, finite), "a finite number >= 0")
-        _check(
-            "multiplier",
-            self.multiplier,
-            _in_range(self.multiplier, 1, finite),
-            "a finite number >= 1",
-        )
-        _check(
-            "jitter", self.jitter, _in_range(self.jitter, 0, 1), "a number in [0, 1]"
-        )
-        _check(
-            "restart_on_end",
-            self.restart_on_end,
-            _is_bool(self.restart_on_end),
-            "a bool (True or False)",
-        )
+        big = sys.float_info.max
+        attempts: object = self.attempts
+        for name, valid, rule in (
+            (
+                "attempts",
+                attempts is None
+                or (_number(attempts, 1, big) and not isinstance(attempts, float)),
+                "None or an int >= 1",
+            ),
+            ("backoff", _number(self.backoff, 0, big), "a finite number >= 0"),
+            ("max_backoff", _number(self.max_backoff, 0, big), "a finite number >= 0"),
+            ("settle", _number(self.settle, 0, big), "a finite number >= 0"),
+            ("multiplier", _number(self.multiplier, 1, big), "a finite number >= 1"),
+            ("jitter", _number(self.jitter, 0, 1), "a number in [0, 1]"),
+            (
+                "restart_on_end",
+                isinstance(self.restart_on_end, bool),  # pyright: ignore[reportUnnecessaryIsInstance]
+                "a bool (True or False)",
+            ),
+        ):
+            if not valid:
+                raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
 
     def allows(self, attempt: int) -> bool:
         """Whether restart number ``attempt`` (from 1) may happen."""

@@ -50,26 +50,16 @@ T_co = TypeVar("T_co", covariant=True)
 
 @final
 class SharedSubscription(Generic[T_co]):
-    """What ``Cls(*args, **kwargs)`` returns for a decorated class.
+    """What ``Cls(*args, **kwargs)`` returns for a decorated class: its
+    class, key and arguments, nothing built.
 
-    Generic in the item type ``T_co`` of the class's ``__aiter__``: a type
-    checker sees ``Cls(...)`` as a ``SharedSubscription[T_co]`` (see
-    :func:`~wool_pooling.shared_subscription`), as it is at run time.
-
-    Holds only the class, the key and the constructor arguments; it needs no
-    event loop and builds nothing. Each ``__aiter__()`` returns an independent
-    :class:`SubscriptionConsumer`; all consumers of the same (class, key) in
-    the same :class:`SubscriptionPool` share one raw instance and one
-    iteration of it. Equality and hash follow (class, key).
-
-    Pickles (plain ``pickle`` when the class is importable, cloudpickle
-    otherwise) by calling the class again with the same arguments, so the
-    copy attaches to the pool of the process and context that iterates it.
-    When that fails, the :exc:`TypeError` names the class and, where one is
-    at fault, the argument (``name=value``), and says what to do: pickle
-    with cloudpickle (a local class or function under plain ``pickle``),
-    or build the unpicklable object in ``__init__`` (a lock in an argument
-    or in the body of a class cloudpickle copies by value).
+    Each ``__aiter__()`` returns an independent :class:`SubscriptionConsumer`;
+    all consumers of the same (class, key) in the same
+    :class:`SubscriptionPool` share one raw instance and one iteration of it.
+    Equality and hash follow (class, key). Pickles by calling the class again
+    with the same arguments (plain ``pickle`` when the class is importable,
+    cloudpickle otherwise); a :exc:`TypeError` then names the class and the
+    argument at fault, and what to do. See :doc:`guarantees`.
     """
 
     __slots__ = ("__weakref__", "_args", "_checked", "_cls", "_key", "_kwargs")
@@ -153,16 +143,9 @@ class SharedSubscription(Generic[T_co]):
         self, pool: SubscriptionPool | None = None
     ) -> SubscriptionStatistics:
         """Return a snapshot of what the entry iterating this subscription in
-        ``pool`` has counted: consumers, items delivered, replays, lags,
-        resyncs, restarts and source errors.
+        ``pool`` counted (all zeros without one); see :doc:`metrics`.
 
-        All zeros when nothing iterates this subscription's (class, key) in
-        the pool; the counts start again with each new entry. Nothing is
-        counted per delivered item: ``delivered`` is derived from the
-        consumers' places in the shared log, in O(consumers).
-
-        Call it from the pool's event loop (its thread): an exporter that
-        runs in another thread reads snapshots taken there.
+        Call it from the pool's event loop. O(consumers).
 
         :param pool: The pool to look in; by default :func:`~wool_pooling.current_pool`.
         :raises RuntimeError: if ``pool`` is omitted and no pool is current
@@ -329,54 +312,21 @@ def _construct(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 class SubscriptionConsumer(Generic[T_co]):
     """One consumer of a :class:`SharedSubscription`, from its ``__aiter__()``.
 
-    Joins at its first ``__anext__`` (not at ``__aiter__()``): it looks up the
-    current pool, attaches to the entry of its key (building the raw instance
-    if needed) and registers with the entry's fan-out. It then yields one
-    ``worker-added`` event per worker the shared source already knows, then
-    the live events after its join point: no gap, no duplicate.
-
-    A consumer that falls more than the class's ``max_lag`` events behind
-    the fastest one is resynchronised instead of holding the log: its next
-    ``__anext__`` returns, in place of the events it missed, the difference
-    between the workers it last saw and the current ones (``worker-added``,
-    ``worker-updated``, ``worker-dropped``), then the live events. Its view
-    of the workers always ends equal to the source's. A stream that has
-    carried items that are not ``DiscoveryEvent`` cannot be resynchronised
-    so: there the lagging consumer's ``__anext__`` raises
-    :exc:`~wool_pooling.Lagged` (with the number of items it missed)
-    instead of losing them silently, and its next ``__anext__`` returns the
-    oldest item still held (``max_lag=None`` never lags).
-
-    **Memory.** A consumer keeps no view of the workers of its own: what it
-    has seen is the shared known workers as they stood at its place in the
-    log, and the entry keeps undo records of the last ``max_lag + 1``
-    events to rebuild that view when the consumer falls behind. A delivery
-    costs no bookkeeping; a consumer that fell behind holds the view it had
-    seen (shared with those that fell behind at the same event) until its
-    resync.
-
-    **Cancellation.** Cancelling a pending ``__anext__`` (a timeout around
-    ``async for event in consumer``, say) ends this consumer and releases its
-    reference at once, so an abandoned iteration never keeps the shared
-    subscription open; the other consumers and the shared source are not
-    disturbed (unlike a :class:`~wool_pooling.FanoutConsumer`, which stays
-    where it was). Start a new consumer (``aiter(subscription)``) to go on:
-    it is replayed the known workers. One task at a time may wait on a
-    consumer: a second gets :exc:`~anyio.BusyResourceError`.
-
-    **Release.** It ends, and its reference is released, when the source is
-    exhausted or fails (after delivering the error), when a pending
-    ``__anext__`` is cancelled, on :meth:`aclose` or ``async with`` exit, or
-    when it is garbage collected (in any thread: the
-    release is handed to its event loop). Releasing the last reference of an
-    entry with ``ttl == 0`` in :meth:`aclose` finalises the entry before
-    ``aclose()`` returns. Ending a consumer never disturbs the other
-    consumers or the shared source.
+    Joins at its first ``__anext__``: it attaches to the entry of its key in
+    the current pool (building the raw instance if needed), receives the
+    entry view's replay (one ``worker-added`` per known worker), then the
+    live items: no gap, no duplicate. A consumer more than ``max_lag`` items
+    behind is caught up by the view (:ref:`lag`). Cancelling a pending
+    ``__anext__`` ends this consumer and releases its reference; so do the
+    source's end or error, :meth:`aclose`, and garbage collection (in any
+    thread). One task at a time may wait on it. See :doc:`guarantees`.
 
     :raises RuntimeError: from ``__anext__`` if the current pool is closed,
         or if the consumer joined under another event loop.
-    :raises Lagged: from ``__anext__``, when it fell behind a stream of
-        items that are not all discovery events.
+    :raises ~anyio.BusyResourceError: from ``__anext__`` if another task
+        waits on it.
+    :raises Lagged: from ``__anext__``, when it fell behind and its view
+        cannot catch it up.
     """
 
     __slots__ = (
@@ -474,18 +424,10 @@ class SubscriptionConsumer(Generic[T_co]):
 
     @property
     def synced(self) -> bool:
-        """Whether this consumer has been handed the whole first listing.
-
-        True once it has been handed every worker its entry knew when it
-        joined (the replay of a consumer that joins a running source) and,
-        if the source had not finished its first listing then, every item
-        up to the end of that listing, which the source marks by yielding
-        :class:`~wool_pooling.Synced`. Once true it stays true: through
-        restarts, reconnections and a resync by diff (a later
-        :class:`~wool_pooling.Synced` changes nothing). False before this
-        consumer joins (its first ``__anext__``), and for as long as its
-        source has not yielded :class:`~wool_pooling.Synced`: a source that
-        never yields it never makes a consumer synced. Constant time.
+        """Whether this consumer has been handed the whole first listing (its
+        replay and, if the source's first :class:`~wool_pooling.Synced` had
+        not come when it joined, every item up to it); once true, it stays
+        true. See :ref:`synced`. Constant time.
         """
         if self._synced:
             return True
@@ -503,14 +445,8 @@ class SubscriptionConsumer(Generic[T_co]):
     async def wait_synced(self) -> None:
         """Wait until :attr:`synced` is true, or this consumer has ended.
 
-        Reads nothing itself: the consumer's own iteration (``async for``,
-        in another task, or in this one between the waits) is handed the
-        events, and this returns once it has been handed the last one of
-        the first listing. So call it from a task other than the one
-        iterating, or check :attr:`synced` between events in that one.
-        Returns at once (after a checkpoint) if :attr:`synced` is already
-        true. Cancel-safe: cancelling it loses no event and changes nothing
-        of the consumer. Any number of tasks may wait.
+        Reads nothing itself: call it from a task other than the one
+        iterating. Cancel-safe; any number of tasks may wait. See :ref:`synced`.
         """
         await anyio.lowlevel.checkpoint_if_cancelled()
         while not self.synced and not self._ended:
