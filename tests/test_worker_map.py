@@ -183,17 +183,16 @@ def test_known_workers_record_and_apply_leave_the_map_state(
     stream: list[DiscoveryEvent], history: int
 ) -> None:
     """``record`` (the log as it came) leaves the state ``apply`` leaves;
-    recording only what ``passed`` passes on, ``at`` rebuilds the state
-    after each of those."""
+    a relisting view takes in only what it passes on, and ``at`` rebuilds
+    the state after each of those."""
     recorded, applied, workers = WorkerView(), WorkerView(), WorkerMap()
     applied.remember(history)
+    applied.relisting()
     states: list[View] = [{}]
     for event in stream:
         recorded.record(event)
         workers.apply(event)
-        passed = applied.passed(event)
-        if passed is not None:
-            applied.record(passed)
+        if applied.relist(event) is not None:
             states.append(dict(applied.workers))
     assert list(recorded.workers.items()) == list(workers.workers.items())
     assert list(applied.workers.items()) == list(workers.workers.items())
@@ -217,20 +216,18 @@ def test_drop_forgets_a_known_worker_with_its_known_metadata() -> None:
 
 
 def test_a_settled_relisting_drops_what_it_did_not_report() -> None:
-    """``settled()`` gives a drop per worker the relisting did not report,
-    with its known metadata, applying nothing; each, once recorded, counts
-    as a logged item (and can be undone)."""
+    """``settled()`` takes in and gives a drop per worker the relisting did
+    not report, with its known metadata; each counts as a logged item (and
+    can be undone)."""
     known = WorkerView()
     known.remember(4)
     first = worker(0)
     known.record(DiscoveryEvent("worker-added", metadata=first))
     known.relisting()
     assert known.relist(DiscoveryEvent("worker-dropped", metadata=worker(1))) is None
-    drops = known.settled()
+    drops = list(known.settled())
     assert pairs(drops) == [("worker-dropped", first)]
     assert drops[0].metadata is first
-    assert known.count == 1
-    known.record(drops[0])
     assert known.count == 2
     assert known.at(1) == {first.uid: first}
     assert known.at(2) == {}

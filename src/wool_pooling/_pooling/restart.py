@@ -284,8 +284,9 @@ class RestartingSource(Generic[T]):
     ) -> T:
         while True:
             if failed is None:
-                if self._pending:
-                    return self._log(self._pending.popleft())
+                if self._pending:  # taken in by the view already
+                    self.count += 1
+                    return self._pending.popleft()
                 try:
                     iterator = self._iterator
                     if thrown is not None:
@@ -304,18 +305,16 @@ class RestartingSource(Generic[T]):
                     if type(item) is Synced:
                         self._listed()
                         continue
-                    if self._settling is not None:
+                    if self._settling is None:
+                        self.view.record(item)
+                    else:
                         item = self.view.relist(item)
                         if item is None:
                             continue
-                    return self._log(item)
+                    self.count += 1
+                    return item
             error, failed = failed, None
             await self._restart_after(error)
-
-    def _log(self, item: T) -> T:
-        self.count += 1
-        self.view.record(item)
-        return item
 
     async def _restart_after(self, error: Exception) -> None:
         """Close the failed iteration and wait out the delay, or raise ``error``."""
@@ -362,8 +361,12 @@ class RestartingSource(Generic[T]):
         """End the relisting after ``seconds``, unless it ended before."""
         with scope:
             await anyio.sleep(seconds)
-        if self._settling is not scope or scope.cancel_called:
-            return
+        if self._settling is scope and not scope.cancel_called:
+            self._settled()
+
+    def _settled(self) -> None:
+        """End the relisting: log what the view gives, through
+        :meth:`deliver_to`'s target if any, else from the next pulls."""
         self._settling = None
         items = self.view.settled()
         deliver = self._deliver() if self._deliver is not None else None
@@ -371,7 +374,8 @@ class RestartingSource(Generic[T]):
             self._pending.extend(items)
             return
         for item in items:
-            deliver(self._log(item))
+            self.count += 1
+            deliver(item)
 
     def _listed(self) -> None:
         """The stream yielded :class:`~wool_pooling.Synced`: the first marks
@@ -381,11 +385,9 @@ class RestartingSource(Generic[T]):
             waiters, self._listed_waiters = self._listed_waiters, None
             for event in waiters or ():
                 event.set()
-        settling = self._settling
-        if settling is not None:
-            settling.cancel()
-            self._settling = None
-            self._pending.extend(self.view.settled())
+        if self._settling is not None:
+            self._settling.cancel()
+            self._settled()
 
     async def aclose(self) -> None:
         """Stop the settle timer; close the stream's iterator, if started."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import types
 from collections.abc import Callable
 from collections.abc import Collection
+from collections.abc import Iterable
 from collections.abc import Mapping
 from typing import Any
 from typing import Generic
@@ -29,8 +30,9 @@ class View(Generic[T]):
     that falls behind gets :exc:`~wool_pooling.Lagged`, and a restarted
     stream's items pass as they come. Override what your stream needs. The
     entry calls every method synchronously, in its event loop's thread, in
-    log order: :meth:`record` once per item logged (a relisting's included),
-    in the step that logs it, so the view always describes the log's end.
+    log order: :meth:`record` once per item logged as it came (the others,
+    :meth:`relist`'s and :meth:`settled`'s, the view took in itself), in the
+    step that logs it, so the view always describes the log's end.
     See :ref:`views` in docs/custom-subscribers.rst.
     """
 
@@ -64,13 +66,15 @@ class View(Generic[T]):
         knows, until :meth:`settled`."""
 
     def relist(self, item: T) -> T | None:
-        """What to log for ``item`` of a relisting stream (``None``: nothing,
-        it changes nothing)."""
+        """Take in ``item`` of a relisting stream; return what to log in its
+        place (``None``: nothing), as :meth:`record` would have taken it."""
+        self.record(item)
         return item
 
-    def settled(self) -> Collection[T]:
+    def settled(self) -> Iterable[T]:
         """The relisting is over (its :class:`~wool_pooling.Synced`, or the
-        policy's ``settle`` time): the items to log now, recorded as each is."""
+        policy's ``settle`` time): the items to log now, each taken in as it
+        is iterated (it is logged before the next is asked for)."""
         return ()
 
     def snapshot(self) -> Mapping[Any, Any]:

@@ -7,6 +7,7 @@ import itertools
 import types
 import uuid
 from collections import deque
+from collections.abc import Iterator
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 from typing import Any
@@ -97,21 +98,31 @@ class WorkerView(WorkerMap, View[Any]):
     def relist(self, item: Any) -> Any:
         reported = self._reported
         if reported is None or not isinstance(item, DiscoveryEvent):
+            self.record(item)
             return item
         uid = item.metadata.uid
         if item.type == "worker-dropped":
             reported.discard(uid)
         else:
             reported.add(uid)
-        return self.passed(item)
+        before = self.workers.get(uid)
+        passed = self.apply(item)
+        if passed is not None:
+            self._taken(uid, before)
+        return passed
 
-    def settled(self) -> list[DiscoveryEvent]:
+    def settled(self) -> Iterator[DiscoveryEvent]:
         reported, self._reported = self._reported or set(), None
-        return [
-            DiscoveryEvent("worker-dropped", metadata=metadata)
-            for uid, metadata in self.workers.items()
-            if uid not in reported
-        ]
+        for uid in [uid for uid in self.workers if uid not in reported]:
+            before = self.workers.pop(uid)
+            self._taken(uid, before)
+            yield DiscoveryEvent("worker-dropped", metadata=before)
+
+    def _taken(self, uid: uuid.UUID, before: WorkerMetadata | None) -> None:
+        """Count an item taken in by :meth:`relist` or :meth:`settled`."""
+        self.count += 1
+        if self._undo is not None:
+            self._undo.append((uid, before))
 
     def snapshot(self) -> Mapping[Any, Any]:
         return types.MappingProxyType(dict(self.workers))
