@@ -33,8 +33,9 @@ from ._settings import check_key_prefix
 from ._settings import check_namespace
 from ._settings import check_seconds
 from ._settings import rebuild
+from ._statistics import Counters
 from ._statistics import RedisStatistics
-from ._statistics import snapshot
+from ._statistics import counters
 from ._stream import RedisStream
 from ._stream import SharedRedisStream
 from ._stream import note_options
@@ -207,6 +208,11 @@ class RedisDiscovery(ConnectionArguments):
         process and host, so it is done when first needed."""
         return self._subscriber.key()
 
+    @functools.cached_property
+    def _counters(self) -> Counters:
+        """The key's counters, held while this discovery lives."""
+        return counters(self._key)
+
     @property
     def publisher(self) -> RedisPublisher:
         """A new, unentered :class:`RedisPublisher` for this namespace."""
@@ -233,6 +239,7 @@ class RedisDiscovery(ConnectionArguments):
         ``shared=False`` every iteration opens its own connection.
         """
         settings = self._subscriber
+        self._counters  # noqa: B018  (held from the first subscriber on)
         if self.shared:
             stream: Any = SharedRedisStream(settings)
             note_options(self._key, stream, settings.options)
@@ -244,7 +251,7 @@ class RedisDiscovery(ConnectionArguments):
 
     def statistics(self) -> RedisStatistics:
         """Counters of this process's subscribers to this connection and namespace."""
-        return snapshot(self._key)
+        return self._counters.statistics()
 
     def __eq__(self, other: object) -> bool:
         """Equal to a discovery whose subscribers share this one's

@@ -157,6 +157,8 @@ class RedisPublisher(ConnectionArguments):
         self._pending_drops: set[str] = set()
         self._lock = asyncio.Lock()
         self._renewer: asyncio.Task[None] | None = None
+        #: What stopped the renewer, raised from the next call or the exit.
+        self._renewer_failed: BaseException | None = None
 
     def __eq__(self, other: object) -> bool:
         """Equal to a publisher made of equal arguments (what either has
@@ -210,6 +212,7 @@ class RedisPublisher(ConnectionArguments):
             )
             for name, source in (("publish", PUBLISH), ("renew", RENEW))
         }
+        self._renewer_failed = None
         self._renewer = asyncio.get_running_loop().create_task(self._renew_forever())
         return self
 
@@ -225,6 +228,8 @@ class RedisPublisher(ConnectionArguments):
             with contextlib.suppress(asyncio.CancelledError):
                 await renewer
         try:
+            if exc is None:
+                self._raise_if_renewer_failed()
             if self._pending_drops and self._connection is not None:
                 with anyio.move_on_after(self.connect_timeout):
                     async with self._lock:
@@ -277,6 +282,7 @@ class RedisPublisher(ConnectionArguments):
             )
         if type not in ("worker-added", "worker-updated", "worker-dropped"):
             raise ValueError(f"unknown discovery event type: {type!r}")
+        self._raise_if_renewer_failed()
         metadata = self._advertised(metadata)
         uid = str(metadata.uid)
         payload = metadata.to_protobuf().SerializeToString()
@@ -303,18 +309,37 @@ class RedisPublisher(ConnectionArguments):
                 self._workers[uid] = (payload, metadata.pid)
 
     async def _renew_forever(self) -> None:
+        """Renew every ``lease / 3`` seconds; a lost connection is logged and
+        retried, any other error logged at once and kept for
+        :meth:`_raise_if_renewer_failed` (the leases are no longer renewed)."""
         interval = self.lease / 3
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self._renew()
-            except (redis_errors.RedisError, *CONNECTION_ERRORS) as error:
-                logger.warning(
-                    "renewing the leases of %s at %s failed: %s",
-                    self.namespace,
-                    redact(self.url),
-                    reason(error),
-                )
+        try:
+            while True:
+                await asyncio.sleep(interval)
+                try:
+                    await self._renew()
+                except (redis_errors.RedisError, *CONNECTION_ERRORS) as error:
+                    logger.warning(
+                        "renewing the leases of %s at %s failed: %s",
+                        self.namespace,
+                        redact(self.url),
+                        reason(error),
+                    )
+        except Exception as error:
+            self._renewer_failed = error
+            logger.error(
+                "renewing the leases of %s at %s stopped: %s: its workers will expire",
+                self.namespace,
+                redact(self.url),
+                reason(error),
+                exc_info=error,
+            )
+
+    def _raise_if_renewer_failed(self) -> None:
+        """:raises RedisDiscoveryError: if the renewer stopped on an error."""
+        error = self._renewer_failed
+        if error is not None:
+            raise failed(self.url, "renewing the leases", error) from error
 
     async def _retry_drops(self) -> None:
         for uid in list(self._pending_drops):

@@ -374,14 +374,15 @@ class SharedRedisStream(RedisStream):
 
 
 #: The options of the live shared subscribers, by key: a subscriber with
-#: other options than an earlier live one of its key is warned about.
+#: other options than an earlier live one of its key is warned about. An
+#: entry goes with its subscriber, a key with its last one.
 _live: dict[Hashable, list[tuple[weakref.ref[Any], SubscriberOptions]]] = {}
 
 
 def note_options(
     key: Hashable, subscription: object, options: SubscriberOptions
 ) -> None:
-    entries = [(ref, each) for ref, each in _live.get(key, []) if ref() is not None]
+    entries = _live.setdefault(key, [])
     if any(each != options for _, each in entries):
         warnings.warn(
             "a RedisDiscovery subscriber shares the subscription of an earlier "
@@ -392,5 +393,11 @@ def note_options(
             RuntimeWarning,
             stacklevel=3,
         )
-    entries.append((weakref.ref(subscription), options))
-    _live[key] = entries
+
+    def forget(ref: weakref.ref[Any]) -> None:
+        found = _live.get(key, [])
+        found[:] = [entry for entry in found if entry[0] is not ref]
+        if not found:
+            _live.pop(key, None)
+
+    entries.append((weakref.ref(subscription, forget), options))
