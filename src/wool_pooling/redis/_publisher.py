@@ -19,7 +19,6 @@ import redis.exceptions as redis_errors
 from wool import DiscoveryEventType
 from wool import WorkerMetadata
 
-from ._cluster import sharded
 from ._connection import Connection
 from ._connection import check_client_options
 from ._connection import open_client
@@ -34,6 +33,7 @@ from ._scripts import DEFAULT_KEY_PREFIX
 from ._scripts import PUBLISH
 from ._scripts import RENEW
 from ._scripts import idle_expiry_ms
+from ._scripts import sharded
 from ._settings import ConnectionArguments
 from ._settings import PublisherSettings
 from ._settings import check_flag

@@ -231,3 +231,17 @@ local version = tonumber(redis.call('GET', KEYS[3]))
 return finish({version, epoch, redis.call('HGETALL', KEYS[1])})
 """
 )
+
+
+_PUBLISH_CALL = "redis.call('PUBLISH', channel,"
+
+
+def sharded(script: str) -> str:
+    """``script`` announcing with ``SPUBLISH`` (to the channel's shard of a
+    cluster) in place of ``PUBLISH`` (to every node).
+
+    :raises ValueError: if ``script`` does not announce exactly once.
+    """
+    if script.count(_PUBLISH_CALL) != 1:
+        raise ValueError("a discovery script announces with exactly one PUBLISH")
+    return script.replace(_PUBLISH_CALL, "redis.call('SPUBLISH', channel,")

@@ -67,9 +67,7 @@ class Counters:
 
 #: The counters of each key, held by its discoveries and subscribers: an
 #: entry goes with the last of them.
-by_key: weakref.WeakValueDictionary[Hashable, Counters] = (
-    weakref.WeakValueDictionary()
-)
+by_key: weakref.WeakValueDictionary[Hashable, Counters] = weakref.WeakValueDictionary()
 
 
 def counters(key: Hashable) -> Counters:

@@ -13,7 +13,6 @@ from collections.abc import Generator
 from collections.abc import Hashable
 from typing import Any
 from typing import cast
-from typing import final
 
 import anyio
 import redis.exceptions as redis_errors
@@ -21,10 +20,6 @@ from wool import DiscoveryEvent
 
 from .._core.synced import Synced
 from .._pooling.decorator import shared_subscription
-from ._cluster import ClusterSession
-from ._connection import Connection
-from ._connection import Target
-from ._connection import open_client
 from ._connection import parse_url
 from ._connection import reason
 from ._connection import redact
@@ -32,73 +27,15 @@ from ._errors import MIN_WAIT
 from ._errors import RETRIED
 from ._errors import failed
 from ._errors import require_asyncio
-from ._errors import watched
-from ._scripts import REAP
-from ._scripts import SNAPSHOT
+from ._session import Session
 from ._settings import SubscriberOptions
 from ._settings import SubscriberSettings
-from ._settings import keys_for
 from ._state import Gap
 from ._state import SubscriptionState
 from ._statistics import Counters
 from ._statistics import counters
-from ._subscribing import SessionSteps
 
 logger = logging.getLogger("wool_pooling.redis")
-
-
-@final
-class _Session(SessionSteps):
-    """One connection's worth of subscription: pub/sub plus a command client."""
-
-    def __init__(
-        self, target: Target, namespace: str, options: SubscriberOptions
-    ) -> None:
-        self.keys = keys_for(target, namespace, options.key_prefix)
-        self.options = options
-        self.command: Connection | None = None
-        self.listening: Connection | None = None
-        self.pubsub: Any = None
-        #: What :meth:`open` is doing, for error messages.
-        self.stage = "connecting"
-        timeout = options.connect_timeout
-        # No retries on either: a lost connection must end the session (a
-        # silent reconnect would miss announcements).
-        self.command = open_client(
-            target,
-            "subscriber-cmd",
-            namespace,
-            timeout,
-            retries=0,
-            client_options=options.client_options,
-            named=options.name_connections,
-        )
-        self.listening = open_client(
-            target,
-            "subscriber",
-            namespace,
-            timeout,
-            retries=0,
-            client_options=options.client_options,
-            named=options.name_connections,
-        )
-        self.pubsub = self.listening.client.pubsub()
-        self.snapshot_script: Any = self.command.client.register_script(SNAPSHOT)
-        self.reap_script: Any = self.command.client.register_script(REAP)
-
-    async def open(self) -> tuple[int, bytes, list[bytes]]:
-        """Subscribe, wait for the confirmation, then snapshot:
-        (version, epoch, flat hash)."""
-        return await self.subscribe_then_snapshot(self.pubsub.subscribe, "subscribe")
-
-    async def next_message(self, wait: float) -> dict[str, Any] | None:
-        """The next announcement, or None after ``wait`` seconds without one."""
-        return await watched(
-            self.pubsub.get_message(ignore_subscribe_messages=True, timeout=wait)
-        )
-
-    def connections(self) -> tuple[Connection | None, ...]:
-        return (self.listening, self.command)
 
 
 class RedisStream:
@@ -156,9 +93,9 @@ class RedisStream:
         counted = self._counters
         failures = 0
         while True:
-            session: _Session | ClusterSession | None = None
+            session: Session | None = None
             try:
-                session = self._session(state)
+                session = Session(self._target, self.namespace, self.options)
                 counted.connections += 2
                 snapshot = await self._open(session, state)
                 events, lost = state.snapshot(*snapshot, now=time.monotonic())
@@ -185,18 +122,8 @@ class RedisStream:
                         await session.aclose()
                     counted.connections -= 2
 
-    def _session(self, state: SubscriptionState) -> _Session | ClusterSession:
-        try:
-            if self._target.cluster:
-                return ClusterSession(self._target, self.namespace, self.options)
-            return _Session(self._target, self.namespace, self.options)
-        except Exception as error:
-            if state.connected_before:
-                raise
-            raise failed(self.url, "connecting", error) from error
-
     async def _open(
-        self, session: _Session | ClusterSession, state: SubscriptionState
+        self, session: Session, state: SubscriptionState
     ) -> tuple[int, bytes, list[bytes]]:
         """Subscribe and snapshot; the first time, any failure is a
         :class:`RedisDiscoveryError` at once (within ``connect_timeout``)."""
@@ -221,7 +148,7 @@ class RedisStream:
             raise failed(self.url, action, error) from error
 
     async def _follow(
-        self, session: _Session | ClusterSession, state: SubscriptionState
+        self, session: Session, state: SubscriptionState
     ) -> AsyncGenerator[DiscoveryEvent, None]:
         """The session's events: announcements, settled drops, reaps.
 
