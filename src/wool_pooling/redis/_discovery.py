@@ -1,7 +1,4 @@
-"""``RedisDiscovery``: wool discovery on a Redis server, one subscription per process.
-
-See :mod:`wool_pooling.redis` (the public module) for the guarantees.
-"""
+"""``RedisDiscovery``: wool discovery on Redis, one subscription per process."""
 
 import functools
 from collections.abc import Callable
@@ -25,7 +22,7 @@ from ._connection import redact
 from ._errors import DEFAULT_RECONNECT
 from ._publisher import RedisPublisher
 from ._scripts import DEFAULT_KEY_PREFIX
-from ._settings import ConnectionArguments
+from ._settings import Argument
 from ._settings import DiscoverySettings
 from ._settings import check_flag
 from ._settings import check_hosts
@@ -42,18 +39,15 @@ from ._stream import note_options
 
 
 @final
-class RedisDiscovery(ConnectionArguments):
-    """A wool ``DiscoveryLike`` on one Redis server (or a Sentinel-monitored master).
-
-    :mod:`wool_pooling.redis` states the guarantees in full: ordering by the
+class RedisDiscovery:
+    """A wool ``DiscoveryLike`` on one Redis server, Sentinel-monitored master
+    or Redis Cluster; see docs/redis.rst for its guarantees (ordering by the
     namespace's version, one shared subscription per connection, namespace
-    and process, what a reconnect does, lease semantics, asyncio only.
+    and process, reconnects, leases; asyncio only).
 
-    It pickles as the arguments it was built with, every one (no
-    connection, client or other state travels), and so do its publisher and
-    subscribers: a copy sent to another process watches the same keys with
-    the same options. It equals a discovery whose subscribers share its
-    subscription (same normalised connection, key prefix and namespace).
+    It pickles as the arguments it was built with, every one, and so do its
+    publisher and subscribers. It equals a discovery whose subscribers share
+    its subscription (same normalised connection, key prefix and namespace).
 
     :param url: The server: ``redis://[user[:password]@]host[:port][/db]``
         (``rediss://`` for TLS), ``unix:///path/to/redis.sock[?db=N]``, or
@@ -175,32 +169,21 @@ class RedisDiscovery(ConnectionArguments):
         self._subscriber = self._settings.subscriber()
         self._target = target
 
-    @property
-    def bind_host(self) -> str:
-        """Where wool binds the workers this discovery's publisher announces."""
-        return self._settings.bind_host
-
-    @property
-    def reap_interval(self) -> float:
-        """Seconds between a subscription's sweeps of expired leases
-        (``lease / 4`` unless given)."""
-        return self._settings.reap_interval
-
-    @property
-    def reconnect(self) -> RestartPolicy:
-        """How a subscription retries a lost connection."""
-        return self._settings.reconnect
-
-    @property
-    def shared(self) -> bool:
-        """Whether the subscribers of the process share one subscription."""
-        return self._settings.shared
-
-    @property
-    def liveness_timeout(self) -> float:
-        """Seconds the subscription's pub/sub connection may stay silent
-        before it is treated as lost."""
-        return self._settings.liveness_timeout
+    url = Argument[str]()
+    namespace = Argument[str]()
+    bind_host = Argument[str]()
+    advertise_host = Argument[str | None]()
+    lease = Argument[float]()
+    #: ``lease / 4`` unless given.
+    reap_interval = Argument[float]()
+    connect_timeout = Argument[float]()
+    reconnect = Argument[RestartPolicy]()
+    shared = Argument[bool]()
+    #: A checked copy.
+    client_options = Argument[Mapping[str, Any]]()
+    key_prefix = Argument[str]()
+    liveness_timeout = Argument[float]()
+    name_connections = Argument[bool]()
 
     @functools.cached_property
     def _key(self) -> Hashable:

@@ -34,7 +34,7 @@ from ._scripts import PUBLISH
 from ._scripts import RENEW
 from ._scripts import idle_expiry_ms
 from ._scripts import sharded
-from ._settings import ConnectionArguments
+from ._settings import Argument
 from ._settings import PublisherSettings
 from ._settings import check_flag
 from ._settings import check_hosts
@@ -74,48 +74,42 @@ def _process_alive(pid: int) -> bool:
 
 
 @final
-class RedisPublisher(ConnectionArguments):
-    """Announces workers in a namespace's Redis hash, with a renewed lease.
+class RedisPublisher:
+    """Announces workers in a namespace's Redis hash, each with a renewed lease.
 
-    wool enters it (``async with``) before the first ``publish`` and exits it
-    after the last; publishing outside that raises :exc:`RuntimeError`.
+    wool enters it (``async with``) before the first :meth:`publish` and
+    exits it after the last. While entered, every ``lease / 3`` seconds it
+    renews the lease of each worker it published whose process
+    (``metadata.pid``, on this host) is alive, adding again a record the
+    server lost; a worker it stops renewing expires ``lease`` seconds after
+    its last renewal. An unexpected error that stops the renewal is logged
+    on ``wool_pooling.redis`` at once and raised from the next
+    :meth:`publish` or the exit. Commands are retried 3 times on a lost
+    connection. See docs/redis.rst, *Leases*. Asyncio only.
 
-    - ``publish("worker-added" | "worker-updated", metadata)`` stores the
-      worker's protobuf bytes in the namespace's hash, sets its lease, and
-      announces the change, in one Lua script (with the namespace's version
-      from ``INCR``). Re-adding a worker with the same metadata only renews
-      its lease; updating an unknown worker adds it.
-    - ``publish("worker-dropped", metadata)`` removes the record and
-      announces the drop (a no-op for an unknown worker). A drop that fails
-      (the server unreachable) still raises :class:`RedisDiscoveryError`,
-      but the publisher forgets the worker at once (it is never renewed, so
-      never added again) and retries the drop with each renewal until the
-      server takes it, and once more on exit.
-    - **Lease:** while the publisher is entered, every ``lease / 3`` seconds
-      it renews the lease of each worker it published whose process
-      (``metadata.pid``, on this host) is still alive; a record that has
-      gone (expired, or lost when the server restarted without persistence)
-      is added again. It stops renewing a worker whose process has died, and
-      every worker once the publisher exits or its process is killed: the
-      record then expires ``lease`` seconds after its last renewal and is
-      dropped (and the drop announced) by the next publisher or subscriber
-      of the namespace to look.
-    - ``bind_host`` is where wool binds the workers it announces here. A
-      worker whose address is a wildcard (``0.0.0.0``) is announced at
-      ``advertise_host`` if given, else at this host's default-route
-      address, so other machines can reach it.
+    It pickles as its arguments, every one (the copy is unentered, with none
+    of this one's workers), and equals a publisher of equal arguments.
 
-    Commands are retried (3 times, with jittered backoff) on a lost
-    connection; a command that still fails raises :class:`RedisDiscoveryError`
-    naming the action, the url without its password and the server's
-    reason. ``url``, ``namespace``, ``client_options``, ``key_prefix`` and
-    ``name_connections`` are as for :class:`RedisDiscovery` (and checked the
-    same way, at construction). Asyncio only.
+    :param bind_host: Where wool binds the workers announced here. A worker
+        bound to a wildcard (``0.0.0.0``) is announced at ``advertise_host``
+        if given, else at this host's default-route address.
+    :param lease: Seconds a worker's record lives without renewal.
+    :param connect_timeout: Bound, in seconds, on connecting and on each
+        command.
 
-    It pickles as the arguments it was built with, every one: the copy is
-    unentered, with no connection and none of this one's workers. It
-    equals a publisher built with equal arguments.
+    ``url``, ``namespace``, ``advertise_host``, ``client_options``,
+    ``key_prefix`` and ``name_connections`` are as for
+    :class:`RedisDiscovery`, and checked the same way.
     """
+
+    url = Argument[str]()
+    namespace = Argument[str]()
+    advertise_host = Argument[str | None]()
+    lease = Argument[float]()
+    connect_timeout = Argument[float]()
+    client_options = Argument[Mapping[str, Any]]()
+    key_prefix = Argument[str]()
+    name_connections = Argument[bool]()
 
     def __init__(
         self,
@@ -144,8 +138,7 @@ class RedisPublisher(ConnectionArguments):
             key_prefix=check_key_prefix(key_prefix),
             name_connections=check_flag("name_connections", name_connections),
         )
-        #: Where wool binds the workers announced here: as given (an
-        #: attribute, as wool's ``DiscoveryPublisherLike`` declares it; the
+        #: An attribute, as wool's ``DiscoveryPublisherLike`` declares it (the
         #: record's value is the one that pickles and compares).
         self.bind_host: str = bind_host
         self.keys_for = keys_for(self._target, namespace, key_prefix)
@@ -269,12 +262,17 @@ class RedisPublisher(ConnectionArguments):
         )
 
     async def publish(self, type: DiscoveryEventType, metadata: WorkerMetadata) -> None:
-        """Record (or remove) ``metadata`` and announce it; see the class docstring.
+        """Record (or remove) ``metadata`` and announce it, in one script.
+
+        ``worker-added`` and ``worker-updated`` store the worker's record and
+        set its lease (the same record again only renews it); a drop removes
+        it (a no-op for an unknown worker). A drop that fails is forgotten
+        at once and retried with each renewal and at exit.
 
         :raises RuntimeError: if the publisher is not entered.
         :raises ValueError: for an unknown event type.
         :raises RedisDiscoveryError: if the server cannot be reached or
-            refuses the command (a failed drop is still retried later).
+            refuses the command, or the renewal stopped on an error.
         """
         if self._connection is None:
             raise RuntimeError(

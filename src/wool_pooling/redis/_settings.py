@@ -1,13 +1,8 @@
-"""Checks of the constructor arguments, the records that hold them, and the
-key layout they name.
+"""The constructor arguments: their checks, and the frozen records that hold them.
 
-Each object of the package that wool may ship to another process
-(:class:`RedisDiscovery`, :class:`RedisPublisher`, the subscribers) holds one
-frozen record of what it was made of, and everything that copies, compares
-or derives from it reads that record: it pickles as its class and record,
-is equal to another made of an equal record, and builds the publisher and
-subscribers from it. The discovery's and the publisher's records have one
-field per constructor argument, named as it is.
+Each object wool may ship to another process (the discovery, the publisher,
+the subscribers) holds one record of what it was made of; pickling,
+equality, the pool key and the objects built from it read that record.
 """
 
 from __future__ import annotations
@@ -17,7 +12,10 @@ from collections.abc import Callable
 from collections.abc import Hashable
 from collections.abc import Mapping
 from typing import Any
+from typing import Generic
+from typing import Self
 from typing import TypeVar
+from typing import overload
 
 import attrs
 
@@ -204,50 +202,20 @@ def rebuild(
     return cls(**arguments(settings))
 
 
-class ConnectionArguments:
-    """The arguments a discovery and a publisher share, read back from the
-    one record they were built from (``_settings``, a
-    :class:`DiscoverySettings` or :class:`PublisherSettings`): read-only."""
+class Argument(Generic[T]):
+    """A constructor argument, read-only, read from the object's record
+    (its ``_settings``)."""
 
-    __slots__ = ()
-    _settings: Any
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
 
-    @property
-    def url(self) -> str:
-        """The server's url, as given."""
-        return self._settings.url
+    @overload
+    def __get__(self, instance: None, owner: type) -> Self: ...
 
-    @property
-    def namespace(self) -> str:
-        """The namespace the workers are announced in."""
-        return self._settings.namespace
+    @overload
+    def __get__(self, instance: object, owner: type) -> T: ...
 
-    @property
-    def advertise_host(self) -> str | None:
-        """The host announced for a worker bound to a wildcard, if given."""
-        return self._settings.advertise_host
-
-    @property
-    def lease(self) -> float:
-        """Seconds a worker's record lives without renewal."""
-        return self._settings.lease
-
-    @property
-    def connect_timeout(self) -> float:
-        """Bound, in seconds, on connecting and on each command."""
-        return self._settings.connect_timeout
-
-    @property
-    def client_options(self) -> Mapping[str, Any]:
-        """The keyword arguments for redis-py's client (a checked copy)."""
-        return self._settings.client_options
-
-    @property
-    def key_prefix(self) -> str:
-        """The prefix of every key and channel."""
-        return self._settings.key_prefix
-
-    @property
-    def name_connections(self) -> bool:
-        """Whether each connection names itself with ``CLIENT SETNAME``."""
-        return self._settings.name_connections
+    def __get__(self, instance: object, owner: type) -> T | Self:
+        if instance is None:
+            return self
+        return getattr(instance._settings, self.name)  # type: ignore[attr-defined]
