@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 from collections.abc import Awaitable
+from collections.abc import Generator
 from typing import TypeVar
 
+import anyio
 import redis.exceptions as redis_errors
 
 from .._pooling.restart import RestartPolicy
@@ -82,6 +85,19 @@ async def watched(awaitable: Awaitable[T]) -> T:
     if task is not None and task.cancelling() > before:
         raise asyncio.CancelledError
     return result
+
+
+@contextlib.contextmanager
+def within(seconds: float, message: str) -> Generator[None]:
+    """Cut the block short after ``seconds`` with a :exc:`TimeoutError` of
+    ``message`` (redis-py's own timeouts pass as they are)."""
+    try:
+        with anyio.fail_after(max(seconds, MIN_WAIT)):
+            yield
+    except TimeoutError as error:
+        if str(error):
+            raise
+        raise TimeoutError(message) from None
 
 
 #: How a server that refuses ``CLIENT SETNAME`` says so: an ACL's ``NOPERM

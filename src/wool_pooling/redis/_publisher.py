@@ -29,9 +29,11 @@ from ._errors import CONNECTION_ERRORS
 from ._errors import failed
 from ._errors import require_asyncio
 from ._errors import watched
+from ._errors import within
 from ._scripts import DEFAULT_KEY_PREFIX
 from ._scripts import PUBLISH
 from ._scripts import RENEW
+from ._scripts import Keys
 from ._scripts import idle_expiry_ms
 from ._scripts import sharded
 from ._settings import Argument
@@ -42,7 +44,6 @@ from ._settings import check_key_prefix
 from ._settings import check_namespace
 from ._settings import check_seconds
 from ._settings import is_wildcard
-from ._settings import keys_for
 from ._settings import rebuild
 
 logger = logging.getLogger("wool_pooling.redis")
@@ -141,7 +142,7 @@ class RedisPublisher:
         #: An attribute, as wool's ``DiscoveryPublisherLike`` declares it (the
         #: record's value is the one that pickles and compares).
         self.bind_host: str = bind_host
-        self.keys_for = keys_for(self._target, namespace, key_prefix)
+        self.keys_for = Keys.of(namespace, self._target.db, key_prefix)
         self._connection: Connection | None = None
         self._scripts: dict[str, Any] = {}
         #: uid -> (payload, pid) of the workers this publisher keeps alive.
@@ -183,15 +184,9 @@ class RedisPublisher:
                 client_options=self.client_options,
                 named=self.name_connections,
             )
-            try:
-                with anyio.fail_after(self.connect_timeout):
-                    await connection.client.ping()
-            except TimeoutError as error:
-                if str(error):
-                    raise
-                raise TimeoutError(
-                    f"no answer within {self.connect_timeout:g}s"
-                ) from None
+            timeout = self.connect_timeout
+            with within(timeout, f"no answer within {timeout:g}s"):
+                await connection.client.ping()
         except Exception as error:
             if connection is not None:
                 with contextlib.suppress(Exception):

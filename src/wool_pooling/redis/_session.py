@@ -19,10 +19,10 @@ from ._connection import parse_url
 from ._errors import watched
 from ._scripts import REAP
 from ._scripts import SNAPSHOT
+from ._scripts import Keys
 from ._scripts import idle_expiry_ms
 from ._scripts import sharded
 from ._settings import SubscriberOptions
-from ._settings import keys_for
 from ._state import Resync
 
 #: ``RedisCluster`` options that a single node's client does not take.
@@ -57,7 +57,7 @@ class Session:
         self.target = target
         self.namespace = namespace
         self.options = options
-        self.keys = keys_for(target, namespace, options.key_prefix)
+        self.keys = Keys.of(namespace, target.db, options.key_prefix)
         #: What :meth:`open` is doing, for error messages.
         self.stage = "connecting"
         self.node = "the cluster"

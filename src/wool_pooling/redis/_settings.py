@@ -20,10 +20,7 @@ from typing import overload
 import attrs
 
 from .._pooling.restart import RestartPolicy
-from ._connection import Target
 from ._connection import parse_url
-from ._scripts import DEFAULT_KEY_PREFIX
-from ._scripts import Keys
 
 T = TypeVar("T")
 
@@ -82,10 +79,6 @@ def check_flag(name: str, value: object) -> bool:
     return value
 
 
-def keys_for(target: Target, namespace: str, prefix: str) -> Keys:
-    return Keys.of(namespace, target.db, prefix)
-
-
 @attrs.frozen
 class SubscriberOptions:
     """The subscriber's settings (picklable if ``client_options`` are)."""
@@ -96,15 +89,10 @@ class SubscriberOptions:
     #: After the server lost its data: seconds to wait for publishers to add
     #: their workers again before dropping the ones they do not.
     settle: float
-    key_prefix: str = DEFAULT_KEY_PREFIX
-    client_options: Mapping[str, Any] = attrs.field(
-        factory=lambda: dict[str, Any](), hash=False
-    )
-    #: Seconds the pub/sub connection may stay silent (a PING unanswered)
-    #: before it is treated as lost.
-    liveness_timeout: float = 10.0
-    #: Whether each connection names itself (``CLIENT SETNAME``).
-    name_connections: bool = True
+    key_prefix: str
+    client_options: Mapping[str, Any] = attrs.field(hash=False)
+    liveness_timeout: float
+    name_connections: bool
 
 
 @attrs.frozen
@@ -142,30 +130,19 @@ class PublisherSettings:
 
 
 @attrs.frozen
-class DiscoverySettings:
+class DiscoverySettings(PublisherSettings):
     """The arguments of :class:`RedisDiscovery`, checked, one field each
     (``reap_interval`` resolved: ``lease / 4`` when not given)."""
 
-    url: str
-    namespace: str
-    bind_host: str
-    advertise_host: str | None
-    lease: float
     reap_interval: float
-    connect_timeout: float
     reconnect: RestartPolicy
     shared: bool
-    #: Compared by value; out of the hash (a mapping is not hashable).
-    client_options: Mapping[str, Any] = attrs.field(hash=False)
-    key_prefix: str
     liveness_timeout: float
-    name_connections: bool
 
     def publisher(self) -> PublisherSettings:
         """The publisher's arguments: each of its fields, taken by name."""
-        return PublisherSettings(
-            **{field.name: getattr(self, field.name) for field in _PUBLISHER_FIELDS}
-        )
+        names = (field.name for field in attrs.fields(PublisherSettings))
+        return PublisherSettings(**{name: getattr(self, name) for name in names})
 
     def subscriber(self) -> SubscriberSettings:
         """The subscriber's settings (``settle``: the lease)."""
@@ -185,21 +162,10 @@ class DiscoverySettings:
         )
 
 
-_PUBLISHER_FIELDS: tuple[attrs.Attribute[Any], ...] = attrs.fields(PublisherSettings)
-
-
-def arguments(settings: PublisherSettings | DiscoverySettings) -> dict[str, Any]:
-    """The keyword arguments that build an object equal to the one
-    ``settings`` was taken from."""
-    return attrs.asdict(settings, recurse=False)
-
-
-def rebuild(
-    cls: Callable[..., T], settings: PublisherSettings | DiscoverySettings
-) -> T:
+def rebuild(cls: Callable[..., T], settings: PublisherSettings) -> T:
     """``cls`` called again with the arguments ``settings`` records (and
     checked again): what an unpickled discovery or publisher is."""
-    return cls(**arguments(settings))
+    return cls(**attrs.asdict(settings, recurse=False))
 
 
 class Argument(Generic[T]):

@@ -9,7 +9,6 @@ import warnings
 import weakref
 from collections.abc import AsyncGenerator
 from collections.abc import AsyncIterator
-from collections.abc import Generator
 from collections.abc import Hashable
 from typing import Any
 from typing import cast
@@ -27,6 +26,7 @@ from ._errors import MIN_WAIT
 from ._errors import RETRIED
 from ._errors import failed
 from ._errors import require_asyncio
+from ._errors import within
 from ._session import Session
 from ._settings import SubscriberOptions
 from ._settings import SubscriberSettings
@@ -39,26 +39,18 @@ logger = logging.getLogger("wool_pooling.redis")
 
 
 class RedisStream:
-    """The raw subscription: one connection per iteration, reconnecting.
+    """The raw subscription: snapshot, then the announcements after it.
 
-    Each iteration subscribes to the namespace's channel, then reads the hash
-    and its version in one script (the snapshot), yields the difference
-    between what it has yielded so far and the snapshot (on the first
-    connection: every worker, as ``worker-added``), then every announcement
-    with a version above the snapshot's, in version order; announcements at
-    or below it are duplicates and skipped. A version gap, an announcement
-    from another epoch or one that does not parse, or a lost connection,
-    ends the session: after the reconnect policy's delay a new session
-    takes a new snapshot and yields only the difference. Between
-    announcements it reaps expired leases every ``reap_interval`` seconds
-    (and checks the epoch: a flush is noticed even if nothing is announced).
-    :class:`~wool_pooling.redis._state.SubscriptionState` turns each input
-    into events.
+    Each session subscribes, takes the snapshot, yields the difference
+    between what was yielded and the snapshot, then each announcement in
+    version order, reaping every ``reap_interval``. A lost connection, a
+    gap, another epoch or an announcement that does not parse ends the
+    session; the next one starts after the reconnect policy's delay (see
+    docs/redis.rst, *Reconnects*).
     """
 
-    #: Whether a :class:`~wool_pooling.Synced` follows each snapshot: only
-    #: where a shared subscription takes it in (an unshared stream is
-    #: iterated by its user directly).
+    #: Whether a :class:`~wool_pooling.Synced` follows each snapshot (taken
+    #: in by a shared subscription; an unshared stream's user would see it).
     _marks_listing: bool = False
 
     def __init__(self, settings: SubscriberSettings) -> None:
@@ -80,8 +72,7 @@ class RedisStream:
         return hash((type(self), self.settings))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickle as its settings: no connection or state of an iteration
-        travels."""
+        """Pickle as its settings (no connection or state travels)."""
         return (type(self), (self.settings,))
 
     def __aiter__(self) -> AsyncIterator[DiscoveryEvent]:
@@ -99,7 +90,8 @@ class RedisStream:
                 counted.connections += 2
                 snapshot = await self._open(session, state)
                 events, lost = state.snapshot(*snapshot, now=time.monotonic())
-                _count_snapshot(counted, lost)
+                counted.snapshots += 1
+                counted.epoch_changes += lost
                 if failures:
                     self._reconnected(lost)
                 failures = 0
@@ -125,17 +117,14 @@ class RedisStream:
     async def _open(
         self, session: Session, state: SubscriptionState
     ) -> tuple[int, bytes, list[bytes]]:
-        """Subscribe and snapshot; the first time, any failure is a
-        :class:`RedisDiscoveryError` at once (within ``connect_timeout``)."""
+        """Subscribe and snapshot.
+
+        :raises RedisDiscoveryError: for any failure of the first session.
+        """
         timeout = self.options.connect_timeout
         try:
-            try:
-                with anyio.fail_after(timeout):
-                    return await session.open()
-            except TimeoutError as error:
-                if str(error):
-                    raise
-                raise TimeoutError(f"no answer within {timeout:g}s") from None
+            with within(timeout, f"no answer within {timeout:g}s"):
+                return await session.open()
         except Exception as error:
             if state.connected_before:
                 raise
@@ -152,18 +141,14 @@ class RedisStream:
     ) -> AsyncGenerator[DiscoveryEvent, None]:
         """The session's events: announcements, settled drops, reaps.
 
-        Liveness: after ``liveness_timeout / 2`` seconds with nothing read
-        from the pub/sub connection it sends a ``PING`` there; once
-        ``liveness_timeout`` seconds have passed since it last read
-        anything (an announcement or a ``pong``), a read that finds nothing
-        ends the session with a :exc:`TimeoutError` (a lost connection). A
-        reap, or the ``PING``, under way at that deadline is cut short by it.
-        Time spent suspended at a ``yield`` (slow consumers) is not counted:
-        the connection is not read then.
+        :raises TimeoutError: once nothing was read for ``liveness_timeout``
+            (a ``PING`` sent at half of it), time suspended at a ``yield``
+            not counted (docs/redis.rst, *Dead connections*).
         """
         options = self.options
         counted = self._counters
         liveness = options.liveness_timeout
+        silent = f"within {liveness:g}s (liveness_timeout)"
         heard = time.monotonic()
         next_reap = heard + options.reap_interval
         pinged = False
@@ -178,12 +163,12 @@ class RedisStream:
                 heard = max(heard, time.monotonic())
                 continue
             if now >= next_reap:
-                with _within(deadline, liveness, "to a reap"):
+                with within(deadline - now, f"no answer to a reap {silent}"):
                     state.reaped(await session.reap())
                 next_reap = time.monotonic() + options.reap_interval
                 continue
             if not pinged and now >= heard + liveness / 2:
-                with _within(deadline, liveness, "to a PING"):
+                with within(deadline - now, f"no answer to a PING {silent}"):
                     await session.ping()
                 pinged = True
                 continue
@@ -195,7 +180,7 @@ class RedisStream:
             message = await session.next_message(max(wait, MIN_WAIT))
             if message is None:
                 if pinged and time.monotonic() >= deadline:
-                    raise _silent(liveness)
+                    raise TimeoutError(f"no answer on the pub/sub connection {silent}")
                 continue
             heard = counted.heard = time.monotonic()
             pinged = False
@@ -257,45 +242,15 @@ class RedisStream:
         return f"{type(self).__name__}({redact(self.url)!r}, {self.namespace!r})"
 
 
-def _count_snapshot(counted: Counters, lost: bool) -> None:
-    """A snapshot was taken; ``lost``: it found a new epoch."""
-    counted.snapshots += 1
-    counted.epoch_changes += lost
-
-
-def _silent(liveness: float, what: str = "on the pub/sub connection") -> TimeoutError:
-    return TimeoutError(f"no answer {what} within {liveness:g}s (liveness_timeout)")
-
-
-@contextlib.contextmanager
-def _within(deadline: float, liveness: float, what: str) -> Generator[None]:
-    """Cut the block short at ``deadline`` (monotonic), as a silent
-    connection: a :exc:`TimeoutError` naming ``what`` and
-    ``liveness_timeout``."""
-    try:
-        with anyio.fail_after(max(deadline - time.monotonic(), MIN_WAIT)):
-            yield
-    except TimeoutError as error:
-        if str(error):
-            raise  # redis-py's own timeout
-        raise _silent(liveness, what) from None
-
-
 def _subscriber_key(cls: type, settings: SubscriberSettings) -> Hashable:
-    """Subscriptions are shared by normalised connection (scheme, resolved
-    host, port, database, user), key prefix and namespace."""
+    """Subscriptions are shared by normalised connection, prefix and namespace."""
     return settings.key()
 
 
 @shared_subscription(key=_subscriber_key)
 class SharedRedisStream(RedisStream):
-    """The process's one subscription per (connection, namespace), shared.
-
-    Yields :class:`~wool_pooling.Synced` after each snapshot's events (the
-    first marks the end of the first listing; see
-    :attr:`~wool_pooling.SubscriptionConsumer.synced`): the shared
-    subscription takes it in, so no consumer sees it.
-    """
+    """The process's one subscription per (connection, namespace), shared;
+    marks each snapshot's end with :class:`~wool_pooling.Synced`."""
 
     _marks_listing = True
 
