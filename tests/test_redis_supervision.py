@@ -20,6 +20,7 @@ from _redis import RedisServer
 from redis_views import discovery
 from redis_views import fake_worker
 
+from wool_pooling import RestartPolicy
 from wool_pooling.redis import RedisDiscoveryError
 from wool_pooling.redis import _publisher
 from wool_pooling.redis import _statistics
@@ -127,3 +128,17 @@ async def test_the_options_of_shared_subscribers_go_with_the_last_one(
     subscribers.clear()
     gc.collect()
     assert key not in _stream._live  # pyright: ignore[reportPrivateUsage]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("settle", 5.0), ("restart_on_end", True)]
+)
+def test_a_reconnect_policy_field_that_cannot_apply_is_refused(
+    field: str, value: object
+) -> None:
+    """A reconnect policy means what it says or is refused: ``settle`` and
+    ``restart_on_end`` cannot apply to a Redis subscription, so a policy
+    setting either is a ValueError naming the field, at construction."""
+    policy = RestartPolicy(**{field: value})
+    with pytest.raises(ValueError, match=rf"^reconnect\.{field} does not apply"):
+        discovery(UNREACHABLE, reconnect=policy)

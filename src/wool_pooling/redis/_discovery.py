@@ -28,6 +28,7 @@ from ._settings import check_flag
 from ._settings import check_hosts
 from ._settings import check_key_prefix
 from ._settings import check_namespace
+from ._settings import check_reconnect
 from ._settings import check_seconds
 from ._settings import rebuild
 from ._statistics import Counters
@@ -65,7 +66,8 @@ class RedisDiscovery:
     :param connect_timeout: Bound, in seconds, on connecting, subscribing
         and taking a snapshot, and on each command.
     :param reconnect: How a subscription retries a lost connection;
-        unlimited attempts by default.
+        unlimited attempts by default. Its ``settle`` and ``restart_on_end``
+        must be left as they are: a Redis subscription cannot apply them.
     :param shared: ``False`` gives every iteration of every subscriber its
         own connections (for comparison).
     :param client_options: Keyword arguments for redis-py's client (its
@@ -84,7 +86,8 @@ class RedisDiscovery:
         for servers that refuse them. Passed on to the publisher.
     :raises TypeError: if an argument has the wrong type, or
         ``client_options`` has a key redis-py does not take.
-    :raises ValueError: for a malformed url, an empty namespace, a duration
+    :raises ValueError: for a ``reconnect`` that sets ``settle`` or
+        ``restart_on_end``, a malformed url, an empty namespace, a duration
         that is not a finite number > 0, a reserved or TLS-only client
         option out of place, or braces in ``key_prefix``.
     """
@@ -117,8 +120,7 @@ class RedisDiscovery:
             if reap_interval is None
             else check_seconds("reap_interval", reap_interval)
         )
-        if not isinstance(reconnect, RestartPolicy):  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise TypeError(f"reconnect must be a RestartPolicy, got {reconnect!r}")
+        check_reconnect(reconnect)
         options = check_client_options(client_options, target)
         check_key_prefix(key_prefix)
         # A publisher's settings, checked now rather than at first use.

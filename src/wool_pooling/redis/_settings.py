@@ -73,6 +73,27 @@ def check_seconds(name: str, value: object) -> float:
     return float(value)
 
 
+def check_reconnect(policy: object) -> RestartPolicy:
+    """:raises TypeError: if ``policy`` is not a :class:`RestartPolicy`.
+    :raises ValueError: if it sets ``settle`` or ``restart_on_end``, which
+        a Redis subscription cannot apply: each session lists every worker
+        in its snapshot (after a data loss, the missing ones are held for
+        ``lease`` seconds), and it never ends on its own."""
+    if not isinstance(policy, RestartPolicy):
+        raise TypeError(f"reconnect must be a RestartPolicy, got {policy!r}")
+    default = RestartPolicy()
+    for name, why in (
+        ("settle", "a new session's snapshot lists every worker at once"),
+        ("restart_on_end", "the subscription never ends on its own"),
+    ):
+        if getattr(policy, name) != getattr(default, name):
+            raise ValueError(
+                f"reconnect.{name} does not apply to a Redis subscription ({why}),"
+                f" got {getattr(policy, name)!r}"
+            )
+    return policy
+
+
 def check_flag(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {value!r}")
