@@ -22,8 +22,8 @@ from ._connection import redact
 from ._errors import DEFAULT_RECONNECT
 from ._publisher import RedisPublisher
 from ._scripts import DEFAULT_KEY_PREFIX
-from ._settings import Argument
 from ._settings import DiscoverySettings
+from ._settings import argument
 from ._settings import check_flag
 from ._settings import check_hosts
 from ._settings import check_key_prefix
@@ -143,21 +143,21 @@ class RedisDiscovery:
         self._subscriber = self._settings.subscriber()
         self._target = target
 
-    url = Argument[str]()
-    namespace = Argument[str]()
-    bind_host = Argument[str]()
-    advertise_host = Argument[str | None]()
-    lease = Argument[float]()
+    url: str = argument("url")
+    namespace: str = argument("namespace")
+    bind_host: str = argument("bind_host")
+    advertise_host: str | None = argument("advertise_host")
+    lease: float = argument("lease")
     #: ``lease / 4`` unless given.
-    reap_interval = Argument[float]()
-    connect_timeout = Argument[float]()
-    reconnect = Argument[RestartPolicy]()
-    shared = Argument[bool]()
+    reap_interval: float = argument("reap_interval")
+    connect_timeout: float = argument("connect_timeout")
+    reconnect: RestartPolicy = argument("reconnect")
+    shared: bool = argument("shared")
     #: A checked copy.
-    client_options = Argument[Mapping[str, Any]]()
-    key_prefix = Argument[str]()
-    liveness_timeout = Argument[float]()
-    name_connections = Argument[bool]()
+    client_options: Mapping[str, Any] = argument("client_options")
+    key_prefix: str = argument("key_prefix")
+    liveness_timeout: float = argument("liveness_timeout")
+    name_connections: bool = argument("name_connections")
 
     @functools.cached_property
     def _key(self) -> Hashable:

@@ -36,8 +36,8 @@ from ._scripts import RENEW
 from ._scripts import Keys
 from ._scripts import idle_expiry_ms
 from ._scripts import sharded
-from ._settings import Argument
 from ._settings import PublisherSettings
+from ._settings import argument
 from ._settings import check_flag
 from ._settings import check_hosts
 from ._settings import check_key_prefix
@@ -103,14 +103,14 @@ class RedisPublisher:
     :class:`RedisDiscovery`, and checked the same way.
     """
 
-    url = Argument[str]()
-    namespace = Argument[str]()
-    advertise_host = Argument[str | None]()
-    lease = Argument[float]()
-    connect_timeout = Argument[float]()
-    client_options = Argument[Mapping[str, Any]]()
-    key_prefix = Argument[str]()
-    name_connections = Argument[bool]()
+    url: str = argument("url")
+    namespace: str = argument("namespace")
+    advertise_host: str | None = argument("advertise_host")
+    lease: float = argument("lease")
+    connect_timeout: float = argument("connect_timeout")
+    client_options: Mapping[str, Any] = argument("client_options")
+    key_prefix: str = argument("key_prefix")
+    name_connections: bool = argument("name_connections")
 
     def __init__(
         self,

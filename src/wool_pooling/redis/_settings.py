@@ -8,14 +8,12 @@ equality, the pool key and the objects built from it read that record.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable
 from collections.abc import Hashable
 from collections.abc import Mapping
 from typing import Any
-from typing import Generic
-from typing import Self
 from typing import TypeVar
-from typing import overload
 
 import attrs
 
@@ -73,6 +71,9 @@ def check_seconds(name: str, value: object) -> float:
     return float(value)
 
 
+_DEFAULT_POLICY = RestartPolicy()
+
+
 def check_reconnect(policy: object) -> RestartPolicy:
     """:raises TypeError: if ``policy`` is not a :class:`RestartPolicy`.
     :raises ValueError: if it sets ``settle`` or ``restart_on_end``, which
@@ -81,12 +82,11 @@ def check_reconnect(policy: object) -> RestartPolicy:
         ``lease`` seconds), and it never ends on its own."""
     if not isinstance(policy, RestartPolicy):
         raise TypeError(f"reconnect must be a RestartPolicy, got {policy!r}")
-    default = RestartPolicy()
     for name, why in (
         ("settle", "a new session's snapshot lists every worker at once"),
         ("restart_on_end", "the subscription never ends on its own"),
     ):
-        if getattr(policy, name) != getattr(default, name):
+        if getattr(policy, name) != getattr(_DEFAULT_POLICY, name):
             raise ValueError(
                 f"reconnect.{name} does not apply to a Redis subscription ({why}),"
                 f" got {getattr(policy, name)!r}"
@@ -189,20 +189,10 @@ def rebuild(cls: Callable[..., T], settings: PublisherSettings) -> T:
     return cls(**attrs.asdict(settings, recurse=False))
 
 
-class Argument(Generic[T]):
-    """A constructor argument, read-only, read from the object's record
-    (its ``_settings``)."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    @overload
-    def __get__(self, instance: None, owner: type) -> Self: ...
-
-    @overload
-    def __get__(self, instance: object, owner: type) -> T: ...
-
-    def __get__(self, instance: object, owner: type) -> T | Self:
-        if instance is None:
-            return self
-        return getattr(instance._settings, self.name)  # type: ignore[attr-defined]
+def argument(name: str) -> Any:
+    """A read-only attribute: the constructor argument ``name``, read from the
+    object's one record (its ``_settings``)."""
+    return property(
+        operator.attrgetter(f"_settings.{name}"),
+        doc=f"The ``{name}`` argument, as checked.",
+    )
