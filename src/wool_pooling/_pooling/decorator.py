@@ -21,6 +21,7 @@ from .construction import check_key
 from .construction import derive_key
 from .restart import RestartPolicy
 from .subscription import SharedSubscription
+from .view import ViewFactory
 
 __all__ = ["shared_subscription"]
 
@@ -50,6 +51,7 @@ def shared_subscription(
     max_lag: int | None = DEFAULT_MAX_LAG,
     restart: RestartPolicy | None = None,
     read_ahead: int = DEFAULT_READ_AHEAD,
+    view: ViewFactory | None = None,
 ) -> Callable[P, SharedSubscription[T]]: ...
 
 
@@ -63,6 +65,7 @@ def shared_subscription(
     max_lag: int | None = DEFAULT_MAX_LAG,
     restart: RestartPolicy | None = None,
     read_ahead: int = DEFAULT_READ_AHEAD,
+    view: ViewFactory | None = None,
 ) -> _Decorator: ...
 
 
@@ -75,6 +78,7 @@ def shared_subscription(
     max_lag: int | None = DEFAULT_MAX_LAG,
     restart: RestartPolicy | None = None,
     read_ahead: int = DEFAULT_READ_AHEAD,
+    view: ViewFactory | None = None,
 ) -> Any:
     """Class decorator: constructing the class returns a :class:`SharedSubscription`.
 
@@ -123,6 +127,10 @@ def shared_subscription(
         the most advanced consumer's demand, in its one task (see
         :class:`~wool_pooling.Fanout`); they count inside ``max_lag``.
         64 by default; ``0`` pulls on demand only.
+    :param view: ``view(raw)`` returns what an entry remembers for late
+        joiners, lagging consumers and restarts (a :class:`View`), called
+        once per entry with its raw instance. ``None``: the worker view
+        (:ref:`views`).
     :raises TypeError: at decoration, if given something other than a class
         or a class without ``__aiter__``, if ``key`` is not callable, or if
         no call of the class could be passed to it (it has no ``cls``
@@ -143,6 +151,8 @@ def shared_subscription(
 
     max_lag = validate_max_lag(max_lag)
     read_ahead = validate_read_ahead(read_ahead)
+    if view is not None and not callable(view):
+        raise TypeError(f"shared_subscription view must be callable, got {view!r}")
     if restart is not None and not isinstance(restart, RestartPolicy):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise TypeError(
             f"shared_subscription restart must be a RestartPolicy, got {restart!r}"
@@ -171,6 +181,7 @@ def shared_subscription(
             max_lag=max_lag,
             restart=restart,
             read_ahead=read_ahead,
+            view=view,
             own_new=vars(target).get("__new__"),
         )
         setattr(target, CONFIG_ATTRIBUTE, config)

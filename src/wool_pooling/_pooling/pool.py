@@ -18,8 +18,6 @@ import attrs
 from .._core.backend import EventLoop
 from .._core.backend import current_loop
 from .._core.fanout import Fanout
-from .._wool.tracking import TrackedSource
-from .._wool.tracking import Tracking
 from .construction import SubscriptionConfig
 from .lifecycle import _ACTIVE
 from .lifecycle import _CLOSED
@@ -36,6 +34,7 @@ from .lifecycle import EntryState
 from .lifecycle import transition
 from .restart import RestartingSource
 from .statistics import EntryCounters
+from .view import View
 
 __all__ = [
     "Entry",
@@ -45,6 +44,7 @@ __all__ = [
     "SubscriptionPool",
     "attach",
     "current_pool",
+    "find_entry",
 ]
 
 logger = logging.getLogger("wool_pooling")
@@ -112,7 +112,7 @@ class Entry:
     pool: SubscriptionPool
     key: tuple[type, Hashable]
     raw: Any
-    source: Tracking
+    source: RestartingSource[Any]
     fanout: Fanout[Any]
     ttl: float
     loop: EventLoop
@@ -246,6 +246,17 @@ class Entry:
         )
 
 
+def find_entry(pool: SubscriptionPool, key: tuple[type, Hashable]) -> Entry | None:
+    """The entry of ``key`` in ``pool`` consumers join, else the newest whose
+    source ended while consumers remain; ``None`` without one."""
+    entry = pool._entries.get(key)
+    if entry is None:
+        for each in reversed(pool._live):
+            if each.key == key and each.state is EntryState.ENDED:
+                return each
+    return entry
+
+
 def attach(
     pool: SubscriptionPool,
     key: tuple[type, Hashable],
@@ -282,27 +293,16 @@ def attach(
         entry = None
     if entry is None:
         raw = build()
-        source: Tracking
-        # Undo records for as far back as a consumer can be left behind:
-        # one item beyond the bound (see _FanoutState.drop_beyond_lag).
-        history = None if config.max_lag is None else config.max_lag + 1
-        if config.restart is None:
-            source = TrackedSource(raw, history)
-            fanout = Fanout(
-                source,
-                max_lag=config.max_lag,
-                on_lag="error",
-                read_ahead=config.read_ahead,
-            )
-        else:
-            restarting = source = RestartingSource(raw, config.restart, history)
-            fanout = Fanout(
-                source,
-                max_lag=config.max_lag,
-                on_lag="error",
-                read_ahead=config.read_ahead,
-            )
-            restarting.deliver_to(fanout.inject)
+        view = View[Any]() if config.view is None else config.view(raw)
+        # How far back a consumer can be left behind: one item beyond the
+        # bound (see _FanoutState.drop_beyond_lag).
+        view.remember(None if config.max_lag is None else config.max_lag + 1)
+        source = RestartingSource[Any](raw, config.restart, view)
+        fanout = Fanout(
+            source, max_lag=config.max_lag, on_lag="error", read_ahead=config.read_ahead
+        )
+        if config.restart is not None:
+            source.deliver_to(fanout.inject)
         entry = Entry(pool, key, raw, source, fanout, config.ttl, loop)
         pool._entries[key] = entry
         pool._live[entry] = None

@@ -60,12 +60,12 @@ from .._core.signatures import check_keywords
 from .._core.synced import Synced
 from .._pooling.construction import CONFIG_ATTRIBUTE
 from .._pooling.construction import SubscriptionConfig
-from .._pooling.decorator import shared_subscription
 from .._pooling.pool import SubscriptionPool
 from .._pooling.statistics import SubscriptionStatistics
 from .._pooling.subscription import SharedSubscription
 from .._pooling.subscription import SubscriptionConsumer
 from .afilter import afilter
+from .view import shared_subscription
 from .workers import WorkerMap
 
 __all__ = ["SharedDiscovery", "SyncSharedDiscovery"]

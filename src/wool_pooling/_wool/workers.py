@@ -50,36 +50,45 @@ class WorkerMap:
         return f"<{type(self).__name__} of {len(self.workers)} workers>"
 
     def apply(self, event: DiscoveryEvent) -> DiscoveryEvent | None:
-        """Apply ``event``; return the event to pass on, or ``None``.
+        """Apply ``event``; return the event to pass on (see :meth:`passed`),
+        or ``None``, and then the map is left as it was."""
+        passed = self.passed(event)
+        if passed is not None:
+            self.take(passed)
+        return passed
 
-        The event returned is ``event`` itself unless it has to be rewritten
-        (an add that is an update, an update that is an add, a drop whose
-        metadata is not the one known). ``None``: it changes nothing (a
-        repeated add or update with equal metadata, a drop of an unknown
-        worker), and the map is left as it was.
+    def passed(self, event: DiscoveryEvent) -> DiscoveryEvent | None:
+        """The event :meth:`apply` would pass on for ``event``, applying nothing.
+
+        ``event`` itself unless it has to be rewritten (an add that is an
+        update, an update that is an add, a drop whose metadata is not the
+        one known); ``None`` if it changes nothing (a repeated add or update
+        with equal metadata, a drop of an unknown worker).
         """
         metadata = event.metadata
-        uid = metadata.uid
-        workers = self.workers
+        before = self.workers.get(metadata.uid)
         if event.type == "worker-dropped":
-            before = workers.pop(uid, None)
-            if before is None:
-                return None
-            if metadata is before:
-                return event
+            if before is None or metadata is before:
+                return None if before is None else event
             return DiscoveryEvent("worker-dropped", metadata=before)
-        before = workers.get(uid)
         if before is None:
-            workers[uid] = metadata
             if event.type == "worker-added":
                 return event
             return DiscoveryEvent("worker-added", metadata=metadata)
         if before is metadata or before == metadata:
             return None
-        workers[uid] = metadata
         if event.type == "worker-updated":
             return event
         return DiscoveryEvent("worker-updated", metadata=metadata)
+
+    def take(self, event: DiscoveryEvent) -> None:
+        """Apply ``event`` as it is: a drop forgets the worker, any other
+        event sets its metadata."""
+        metadata = event.metadata
+        if event.type == "worker-dropped":
+            self.workers.pop(metadata.uid, None)
+        else:
+            self.workers[metadata.uid] = metadata
 
     def drop(self, uid: uuid.UUID) -> DiscoveryEvent | None:
         """Forget worker ``uid``: its ``worker-dropped`` (with the metadata

@@ -18,7 +18,7 @@ import redis.exceptions as redis_errors
 from wool import DiscoveryEvent
 
 from .._core.synced import Synced
-from .._pooling.decorator import shared_subscription
+from .._wool.view import shared_subscription
 from ._connection import parse_url
 from ._connection import reason
 from ._connection import redact
