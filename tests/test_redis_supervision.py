@@ -17,6 +17,7 @@ import anyio
 import pytest
 from _loops import asyncio_options
 from _redis import RedisServer
+from redis_views import admin
 from redis_views import discovery
 from redis_views import fake_worker
 
@@ -142,3 +143,52 @@ def test_a_reconnect_policy_field_that_cannot_apply_is_refused(
     policy = RestartPolicy(**{field: value})
     with pytest.raises(ValueError, match=rf"^reconnect\.{field} does not apply"):
         discovery(UNREACHABLE, reconnect=policy)
+
+
+class _Restarts(logging.Handler):
+    """Notes each restart the restart engine logs."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.restarted = anyio.Event()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+        self.restarted.set()
+
+
+@pytest.mark.parametrize("anyio_backend", [("asyncio", asyncio_options())])
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "own"])
+async def test_a_lost_connection_is_restarted_by_the_one_restart_engine(
+    redis_server: RedisServer, shared: bool
+) -> None:
+    """A subscription whose connection is killed raises in its session, and
+    the restart engine (logging on ``wool_pooling.restart``) starts the next
+    session, which passes on only what changed meanwhile."""
+    made = discovery(redis_server.url, shared=shared)
+    first, second = fake_worker(1), fake_worker(2)
+    restarts = _Restarts()
+    engine = logging.getLogger("wool_pooling.restart")
+    engine.addHandler(restarts)
+    try:
+        async with made.publisher as publisher:
+            await publisher.publish("worker-added", first)
+            stream = aiter(made.subscribe())
+            with anyio.fail_after(20):
+                assert (await anext(stream)).metadata.uid == first.uid
+                server = admin(redis_server.url)
+                prefix = f"wool-pooling:subscriber:{made.namespace}:"
+                for entry in server.client_list():
+                    if entry["name"].startswith(prefix):
+                        server.client_kill_filter(_id=entry["id"])
+                server.close()
+                await publisher.publish("worker-added", second)
+                event = await anext(stream)
+                await restarts.restarted.wait()
+            await stream.aclose()  # type: ignore[attr-defined]
+    finally:
+        engine.removeHandler(restarts)
+    assert (event.type, event.metadata.uid) == ("worker-added", second.uid)
+    assert any(made.namespace in message for message in restarts.messages)
+    assert made.statistics().reconnects == 1

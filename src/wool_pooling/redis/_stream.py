@@ -12,12 +12,14 @@ from collections.abc import AsyncIterator
 from collections.abc import Hashable
 from typing import Any
 from typing import cast
+from typing import final
 
 import anyio
 import redis.exceptions as redis_errors
 from wool import DiscoveryEvent
 
 from .._core.synced import Synced
+from .._pooling.restart import RestartingSource
 from .._wool.view import shared_subscription
 from ._connection import parse_url
 from ._connection import reason
@@ -39,18 +41,24 @@ logger = logging.getLogger("wool_pooling.redis")
 
 
 class RedisStream:
-    """The raw subscription: snapshot, then the announcements after it.
+    """The raw subscription: connect, snapshot, yield, mark the listing, follow.
 
-    Each session subscribes, takes the snapshot, yields the difference
-    between what was yielded and the snapshot, then each announcement in
-    version order, reaping every ``reap_interval``. A lost connection, a
-    gap, another epoch or an announcement that does not parse ends the
-    session; the next one starts after the reconnect policy's delay (see
-    docs/redis.rst, *Reconnects*).
+    The first session subscribes, takes the snapshot and yields it (the
+    first listing); each announcement in version order follows, with a reap
+    every ``reap_interval``. A lost connection, a gap, another epoch or an
+    announcement that does not parse ends the session with an error, and
+    the restart engine (``RestartingSource``, under the ``reconnect``
+    policy) starts the next one, which yields the difference
+    between what was yielded and its snapshot (docs/redis.rst,
+    *Reconnects*).
+
+    :raises RedisDiscoveryError: if the first session fails, and once the
+        policy allows no more reconnects.
     """
 
-    #: Whether a :class:`~wool_pooling.Synced` follows each snapshot (taken
-    #: in by a shared subscription; an unshared stream's user would see it).
+    #: Whether a :class:`~wool_pooling.Synced` follows the first snapshot
+    #: (taken in by a shared subscription; an unshared stream's user would
+    #: see it).
     _marks_listing: bool = False
 
     def __init__(self, settings: SubscriberSettings) -> None:
@@ -80,39 +88,21 @@ class RedisStream:
 
     async def _events(self) -> AsyncGenerator[DiscoveryEvent, None]:
         require_asyncio("RedisDiscovery's subscriber")
-        state = SubscriptionState(self.options.settle, self._invalid)
-        counted = self._counters
-        failures = 0
-        while True:
-            session: Session | None = None
-            try:
-                session = Session(self._target, self.namespace, self.options)
-                counted.connections += 2
-                snapshot = await self._open(session, state)
-                events, lost = state.snapshot(*snapshot, now=time.monotonic())
-                counted.snapshots += 1
-                counted.epoch_changes += lost
-                if failures:
-                    self._reconnected(lost)
-                failures = 0
-                for event in events:
-                    yield event
-                if self._marks_listing:
-                    yield cast(DiscoveryEvent, Synced())  # the snapshot is complete
-                # Closed here, not by the garbage collector, when this
-                # generator is closed while suspended in it.
-                async with contextlib.aclosing(self._follow(session, state)) as follow:
-                    async for event in follow:
-                        yield event
-            except RETRIED as error:
-                counted.gaps += isinstance(error, Gap)
-                failures += 1
-                await self._back_off(error, failures)
-            finally:
-                if session is not None:
-                    with anyio.CancelScope(shield=True):
-                        await session.aclose()
-                    counted.connections -= 2
+        sessions = _Sessions(self)
+        source: RestartingSource[DiscoveryEvent] | None = None
+        try:
+            for event in await sessions.connect():
+                yield event
+            if self._marks_listing:
+                yield cast(DiscoveryEvent, Synced())  # the first listing is complete
+            source = RestartingSource(sessions, self.options.reconnect)
+            async for event in source:
+                yield event
+        finally:
+            with anyio.CancelScope(shield=True):
+                if source is not None:
+                    await source.aclose()
+                await sessions.close()
 
     async def _open(
         self, session: Session, state: SubscriptionState
@@ -204,29 +194,6 @@ class RedisStream:
             else "",
         )
 
-    async def _back_off(self, error: BaseException, failures: int) -> None:
-        """Wait as the reconnect policy says, or raise when it is spent."""
-        policy = self.options.reconnect
-        if not policy.allows(failures):
-            logger.error(
-                "giving up on %s (namespace %s) after %d reconnects: %s",
-                redact(self.url),
-                self.namespace,
-                failures - 1,
-                reason(error),
-            )
-            raise failed(self.url, "reconnecting", error) from error
-        delay = policy.delay(failures)
-        logger.warning(
-            "lost %s (namespace %s): %s; reconnecting in %.3fs (attempt %d)",
-            redact(self.url),
-            self.namespace,
-            reason(error),
-            delay,
-            failures,
-        )
-        await anyio.sleep(delay)
-
     def _invalid(self, what: bytes, error: BaseException) -> None:
         self._counters.invalid_records += 1
         logger.warning(
@@ -240,6 +207,81 @@ class RedisStream:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({redact(self.url)!r}, {self.namespace!r})"
+
+
+@final
+class _Sessions:
+    """One subscription's sessions, one at a time, sharing what it knows: each
+    iteration follows the session open now, or opens and lists a new one,
+    and raises when it is lost (for the restart engine)."""
+
+    def __init__(self, stream: RedisStream) -> None:
+        self.stream = stream
+        self.state = SubscriptionState(stream.options.settle, stream._invalid)  # pyright: ignore[reportPrivateUsage]
+        self.session: Session | None = None
+
+    async def connect(self) -> list[DiscoveryEvent]:
+        """Open a session and take its snapshot: the events to it.
+
+        :raises RedisDiscoveryError: if this is the first session and it fails.
+        """
+        stream, state = self.stream, self.state
+        counted = stream._counters  # pyright: ignore[reportPrivateUsage]
+        reconnecting = state.connected_before
+        session = self.session = Session(
+            stream._target,  # pyright: ignore[reportPrivateUsage]
+            stream.namespace,
+            stream.options,
+        )
+        counted.connections += 2
+        snapshot = await stream._open(session, state)  # pyright: ignore[reportPrivateUsage]
+        events, lost = state.snapshot(*snapshot, now=time.monotonic())
+        counted.snapshots += 1
+        counted.epoch_changes += lost
+        if reconnecting:
+            stream._reconnected(lost)  # pyright: ignore[reportPrivateUsage]
+        return events
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._run()
+
+    async def _run(self) -> AsyncGenerator[Any, None]:
+        stream = self.stream
+        connected = self.session is not None
+        try:
+            if not connected:
+                for event in await self.connect():
+                    yield event
+                connected = True
+                yield Synced()  # the relisting is complete
+            assert self.session is not None
+            follow = stream._follow(self.session, self.state)  # pyright: ignore[reportPrivateUsage]
+            async with contextlib.aclosing(follow):
+                async for event in follow:
+                    yield event
+        except RETRIED as error:
+            stream._counters.gaps += isinstance(error, Gap)  # pyright: ignore[reportPrivateUsage]
+            logger.warning(
+                "lost %s (namespace %s): %s; reconnecting as the policy says",
+                redact(stream.url),
+                stream.namespace,
+                reason(error),
+            )
+            action = "following the announcements" if connected else "reconnecting"
+            raise failed(stream.url, action, error) from error
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        """Close the session open now, if any."""
+        session, self.session = self.session, None
+        if session is not None:
+            with anyio.CancelScope(shield=True):
+                await session.aclose()
+            self.stream._counters.connections -= 2  # pyright: ignore[reportPrivateUsage]
+
+    def __repr__(self) -> str:
+        return repr(self.stream)
 
 
 def _subscriber_key(cls: type, settings: SubscriberSettings) -> Hashable:
