@@ -66,9 +66,9 @@ class RedisStream:
         self.url = settings.url
         self.namespace = settings.namespace
         self.options = settings.options
-        self._target = parse_url(settings.url)
-        self._stats_key = _subscriber_key(type(self), settings)
-        self._counters: Counters = counters(self._stats_key)
+        self.target = parse_url(settings.url)
+        #: The counts of the subscription's key, held while it lives.
+        self.counted: Counters = counters(settings.key())
 
     def __eq__(self, other: object) -> bool:
         """Equal to a subscriber of the same class made of equal settings."""
@@ -104,7 +104,7 @@ class RedisStream:
                     await source.aclose()
                 await sessions.close()
 
-    async def _open(
+    async def open_session(
         self, session: Session, state: SubscriptionState
     ) -> tuple[int, bytes, list[bytes]]:
         """Subscribe and snapshot.
@@ -126,7 +126,7 @@ class RedisStream:
                 action = "connecting"
             raise failed(self.url, action, error) from error
 
-    async def _follow(
+    async def follow(
         self, session: Session, state: SubscriptionState
     ) -> AsyncGenerator[DiscoveryEvent, None]:
         """The session's events: announcements, settled drops, reaps.
@@ -136,7 +136,7 @@ class RedisStream:
             not counted (docs/redis.rst, *Dead connections*).
         """
         options = self.options
-        counted = self._counters
+        counted = self.counted
         liveness = options.liveness_timeout
         silent = f"within {liveness:g}s (liveness_timeout)"
         heard = time.monotonic()
@@ -182,8 +182,8 @@ class RedisStream:
                 yield event
                 heard = max(heard, time.monotonic())
 
-    def _reconnected(self, lost: bool) -> None:
-        self._counters.reconnects += 1
+    def reconnected(self, lost: bool) -> None:
+        self.counted.reconnects += 1
         logger.warning(
             "reconnected to %s (namespace %s): resynchronising%s",
             redact(self.url),
@@ -194,8 +194,8 @@ class RedisStream:
             else "",
         )
 
-    def _invalid(self, what: bytes, error: BaseException) -> None:
-        self._counters.invalid_records += 1
+    def invalid(self, what: bytes, error: BaseException) -> None:
+        self.counted.invalid_records += 1
         logger.warning(
             "skipping a record of namespace %s at %s that is not valid worker "
             "metadata (%r): %s",
@@ -217,7 +217,7 @@ class _Sessions:
 
     def __init__(self, stream: RedisStream) -> None:
         self.stream = stream
-        self.state = SubscriptionState(stream.options.settle, stream._invalid)  # pyright: ignore[reportPrivateUsage]
+        self.state = SubscriptionState(stream.options.settle, stream.invalid)
         self.session: Session | None = None
 
     async def connect(self) -> list[DiscoveryEvent]:
@@ -226,20 +226,20 @@ class _Sessions:
         :raises RedisDiscoveryError: if this is the first session and it fails.
         """
         stream, state = self.stream, self.state
-        counted = stream._counters  # pyright: ignore[reportPrivateUsage]
+        counted = stream.counted
         reconnecting = state.connected_before
         session = self.session = Session(
-            stream._target,  # pyright: ignore[reportPrivateUsage]
+            stream.target,
             stream.namespace,
             stream.options,
         )
         counted.connections += 2
-        snapshot = await stream._open(session, state)  # pyright: ignore[reportPrivateUsage]
+        snapshot = await stream.open_session(session, state)
         events, lost = state.snapshot(*snapshot, now=time.monotonic())
         counted.snapshots += 1
         counted.epoch_changes += lost
         if reconnecting:
-            stream._reconnected(lost)  # pyright: ignore[reportPrivateUsage]
+            stream.reconnected(lost)
         return events
 
     def __aiter__(self) -> AsyncIterator[Any]:
@@ -255,12 +255,12 @@ class _Sessions:
                 connected = True
                 yield Synced()  # the relisting is complete
             assert self.session is not None
-            follow = stream._follow(self.session, self.state)  # pyright: ignore[reportPrivateUsage]
+            follow = stream.follow(self.session, self.state)
             async with contextlib.aclosing(follow):
                 async for event in follow:
                     yield event
         except RETRIED as error:
-            stream._counters.gaps += isinstance(error, Gap)  # pyright: ignore[reportPrivateUsage]
+            stream.counted.gaps += isinstance(error, Gap)
             logger.warning(
                 "lost %s (namespace %s): %s; reconnecting as the policy says",
                 redact(stream.url),
@@ -278,7 +278,7 @@ class _Sessions:
         if session is not None:
             with anyio.CancelScope(shield=True):
                 await session.aclose()
-            self.stream._counters.connections -= 2  # pyright: ignore[reportPrivateUsage]
+            self.stream.counted.connections -= 2
 
     def __repr__(self) -> str:
         return repr(self.stream)
