@@ -187,10 +187,9 @@ class RedisDiscovery:
         With ``shared=True`` the process's subscribers of one normalised
         connection, key prefix and namespace share one subscription, with
         the options of the first (docs/redis.rst, *One subscription per
-        connection*); each filter applies to its own consumer.
-
-        :raises RuntimeWarning: (a warning) if a live subscriber of the same
-            key was given other options.
+        connection*); each filter applies to its own consumer. A
+        subscriber given other options than a live one of its key warns
+        (:exc:`RuntimeWarning`).
         """
         settings = self._subscriber
         self._counters  # noqa: B018  (held from the first subscriber on)
@@ -204,7 +203,8 @@ class RedisDiscovery:
         return afilter(filter, cast(DiscoverySubscriberLike, stream))
 
     def statistics(self) -> RedisStatistics:
-        """Counters of this process's subscribers to this connection and namespace."""
+        """Counters of this process's subscribers to this connection and
+        namespace (docs/metrics.rst exports them)."""
         return self._counters.statistics()
 
     def __eq__(self, other: object) -> bool:

@@ -100,7 +100,12 @@ class RedisPublisher:
 
     ``url``, ``namespace``, ``advertise_host``, ``client_options``,
     ``key_prefix`` and ``name_connections`` are as for
-    :class:`RedisDiscovery`, and checked the same way.
+    :class:`RedisDiscovery`.
+
+    :raises TypeError: if an argument has the wrong type, as for
+        :class:`RedisDiscovery`.
+    :raises ValueError: if an argument is invalid, as for
+        :class:`RedisDiscovery`.
     """
 
     url: str = argument("url")
