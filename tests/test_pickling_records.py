@@ -274,7 +274,10 @@ redis_arguments = st.fixed_dictionaries(
         "lease": seconds.filter(lambda lease: lease != 10.0),
         "reap_interval": seconds,
         "connect_timeout": seconds.filter(lambda timeout: timeout != 5.0),
-        "reconnect": restart_policies(),
+        # A Redis subscription refuses settle and restart_on_end.
+        "reconnect": restart_policies().map(
+            lambda policy: attrs.evolve(policy, settle=1.0, restart_on_end=False)
+        ),
         "shared": st.just(False),
         "client_options": st.fixed_dictionaries(
             {"health_check_interval": st.integers(1, 60)}

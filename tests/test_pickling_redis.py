@@ -97,8 +97,6 @@ reconnects = st.builds(
     multiplier=st.floats(min_value=1, max_value=10),
     max_backoff=st.floats(min_value=0, max_value=600),
     jitter=st.floats(min_value=0, max_value=1),
-    settle=st.floats(min_value=0, max_value=60),
-    restart_on_end=st.booleans(),
 )
 #: Options of redis-py's client that pickle (an ``ssl.SSLContext`` does not).
 client_options = st.fixed_dictionaries(

@@ -28,11 +28,11 @@ from wool_pooling import RestartPolicy
 from wool_pooling.redis import RedisDiscovery
 from wool_pooling.redis import RedisDiscoveryError
 from wool_pooling.redis import RedisPublisher
-from wool_pooling.redis._cluster import sharded
 from wool_pooling.redis._scripts import PUBLISH
 from wool_pooling.redis._scripts import REAP
 from wool_pooling.redis._scripts import RENEW
 from wool_pooling.redis._scripts import SNAPSHOT
+from wool_pooling.redis._scripts import sharded
 
 pytestmark = pytest.mark.anyio
 

@@ -1,12 +1,6 @@
-"""Which keyword arguments redis-py's client takes, read from its signatures.
-
-``client_options`` are handed to redis-py, which hands most of them on to
-the connection class of the url's scheme: a name it does not take fails
-there, at the first connection (in a subscription's task, or a worker
-process). :func:`check_client_option_names` checks them at construction
-instead, against the signatures of the public classes redis-py builds for
-that scheme, so the names follow the installed redis-py.
-"""
+"""Which keyword arguments redis-py's client takes, read from its signatures,
+so that a misspelt client option fails at construction, not at the first
+connection (in a subscription's task or a worker process)."""
 
 from __future__ import annotations
 
@@ -26,19 +20,15 @@ from redis.asyncio.sentinel import SentinelManagedSSLConnection
 from .._core.signatures import did_you_mean
 from .._core.signatures import signature_of
 
-__all__ = ["check_client_option_names"]
-
 
 def check_client_option_names(
     options: Mapping[str, Any], *, scheme: str, unix: bool, url: str
 ) -> None:
-    """Each option must be a keyword redis-py takes for a url of ``scheme``
-    (``unix``: a socket path), else its client fails at its first
-    connection, not at construction.
+    """Check that redis-py takes each option for a url of ``scheme``
+    (``unix``: a socket path).
 
     :param url: The url, redacted, for the message.
-    :raises ValueError: for a TLS option (``ssl``, ``ssl_*``) with a url
-        without TLS (rediss:// and rediss+sentinel:// say TLS).
+    :raises ValueError: for a TLS option with a url without TLS.
     :raises TypeError: for any other name redis-py does not take there,
         naming the closest one it does.
     """
@@ -65,13 +55,9 @@ def check_client_option_names(
 def _client_option_names(
     unix: bool, sentinel: bool, tls: bool
 ) -> frozenset[str] | None:
-    """The keywords redis-py's client takes for a url of this kind, read from
-    the signatures of the classes it builds from them: the connection class
-    of the scheme, and the named parameters of the connection pool (and, for
-    Sentinel, of ``Sentinel`` and of its pool, which also reads
-    ``check_connection``), whose ``**kwargs`` go on to the connection; and
-    the discovery's own ``ssl_context``. ``None`` when the connection's
-    signature ends in ``**kwargs`` no class names: anything may be taken."""
+    """The keywords of the connection class redis-py builds for a url of
+    this kind, of its pool (and of ``Sentinel``), and ``ssl_context``;
+    ``None`` if a signature ends in ``**kwargs`` no class names."""
     connection: type
     if sentinel:
         connection = SentinelManagedSSLConnection if tls else SentinelManagedConnection
@@ -103,8 +89,8 @@ def _tls_only_option_names() -> frozenset[str]:
 
 def _keywords(cls: type, *, own: bool = False) -> set[str] | None:
     """The keyword parameters of ``cls.__init__`` and (unless ``own``) of
-    the ``__init__`` of the bases it hands its ``**kwargs`` on to; ``None``
-    if they reach ``object``'s, or a signature cannot be read."""
+    the bases it hands its ``**kwargs`` to; ``None`` if those reach
+    ``object``, or a signature cannot be read."""
     names: set[str] = set()
     for klass in cls.__mro__:
         init = vars(klass).get("__init__")

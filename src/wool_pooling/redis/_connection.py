@@ -1,21 +1,4 @@
-"""Where a Redis discovery connects: url parsing, pool keys, redaction, clients.
-
-A url is checked once, at construction (:func:`parse_url`), so a malformed
-one fails there with a :exc:`ValueError` or :exc:`TypeError`, never later in
-``repr`` or a log line. Accepted forms:
-
-- ``redis://[user[:password]@]host[:port][/db][?option=value...]``
-  (``rediss://`` for TLS)
-- ``unix://[user[:password]@]/path/to/redis.sock[?db=N&password=...]``
-- ``redis+sentinel://[user[:password]@]host:port[,host:port...]/service[/db]``
-  (``rediss+sentinel://`` for TLS): the sentinels, and the name of the
-  master they monitor; the user and password are the master's, and the
-  sentinels' too unless ``client_options["sentinel_kwargs"]`` gives theirs.
-- ``redis+cluster://[user[:password]@]host:port[,host:port...][?option=value...]``
-  (``rediss+cluster://`` for TLS): seed nodes of a Redis Cluster (port
-  6379 by default), from which the cluster's layout is read; database 0
-  only.
-"""
+"""Where a Redis discovery connects: url parsing, pool keys, redaction, clients."""
 
 from __future__ import annotations
 
@@ -47,21 +30,6 @@ from redis.backoff import NoBackoff
 
 from ._client_keywords import check_client_option_names
 
-__all__ = [
-    "RESERVED_CLIENT_OPTIONS",
-    "Connection",
-    "SentinelAuthenticationError",
-    "Target",
-    "check_client_options",
-    "client_name",
-    "node_url",
-    "open_client",
-    "open_cluster_client",
-    "parse_url",
-    "reason",
-    "redact",
-]
-
 #: What Redis appends to an error raised in a script.
 _SCRIPT_SUFFIX = re.compile(r"\s*script: [0-9a-f]+, on @user_script:\d+\.?$")
 
@@ -92,14 +60,8 @@ RESERVED_CLIENT_OPTIONS = frozenset(
 
 @attrs.frozen
 class Target:
-    """A parsed, validated url.
-
-    :attr:`key` is the normalised connection the process's pool shares
-    subscriptions by: scheme, each host resolved to one address (IPv4
-    first), port, database and user (for a unix socket: its absolute path
-    in place of host and port; for Sentinel: the sentinels, in order, and
-    the service name; for a cluster: its seed nodes, sorted).
-    """
+    """A parsed, checked url; :attr:`key` is its normalised connection
+    (docs/redis.rst, *One subscription per connection*)."""
 
     url: str
     scheme: str
@@ -133,8 +95,7 @@ class Target:
 
 @functools.lru_cache(maxsize=256)
 def _resolved(host: str) -> str:
-    """``host`` as one address: itself if literal, else its first resolved
-    address (IPv4 first), or the lowercased name if it does not resolve."""
+    """``host`` as one address (IPv4 first); lowercased if it does not resolve."""
     try:
         return str(ipaddress.ip_address(host.strip("[]")))
     except ValueError:
@@ -153,9 +114,7 @@ def _port(text: str, url: str, default: int) -> int:
     if not text:
         return default
     if not text.isdigit() or not 0 < int(text) < 65536:
-        raise ValueError(
-            f"invalid port {text!r} in Redis url {redact_unchecked(url)!r}"
-        )
+        raise ValueError(f"invalid port {text!r} in Redis url {redact(url)!r}")
     return int(text)
 
 
@@ -163,34 +122,25 @@ def _split_host(text: str, url: str, default_port: int) -> tuple[str, int]:
     if text.startswith("["):
         host, bracket, rest = text[1:].partition("]")
         if not bracket or (rest and not rest.startswith(":")):
-            raise ValueError(
-                f"invalid host {text!r} in Redis url {redact_unchecked(url)!r}"
-            )
+            raise ValueError(f"invalid host {text!r} in Redis url {redact(url)!r}")
         return host, _port(rest[1:], url, default_port)
     host, _, port = text.partition(":")
     if not host or ":" in port:
-        raise ValueError(
-            f"a Redis url needs a host, got {text!r} in {redact_unchecked(url)!r}"
-        )
+        raise ValueError(f"a Redis url needs a host, got {text!r} in {redact(url)!r}")
     return host, _port(port, url, default_port)
 
 
 def _db(text: str, url: str) -> int:
     if not text.isdigit():
-        raise ValueError(
-            f"invalid database {text!r} in Redis url {redact_unchecked(url)!r}"
-        )
+        raise ValueError(f"invalid database {text!r} in Redis url {redact(url)!r}")
     return int(text)
 
 
 def parse_url(url: object) -> Target:
-    """Check ``url`` and return what it names.
+    """Check ``url`` and return what it names (the forms: docs/redis.rst, *Urls*).
 
     :raises TypeError: if ``url`` is not a ``str``.
-    :raises ValueError: for an unknown scheme, a missing host (or socket
-        path, or Sentinel service), an invalid port or database number,
-        query parameters on a Sentinel url, or, on a cluster url, a
-        database other than 0 or a query option redis-py rejects.
+    :raises ValueError: if it is malformed.
     """
     if not isinstance(url, str):
         raise TypeError(f"a Redis url must be a str, got {type(url).__name__}")
@@ -199,7 +149,7 @@ def parse_url(url: object) -> Target:
         raise ValueError(
             f"a Redis url starts with redis://, rediss://, unix://, redis+sentinel://, "
             f"rediss+sentinel://, redis+cluster:// or rediss+cluster://, "
-            f"got {redact_unchecked(url)!r}"
+            f"got {redact(url)!r}"
         )
     scheme = scheme.lower()
     rest, _, query = rest.partition("?")
@@ -211,9 +161,7 @@ def parse_url(url: object) -> Target:
     try:
         options = dict(urllib.parse.parse_qsl(query, keep_blank_values=True))
     except ValueError as error:
-        raise ValueError(
-            f"invalid query in Redis url {redact_unchecked(url)!r}"
-        ) from error
+        raise ValueError(f"invalid query in Redis url {redact(url)!r}") from error
     db = 0
     if "db" in options:
         db = _db(options["db"], url)
@@ -222,7 +170,7 @@ def parse_url(url: object) -> Target:
         if not path.startswith("/"):
             raise ValueError(
                 f"a unix:// Redis url needs an absolute socket path "
-                f"(unix:///path/to/redis.sock), got {redact_unchecked(url)!r}"
+                f"(unix:///path/to/redis.sock), got {redact(url)!r}"
             )
         return Target(url, scheme, (), path, db, username, None)
     netloc, slash, path = location.partition("/")
@@ -232,7 +180,7 @@ def parse_url(url: object) -> Target:
         if query:
             raise ValueError(
                 "a Sentinel url takes no query parameters (pass them in "
-                f"client_options), got {redact_unchecked(url)!r}"
+                f"client_options), got {redact(url)!r}"
             )
         hosts = tuple(_split_host(part, url, 26379) for part in netloc.split(","))
         service, _, db_text = path.partition("/")
@@ -240,7 +188,7 @@ def parse_url(url: object) -> Target:
             raise ValueError(
                 "a Sentinel url names the monitored master: "
                 "redis+sentinel://host:port[,host:port...]/service_name[/db], "
-                f"got {redact_unchecked(url)!r}"
+                f"got {redact(url)!r}"
             )
         db = _db(db_text, url) if db_text else 0
         return Target(url, scheme, hosts, None, db, username, service)
@@ -253,28 +201,25 @@ def parse_url(url: object) -> Target:
 def _parse_cluster_url(
     url: str, scheme: str, netloc: str, path: str, username: str | None, db: int
 ) -> Target:
-    """A ``redis+cluster://`` url: its seed nodes; database 0 only (a
-    cluster has no other); its query options checked by redis-py now."""
+    """A ``redis+cluster://`` url: seed nodes, database 0, redis-py's options."""
     if path and not db:
         db = _db(path, url)
     if db:
         raise ValueError(
-            "a Redis Cluster has database 0 only, got "
-            f"{db} in {redact_unchecked(url)!r}"
+            f"a Redis Cluster has database 0 only, got {db} in {redact(url)!r}"
         )
     hosts = tuple(_split_host(part, url, 6379) for part in netloc.split(","))
     try:
         parse_redis_url(node_url(url, hosts[0]))
     except ValueError as error:
         raise ValueError(
-            f"invalid option in Redis url {redact_unchecked(url)!r}: {error}"
+            f"invalid option in Redis url {redact(url)!r}: {error}"
         ) from None
     return Target(url, scheme, hosts, None, 0, username, None)
 
 
 def node_url(url: str, node: tuple[str, int]) -> str:
-    """The ``redis://`` (or ``rediss://``) url of one node of the cluster
-    ``url`` names: its user, password and query options, at ``node``."""
+    """The ``redis://`` url of one node of the cluster ``url`` names."""
     scheme, _, rest = url.partition("://")
     rest, qmark, query = rest.partition("#")[0].partition("?")
     userinfo, at, _ = rest.rpartition("@")
@@ -295,8 +240,10 @@ def _without_passwords(query: str) -> str:
     )
 
 
-def redact_unchecked(url: str) -> str:
-    """``url`` without any password (userinfo and query), even if malformed."""
+def redact(url: str) -> str:
+    """``url`` with its password removed (after the user, and any
+    ``password=`` or ``sentinel_password=`` query parameter), for messages
+    and logs; malformed urls included."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         return "<a Redis url>" if "@" in url or "password" in url else url
@@ -309,13 +256,6 @@ def redact_unchecked(url: str) -> str:
         query = _without_passwords(query)
         return f"{scheme}://{rest}?{query}" if query else f"{scheme}://{rest}"
     return f"{scheme}://{rest}"
-
-
-def redact(url: str) -> str:
-    """``url`` with its password removed (after the user, and any
-    ``password=`` or ``sentinel_password=`` query parameter), for messages
-    and logs."""
-    return redact_unchecked(url)
 
 
 #: The server's error codes that redis-py turns into classes (and drops
@@ -331,10 +271,9 @@ _CODES: tuple[tuple[type[BaseException], str], ...] = (
 
 
 def reason(error: BaseException) -> str:
-    """What went wrong, as the server or the OS said it (redis-py 8's
-    ``repr`` drops it): the error's type and message, or, for an error
-    without one, its cause's (``Connection refused``, ``WRONGPASS ...``,
-    ``NOPERM ...``, ``WRONGTYPE ...``)."""
+    """What went wrong, as the server or the OS said it: the error's type
+    and message, or its cause's if it has none (redis-py 8's ``repr`` drops
+    them)."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
@@ -362,12 +301,10 @@ def check_client_options(
     """A copy of ``options``, checked against ``target``.
 
     :raises TypeError: if it is not a mapping of ``str`` keys, its
-        ``ssl_context`` is not an :class:`ssl.SSLContext`, or it has a key
-        redis-py's client does not take for the url's scheme (the message
-        names the closest one it takes).
-    :raises ValueError: for an option the discovery sets itself, or an
-        ``ssl_context`` or other TLS option (``ssl``, ``ssl_*``) for a url
-        without TLS.
+        ``ssl_context`` is not an :class:`ssl.SSLContext`, or redis-py's
+        client does not take a key for the url's scheme.
+    :raises ValueError: for an option the discovery sets itself, or a TLS
+        option for a url without TLS.
     """
     if options is None:
         return {}
@@ -408,8 +345,8 @@ def check_client_options(
 
 
 def _check_cluster_options(options: Mapping[str, Any], target: Target) -> None:
-    """A cluster's client (redis-py's ``RedisCluster``) builds its own
-    connections: it takes the ``ssl_*`` options, not an ``ssl_context``."""
+    """redis-py's ``RedisCluster`` takes the ``ssl_*`` options, not an
+    ``ssl_context``."""
     if "ssl_context" in options:
         raise ValueError(
             "client_options ssl_context is not supported with a Redis Cluster "
@@ -442,8 +379,7 @@ class _GivenContextSentinelSSLConnection(SentinelManagedSSLConnection):
 
 
 def _escape(text: str) -> str:
-    """``text`` with every character outside ``!``..``~`` (and ``%``)
-    percent-encoded as UTF-8: ``CLIENT SETNAME`` takes nothing else."""
+    """``text`` percent-encoded outside ``!``..``~``, as ``CLIENT SETNAME`` needs."""
     return "".join(
         char
         if "!" <= char <= "~" and char != "%"
@@ -453,32 +389,20 @@ def _escape(text: str) -> str:
 
 
 def client_name(role: str, namespace: str) -> str:
-    """``CLIENT SETNAME`` value: who holds the connection, for ``CLIENT LIST``:
-    ``wool-pooling:<role>:<namespace>:<host>:<pid>``, the namespace and host
-    percent-encoded outside ``!``..``~``."""
+    """``wool-pooling:<role>:<namespace>:<host>:<pid>``: who holds a
+    connection, for ``CLIENT LIST``."""
     host = _escape(socket.gethostname())
     return f"wool-pooling:{role}:{_escape(namespace)}:{host}:{os.getpid()}"
 
 
 class SentinelAuthenticationError(redis_errors.AuthenticationError):
-    """The sentinels refused to authenticate the client, so no master can be
-    found: the message says which sentinel refused and what it said (never
-    the password)."""
+    """A sentinel refused to authenticate the client, so no master can be found."""
 
 
 class _Sentinels(Sentinel):
     """redis-py's ``Sentinel``, saying so when the sentinels refuse
-    authentication.
-
-    redis-py reports any failure to find the master as
-    ``MasterNotFoundError``, which hides a refusal among "no answer yet".
-    When no sentinel gave a master, each is asked for a ``PING``: the first
-    refusal of authentication (``NOAUTH``, ``WRONGPASS``, a password the
-    sentinel does not expect) replaces the ``MasterNotFoundError``, as a
-    :class:`SentinelAuthenticationError` naming the sentinel and quoting its
-    reason. (Still a connection error: a connection's retries ask again, a
-    few quick round trips, well within ``connect_timeout``.)
-    """
+    authentication (which redis-py reports as ``MasterNotFoundError``): then
+    each sentinel is pinged, and the first refusal is raised in its place."""
 
     async def discover_master(self, service_name: str) -> Any:
         try:
@@ -503,10 +427,8 @@ class _Sentinels(Sentinel):
 
 
 def _no_client_commands() -> dict[str, Any]:
-    """Options that make redis-py send no ``CLIENT`` command of its own: no
-    ``CLIENT SETINFO`` (``driver_info`` since redis-py 7, which warns about
-    the older ``lib_name`` and ``lib_version``), no ``CLIENT
-    MAINT_NOTIFICATIONS`` (redis-py 7 and later, on RESP3)."""
+    """Options that make redis-py send no ``CLIENT SETINFO`` nor ``CLIENT
+    MAINT_NOTIFICATIONS`` (redis-py 7 and later) of its own."""
     quiet: dict[str, Any] = (
         {"driver_info": None}
         if importlib.util.find_spec("redis.driver_info") is not None
@@ -539,58 +461,10 @@ class Connection:
 
 def _retry(timeout: float, retries: int) -> Retry:
     """redis-py's retry of a failed command: ``retries`` times, with jittered
-    backoff up to ``timeout``; none at all for ``retries=0`` (a session's
-    lost connection must end the session, not be retried silently)."""
+    backoff up to ``timeout``."""
     if retries:
         return Retry(EqualJitterBackoff(cap=timeout, base=0.05), retries)
     return Retry(NoBackoff(), 0)
-
-
-def open_cluster_client(
-    target: Target,
-    role: str,
-    namespace: str,
-    timeout: float,
-    *,
-    retries: int,
-    client_options: Mapping[str, Any],
-    named: bool = True,
-) -> Connection:
-    """A redis-py ``RedisCluster`` for a ``redis+cluster://`` url, its
-    seed nodes from the url, its connections named as :func:`open_client`'s
-    (``named=False``: no ``CLIENT`` command at all, as there).
-
-    It follows ``MOVED`` and ``ASK`` redirections (a slot that moved), and
-    re-reads the cluster's layout after a lost connection (a master that
-    failed over), retrying a command ``retries`` times. A slot held by no
-    reachable master fails only the commands for that slot
-    (``require_full_coverage=False`` unless ``client_options`` say
-    otherwise). Precedence as for :func:`open_client`.
-    """
-    retry = _retry(timeout, retries)
-    options: dict[str, Any] = {
-        "socket_connect_timeout": timeout,
-        "socket_timeout": timeout,
-        "socket_keepalive": True,
-        "require_full_coverage": False,
-    }
-    options.update(client_options)
-    options.update(parse_redis_url(node_url(target.url, target.hosts[0])))
-    options.pop("host", None)
-    options.pop("port", None)
-    options.pop("db", None)
-    if options.pop("connection_class", None) is SSLConnection:
-        options["ssl"] = True
-    if named:
-        options["client_name"] = client_name(role, namespace)
-    else:
-        options.update(_no_client_commands())
-    options.update(
-        retry=retry,
-        retry_on_error=[redis_errors.ConnectionError, redis_errors.TimeoutError],
-    )
-    nodes = [ClusterNode(host, port) for host, port in target.hosts]
-    return Connection(RedisCluster(startup_nodes=nodes, **options))
 
 
 def open_client(
@@ -604,35 +478,21 @@ def open_client(
     named: bool = True,
 ) -> Connection:
     """A client for ``target`` whose connections name themselves (with
-    ``named=False``: that send no ``CLIENT`` command at all, neither
-    ``CLIENT SETNAME`` nor redis-py's ``CLIENT SETINFO`` and ``CLIENT
-    MAINT_NOTIFICATIONS``).
+    ``named=False``: send no ``CLIENT`` command at all).
 
-    Precedence: the url's own parts (and, for ``redis://``, ``rediss://``
-    and ``unix://``, its query parameters) win over ``client_options``,
-    which win over the defaults set here (``socket_connect_timeout`` and
-    ``socket_timeout`` of ``timeout``, TCP keepalive). An ``ssl_context``
-    option is used for every TLS connection to the server (not to the
-    sentinels: give theirs in ``sentinel_kwargs``). A cluster url gets
-    :func:`open_cluster_client`'s client.
+    The url's parts win over ``client_options``, which win over the
+    defaults (docs/redis.rst, *Options and their precedence*). A cluster's
+    client fails only the commands of a slot no reachable master holds
+    (``require_full_coverage=False`` by default).
     """
-    if target.cluster:
-        return open_cluster_client(
-            target,
-            role,
-            namespace,
-            timeout,
-            retries=retries,
-            client_options=client_options,
-            named=named,
-        )
-    retry = _retry(timeout, retries)
     options: dict[str, Any] = {
         "socket_connect_timeout": timeout,
         "socket_timeout": timeout,
     }
     if target.path is None:
         options["socket_keepalive"] = True
+    if target.cluster:
+        options["require_full_coverage"] = False
     options.update(client_options)
     given = options.pop("ssl_context", None)
     if given is not None:
@@ -644,11 +504,20 @@ def open_client(
         )
     options.update(
         client_name=client_name(role, namespace) if named else None,
-        retry=retry,
+        retry=_retry(timeout, retries),
         retry_on_error=[redis_errors.ConnectionError, redis_errors.TimeoutError],
     )
     if not named:
         options.update(_no_client_commands())
+    if target.cluster:
+        # The seeds' user, password and query options, from the url.
+        options.update(parse_redis_url(node_url(target.url, target.hosts[0])))
+        for name in ("host", "port", "db"):
+            options.pop(name, None)
+        if options.pop("connection_class", None) is SSLConnection:
+            options["ssl"] = True
+        nodes = [ClusterNode(host, port) for host, port in target.hosts]
+        return Connection(RedisCluster(startup_nodes=nodes, **options))
     if not target.sentinel:
         if given is None:
             return Connection(

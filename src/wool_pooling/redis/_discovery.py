@@ -1,7 +1,4 @@
-"""``RedisDiscovery``: wool discovery on a Redis server, one subscription per process.
-
-See :mod:`wool_pooling.redis` (the public module) for the guarantees.
-"""
+"""``RedisDiscovery``: wool discovery on Redis, one subscription per process."""
 
 import functools
 from collections.abc import Callable
@@ -25,42 +22,39 @@ from ._connection import redact
 from ._errors import DEFAULT_RECONNECT
 from ._publisher import RedisPublisher
 from ._scripts import DEFAULT_KEY_PREFIX
-from ._settings import ConnectionArguments
 from ._settings import DiscoverySettings
+from ._settings import argument
 from ._settings import check_flag
 from ._settings import check_hosts
 from ._settings import check_key_prefix
 from ._settings import check_namespace
+from ._settings import check_reconnect
 from ._settings import check_seconds
 from ._settings import rebuild
+from ._statistics import Counters
 from ._statistics import RedisStatistics
-from ._statistics import snapshot
+from ._statistics import counters
 from ._stream import RedisStream
 from ._stream import SharedRedisStream
 from ._stream import note_options
 
 
 @final
-class RedisDiscovery(ConnectionArguments):
-    """A wool ``DiscoveryLike`` on one Redis server (or a Sentinel-monitored master).
-
-    :mod:`wool_pooling.redis` states the guarantees in full: ordering by the
+class RedisDiscovery:
+    """A wool ``DiscoveryLike`` on one Redis server, Sentinel-monitored master
+    or Redis Cluster; see docs/redis.rst for its guarantees (ordering by the
     namespace's version, one shared subscription per connection, namespace
-    and process, what a reconnect does, lease semantics, asyncio only.
+    and process, reconnects, leases; asyncio only).
 
-    It pickles as the arguments it was built with, every one (no
-    connection, client or other state travels), and so do its publisher and
-    subscribers: a copy sent to another process watches the same keys with
-    the same options. It equals a discovery whose subscribers share its
-    subscription (same normalised connection, key prefix and namespace).
+    It pickles as the arguments it was built with, every one, and so do its
+    publisher and subscribers. It equals a discovery whose subscribers share
+    its subscription (same normalised connection, key prefix and namespace).
 
-    :param url: The server: ``redis://[user[:password]@]host[:port][/db]``
-        (``rediss://`` for TLS), ``unix:///path/to/redis.sock[?db=N]``, or
-        ``redis+sentinel://[user[:password]@]host:port[,host:port...]/service_name[/db]``
-        (the sentinels, and the name of the master they monitor;
-        ``rediss+sentinel://`` for TLS). Checked here.
+    :param url: The server: ``redis://``, ``rediss://``, ``unix://``,
+        ``redis+sentinel://`` or ``redis+cluster://`` (docs/redis.rst,
+        *Urls*). Checked here.
     :param namespace: Workers are shared between discoveries of one
-        namespace only (a non-empty ``str``, any characters).
+        namespace only (a non-empty ``str``).
     :param bind_host: Where wool binds the workers this discovery's
         publisher announces (``"0.0.0.0"`` for other machines to reach them).
     :param advertise_host: The host announced for a worker bound to a
@@ -71,55 +65,31 @@ class RedisDiscovery(ConnectionArguments):
         expired leases; ``None``: ``lease / 4``.
     :param connect_timeout: Bound, in seconds, on connecting, subscribing
         and taking a snapshot, and on each command.
-    :param reconnect: How a subscription retries a lost connection
-        (``attempts``, ``backoff``, ``multiplier``, ``max_backoff`` and
-        ``jitter`` apply); unlimited attempts by default.
+    :param reconnect: How a subscription retries a lost connection;
+        unlimited attempts by default. Its ``settle`` and ``restart_on_end``
+        must be left as they are: a Redis subscription cannot apply them.
     :param shared: ``False`` gives every iteration of every subscriber its
-        own connections, as a discovery without this library would (for
-        comparison).
+        own connections (for comparison).
     :param client_options: Keyword arguments for redis-py's client (its
-        ``ssl_*`` options, a ``credential_provider``,
-        ``health_check_interval``, ``password``, ``sentinel_kwargs`` for
-        the sentinels' own connections, ...), and ``ssl_context``: an
-        :class:`ssl.SSLContext` for the TLS connections to the server (a
-        ``rediss://`` or ``rediss+sentinel://`` url). The url's parts and query
-        parameters win over them; they win over the discovery's defaults
-        (``socket_connect_timeout`` and ``socket_timeout`` from
-        ``connect_timeout``, TCP keepalive). ``client_name``,
-        ``decode_responses``, ``retry``, ``retry_on_error``,
-        ``retry_on_timeout``, ``connection_pool``,
-        ``single_connection_client``, ``url``, ``host``, ``port``, ``path``
-        and ``db`` are the discovery's own. They must pickle for the
-        subscriber to be sent to another process (as wool does to its
-        workers): an ``ssl.SSLContext`` does not, the ``ssl_*`` file
-        options do.
+        ``ssl_*`` options, ``password``, ``sentinel_kwargs``, ...), and
+        ``ssl_context``: an :class:`ssl.SSLContext` for TLS to the server.
+        The url wins over them; they win over the defaults (docs/redis.rst,
+        *Options and their precedence*). They must pickle for the subscriber
+        to be sent to another process.
     :param key_prefix: The prefix of every key and channel, ``"wool:"`` by
         default (no braces).
-    :param liveness_timeout: Bound, in seconds, on how long a subscription's
-        pub/sub connection may stay silent: after ``liveness_timeout / 2``
-        seconds without an announcement the subscription sends a ``PING``
-        on it, and a connection that has answered nothing ``liveness_timeout``
-        seconds after it last did (a peer that stopped answering without
-        closing: a NAT or load balancer that dropped its state, a stalled
-        server) is treated as lost: reconnect, new snapshot, only the
-        changes passed on. Costs one ``PING`` per ``liveness_timeout / 2``
-        seconds on a quiet connection. A reap on the command connection is
-        held to the same deadline.
+    :param liveness_timeout: Seconds the pub/sub connection may stay silent
+        (a ``PING`` is sent at half of it) before it is treated as lost
+        (docs/redis.rst, *Dead connections*).
     :param name_connections: ``True``: each connection names itself with
-        ``CLIENT SETNAME`` (``CLIENT LIST`` shows who holds it). ``False``:
-        no ``CLIENT`` command is sent at all (nor redis-py's ``CLIENT
-        SETINFO``), for servers that refuse them (managed services such as
-        Memorystore, some proxies). Passed on to the publisher.
-    :raises TypeError: if ``url``, ``namespace`` or ``key_prefix`` is not a
-        ``str``, ``client_options`` is not a mapping (or its ``ssl_context``
-        not an ``ssl.SSLContext``), ``reconnect`` is not a
-        ``RestartPolicy``, or ``name_connections`` not a ``bool``.
-    :raises ValueError: for a malformed url (scheme, host or socket path,
-        port, database, Sentinel service), an empty namespace, a lease,
-        reap interval, timeout or liveness timeout that is not a finite
-        number > 0, a
-        reserved client option, an ``ssl_context`` for a url without TLS,
-        or braces in ``key_prefix``.
+        ``CLIENT SETNAME``; ``False``: no ``CLIENT`` command is sent at all,
+        for servers that refuse them. Passed on to the publisher.
+    :raises TypeError: if an argument has the wrong type, or
+        ``client_options`` has a key redis-py does not take.
+    :raises ValueError: for a ``reconnect`` that sets ``settle`` or
+        ``restart_on_end``, a malformed url, an empty namespace, a duration
+        that is not a finite number > 0, a reserved or TLS-only client
+        option out of place, or braces in ``key_prefix``.
     """
 
     def __init__(
@@ -150,8 +120,7 @@ class RedisDiscovery(ConnectionArguments):
             if reap_interval is None
             else check_seconds("reap_interval", reap_interval)
         )
-        if not isinstance(reconnect, RestartPolicy):  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise TypeError(f"reconnect must be a RestartPolicy, got {reconnect!r}")
+        check_reconnect(reconnect)
         options = check_client_options(client_options, target)
         check_key_prefix(key_prefix)
         # A publisher's settings, checked now rather than at first use.
@@ -174,38 +143,31 @@ class RedisDiscovery(ConnectionArguments):
         self._subscriber = self._settings.subscriber()
         self._target = target
 
-    @property
-    def bind_host(self) -> str:
-        """Where wool binds the workers this discovery's publisher announces."""
-        return self._settings.bind_host
-
-    @property
-    def reap_interval(self) -> float:
-        """Seconds between a subscription's sweeps of expired leases
-        (``lease / 4`` unless given)."""
-        return self._settings.reap_interval
-
-    @property
-    def reconnect(self) -> RestartPolicy:
-        """How a subscription retries a lost connection."""
-        return self._settings.reconnect
-
-    @property
-    def shared(self) -> bool:
-        """Whether the subscribers of the process share one subscription."""
-        return self._settings.shared
-
-    @property
-    def liveness_timeout(self) -> float:
-        """Seconds the subscription's pub/sub connection may stay silent
-        before it is treated as lost."""
-        return self._settings.liveness_timeout
+    url: str = argument("url")
+    namespace: str = argument("namespace")
+    bind_host: str = argument("bind_host")
+    advertise_host: str | None = argument("advertise_host")
+    lease: float = argument("lease")
+    #: ``lease / 4`` unless given.
+    reap_interval: float = argument("reap_interval")
+    connect_timeout: float = argument("connect_timeout")
+    reconnect: RestartPolicy = argument("reconnect")
+    shared: bool = argument("shared")
+    #: A checked copy.
+    client_options: Mapping[str, Any] = argument("client_options")
+    key_prefix: str = argument("key_prefix")
+    liveness_timeout: float = argument("liveness_timeout")
+    name_connections: bool = argument("name_connections")
 
     @functools.cached_property
     def _key(self) -> Hashable:
-        """The pool's key: resolving a host name waits for DNS, once per
-        process and host, so it is done when first needed."""
+        """The pool's key, resolved (DNS) when first needed."""
         return self._subscriber.key()
+
+    @functools.cached_property
+    def _counters(self) -> Counters:
+        """The key's counters, held while this discovery lives."""
+        return counters(self._key)
 
     @property
     def publisher(self) -> RedisPublisher:
@@ -222,17 +184,15 @@ class RedisDiscovery(ConnectionArguments):
     ) -> DiscoverySubscriberLike:
         """A subscriber to this namespace, filtered by ``filter`` if given.
 
-        With ``shared=True`` (the default) every subscriber of the process to
-        the same connection (scheme, resolved host, port, database and user:
-        ``redis://127.0.0.1:6379/0``, ``redis://127.0.0.1:6379`` and
-        ``redis://localhost:6379/0`` are one), key prefix and namespace
-        shares one subscription, with the options of the one that started
-        it: a subscriber given other options while an earlier one is alive
-        gets a :exc:`RuntimeWarning` saying so. Each filter is applied to
-        its own consumer by :class:`~wool_pooling.afilter`. With
-        ``shared=False`` every iteration opens its own connection.
+        With ``shared=True`` the process's subscribers of one normalised
+        connection, key prefix and namespace share one subscription, with
+        the options of the first (docs/redis.rst, *One subscription per
+        connection*); each filter applies to its own consumer. A
+        subscriber given other options than a live one of its key warns
+        (:exc:`RuntimeWarning`).
         """
         settings = self._subscriber
+        self._counters  # noqa: B018  (held from the first subscriber on)
         if self.shared:
             stream: Any = SharedRedisStream(settings)
             note_options(self._key, stream, settings.options)
@@ -243,13 +203,12 @@ class RedisDiscovery(ConnectionArguments):
         return afilter(filter, cast(DiscoverySubscriberLike, stream))
 
     def statistics(self) -> RedisStatistics:
-        """Counters of this process's subscribers to this connection and namespace."""
-        return snapshot(self._key)
+        """Counters of this process's subscribers to this connection and
+        namespace (docs/metrics.rst exports them)."""
+        return self._counters.statistics()
 
     def __eq__(self, other: object) -> bool:
-        """Equal to a discovery whose subscribers share this one's
-        subscription: same normalised connection, key prefix and namespace
-        (the key its recorded arguments give)."""
+        """Equal to a discovery whose subscribers share this one's subscription."""
         if not isinstance(other, RedisDiscovery):
             return NotImplemented
         return self._key == other._key
@@ -258,12 +217,7 @@ class RedisDiscovery(ConnectionArguments):
         return hash((RedisDiscovery, self._key))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickle as what it is made of: its arguments, every one.
-
-        No connection, client or other state a subscription or publisher
-        opened travels: the copy is built (and its arguments checked) by
-        calling the class again, with the arguments this one recorded.
-        """
+        """Pickle as its arguments, every one (checked again when unpickled)."""
         return (rebuild, (RedisDiscovery, self._settings))
 
     def __repr__(self) -> str:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 from collections.abc import Awaitable
+from collections.abc import Generator
 from typing import TypeVar
 
+import anyio
 import redis.exceptions as redis_errors
 
 from .._pooling.restart import RestartPolicy
@@ -35,11 +38,8 @@ RETRIED = (*CONNECTION_ERRORS, Resync, redis_errors.ResponseError)
 #: Shortest wait for an announcement, in seconds.
 MIN_WAIT = 0.05
 
-#: How a subscriber reconnects after losing its connection, by default:
-#: at once or nearly (0.1 s, doubling), and after a long outage at a delay
-#: drawn from [0, 30] s, so that the processes a server restart disconnected
-#: together come back spread over 30 s, not in step (docs/redis.rst, *Restart
-#: herd*, derives it).
+#: How a subscriber reconnects by default: at 0.1 s, doubling, up to a delay
+#: drawn from [0, 30] s (docs/redis.rst, *Restart herd*, derives it).
 DEFAULT_RECONNECT = RestartPolicy(
     attempts=None, backoff=0.1, multiplier=2.0, max_backoff=30.0, jitter=1.0
 )
@@ -49,13 +49,10 @@ class RedisDiscoveryError(Exception):
     """The Redis server cannot be reached, refused a command, or holds data
     in the discovery's keys that is not the discovery's.
 
-    The message names the action, the server's url without its password, and
-    the reason the server (or the OS) gave: ``connecting at redis://...
-    failed: ConnectionError: Error 111 connecting to ... Connection
-    refused``, ``... WRONGPASS ...``, ``... NOPERM ...``, ``... WRONGDATA
-    wool:{ns}:version holds "junk", not a version number``. A server
-    that refuses ``CLIENT SETNAME`` gets a message naming it and the
-    ``name_connections`` option that turns it off.
+    The message names the action, the url without its password and the
+    server's (or the OS's) reason, e.g. ``connecting at redis://... failed:
+    ConnectionError: ... Connection refused``; for a server that refuses
+    ``CLIENT SETNAME``, the ``name_connections`` option that avoids it.
     """
 
 
@@ -73,11 +70,9 @@ def require_asyncio(what: str) -> None:
 async def watched(awaitable: Awaitable[T]) -> T:
     """Await a redis-py call; re-raise a cancellation that it swallowed.
 
-    redis-py reads under ``asyncio.timeout``: a task cancelled as that
-    timeout expires can get the timeout's result (``None`` from
-    ``get_message``, or a ``TimeoutError``) in place of its
-    ``CancelledError``, and then go on as if never cancelled. The task's
-    pending cancellation count says it was: raise ``CancelledError`` then.
+    A task cancelled as redis-py's ``asyncio.timeout`` expires can get the
+    timeout's result in place of its ``CancelledError``; its pending
+    cancellation count says it was cancelled.
     """
     task = asyncio.current_task()
     before = task.cancelling() if task is not None else 0
@@ -92,6 +87,19 @@ async def watched(awaitable: Awaitable[T]) -> T:
     return result
 
 
+@contextlib.contextmanager
+def within(seconds: float, message: str) -> Generator[None]:
+    """Cut the block short after ``seconds`` with a :exc:`TimeoutError` of
+    ``message`` (redis-py's own timeouts pass as they are)."""
+    try:
+        with anyio.fail_after(max(seconds, MIN_WAIT)):
+            yield
+    except TimeoutError as error:
+        if str(error):
+            raise
+        raise TimeoutError(message) from None
+
+
 #: How a server that refuses ``CLIENT SETNAME`` says so: an ACL's ``NOPERM
 #: ... 'client|setname' command`` (Redis 6: ``... the 'client' command``), an
 #: ``unknown command 'CLIENT'`` (a proxy, a managed service), or redis-py's
@@ -104,8 +112,7 @@ _REFUSED_CLIENT = re.compile(
 
 
 def failed(url: str, action: str, error: BaseException) -> RedisDiscoveryError:
-    """The error for ``action`` failing at ``url``; for a server that refused
-    ``CLIENT SETNAME``, it says how to do without."""
+    """The error for ``action`` failing at ``url``."""
     why = reason(error)
     message = f"{action} at {redact(url)} failed: {why}"
     if _REFUSED_CLIENT.search(why):

@@ -19,7 +19,6 @@ import redis.exceptions as redis_errors
 from wool import DiscoveryEventType
 from wool import WorkerMetadata
 
-from ._cluster import sharded
 from ._connection import Connection
 from ._connection import check_client_options
 from ._connection import open_client
@@ -30,19 +29,21 @@ from ._errors import CONNECTION_ERRORS
 from ._errors import failed
 from ._errors import require_asyncio
 from ._errors import watched
+from ._errors import within
 from ._scripts import DEFAULT_KEY_PREFIX
 from ._scripts import PUBLISH
 from ._scripts import RENEW
+from ._scripts import Keys
 from ._scripts import idle_expiry_ms
-from ._settings import ConnectionArguments
+from ._scripts import sharded
 from ._settings import PublisherSettings
+from ._settings import argument
 from ._settings import check_flag
 from ._settings import check_hosts
 from ._settings import check_key_prefix
 from ._settings import check_namespace
 from ._settings import check_seconds
 from ._settings import is_wildcard
-from ._settings import keys_for
 from ._settings import rebuild
 
 logger = logging.getLogger("wool_pooling.redis")
@@ -74,48 +75,47 @@ def _process_alive(pid: int) -> bool:
 
 
 @final
-class RedisPublisher(ConnectionArguments):
-    """Announces workers in a namespace's Redis hash, with a renewed lease.
+class RedisPublisher:
+    """Announces workers in a namespace's Redis hash, each with a renewed lease.
 
-    wool enters it (``async with``) before the first ``publish`` and exits it
-    after the last; publishing outside that raises :exc:`RuntimeError`.
+    wool enters it (``async with``) before the first :meth:`publish` and
+    exits it after the last. While entered, every ``lease / 3`` seconds it
+    renews the lease of each worker it published whose process
+    (``metadata.pid``, on this host) is alive, adding again a record the
+    server lost; a worker it stops renewing expires ``lease`` seconds after
+    its last renewal. An unexpected error that stops the renewal is logged
+    on ``wool_pooling.redis`` at once and raised from the next
+    :meth:`publish` or the exit. Commands are retried 3 times on a lost
+    connection. See docs/redis.rst, *Leases*. Asyncio only.
 
-    - ``publish("worker-added" | "worker-updated", metadata)`` stores the
-      worker's protobuf bytes in the namespace's hash, sets its lease, and
-      announces the change, in one Lua script (with the namespace's version
-      from ``INCR``). Re-adding a worker with the same metadata only renews
-      its lease; updating an unknown worker adds it.
-    - ``publish("worker-dropped", metadata)`` removes the record and
-      announces the drop (a no-op for an unknown worker). A drop that fails
-      (the server unreachable) still raises :class:`RedisDiscoveryError`,
-      but the publisher forgets the worker at once (it is never renewed, so
-      never added again) and retries the drop with each renewal until the
-      server takes it, and once more on exit.
-    - **Lease:** while the publisher is entered, every ``lease / 3`` seconds
-      it renews the lease of each worker it published whose process
-      (``metadata.pid``, on this host) is still alive; a record that has
-      gone (expired, or lost when the server restarted without persistence)
-      is added again. It stops renewing a worker whose process has died, and
-      every worker once the publisher exits or its process is killed: the
-      record then expires ``lease`` seconds after its last renewal and is
-      dropped (and the drop announced) by the next publisher or subscriber
-      of the namespace to look.
-    - ``bind_host`` is where wool binds the workers it announces here. A
-      worker whose address is a wildcard (``0.0.0.0``) is announced at
-      ``advertise_host`` if given, else at this host's default-route
-      address, so other machines can reach it.
+    It pickles as its arguments, every one (the copy is unentered, with none
+    of this one's workers), and equals a publisher of equal arguments.
 
-    Commands are retried (3 times, with jittered backoff) on a lost
-    connection; a command that still fails raises :class:`RedisDiscoveryError`
-    naming the action, the url without its password and the server's
-    reason. ``url``, ``namespace``, ``client_options``, ``key_prefix`` and
-    ``name_connections`` are as for :class:`RedisDiscovery` (and checked the
-    same way, at construction). Asyncio only.
+    :param bind_host: Where wool binds the workers announced here. A worker
+        bound to a wildcard (``0.0.0.0``) is announced at ``advertise_host``
+        if given, else at this host's default-route address.
+    :param lease: Seconds a worker's record lives without renewal.
+    :param connect_timeout: Bound, in seconds, on connecting and on each
+        command.
 
-    It pickles as the arguments it was built with, every one: the copy is
-    unentered, with no connection and none of this one's workers. It
-    equals a publisher built with equal arguments.
+    ``url``, ``namespace``, ``advertise_host``, ``client_options``,
+    ``key_prefix`` and ``name_connections`` are as for
+    :class:`RedisDiscovery`.
+
+    :raises TypeError: if an argument has the wrong type, as for
+        :class:`RedisDiscovery`.
+    :raises ValueError: if an argument is invalid, as for
+        :class:`RedisDiscovery`.
     """
+
+    url: str = argument("url")
+    namespace: str = argument("namespace")
+    advertise_host: str | None = argument("advertise_host")
+    lease: float = argument("lease")
+    connect_timeout: float = argument("connect_timeout")
+    client_options: Mapping[str, Any] = argument("client_options")
+    key_prefix: str = argument("key_prefix")
+    name_connections: bool = argument("name_connections")
 
     def __init__(
         self,
@@ -144,11 +144,10 @@ class RedisPublisher(ConnectionArguments):
             key_prefix=check_key_prefix(key_prefix),
             name_connections=check_flag("name_connections", name_connections),
         )
-        #: Where wool binds the workers announced here: as given (an
-        #: attribute, as wool's ``DiscoveryPublisherLike`` declares it; the
+        #: An attribute, as wool's ``DiscoveryPublisherLike`` declares it (the
         #: record's value is the one that pickles and compares).
         self.bind_host: str = bind_host
-        self.keys_for = keys_for(self._target, namespace, key_prefix)
+        self.keys_for = Keys.of(namespace, self._target.db, key_prefix)
         self._connection: Connection | None = None
         self._scripts: dict[str, Any] = {}
         #: uid -> (payload, pid) of the workers this publisher keeps alive.
@@ -157,6 +156,8 @@ class RedisPublisher(ConnectionArguments):
         self._pending_drops: set[str] = set()
         self._lock = asyncio.Lock()
         self._renewer: asyncio.Task[None] | None = None
+        #: What stopped the renewer, raised from the next call or the exit.
+        self._renewer_failed: BaseException | None = None
 
     def __eq__(self, other: object) -> bool:
         """Equal to a publisher made of equal arguments (what either has
@@ -188,15 +189,9 @@ class RedisPublisher(ConnectionArguments):
                 client_options=self.client_options,
                 named=self.name_connections,
             )
-            try:
-                with anyio.fail_after(self.connect_timeout):
-                    await connection.client.ping()
-            except TimeoutError as error:
-                if str(error):
-                    raise
-                raise TimeoutError(
-                    f"no answer within {self.connect_timeout:g}s"
-                ) from None
+            timeout = self.connect_timeout
+            with within(timeout, f"no answer within {timeout:g}s"):
+                await connection.client.ping()
         except Exception as error:
             if connection is not None:
                 with contextlib.suppress(Exception):
@@ -210,6 +205,7 @@ class RedisPublisher(ConnectionArguments):
             )
             for name, source in (("publish", PUBLISH), ("renew", RENEW))
         }
+        self._renewer_failed = None
         self._renewer = asyncio.get_running_loop().create_task(self._renew_forever())
         return self
 
@@ -225,6 +221,8 @@ class RedisPublisher(ConnectionArguments):
             with contextlib.suppress(asyncio.CancelledError):
                 await renewer
         try:
+            if exc is None:
+                self._raise_if_renewer_failed()
             if self._pending_drops and self._connection is not None:
                 with anyio.move_on_after(self.connect_timeout):
                     async with self._lock:
@@ -264,12 +262,17 @@ class RedisPublisher(ConnectionArguments):
         )
 
     async def publish(self, type: DiscoveryEventType, metadata: WorkerMetadata) -> None:
-        """Record (or remove) ``metadata`` and announce it; see the class docstring.
+        """Record (or remove) ``metadata`` and announce it, in one script.
+
+        ``worker-added`` and ``worker-updated`` store the worker's record and
+        set its lease (the same record again only renews it); a drop removes
+        it (a no-op for an unknown worker). A drop that fails is forgotten
+        at once and retried with each renewal and at exit.
 
         :raises RuntimeError: if the publisher is not entered.
         :raises ValueError: for an unknown event type.
         :raises RedisDiscoveryError: if the server cannot be reached or
-            refuses the command (a failed drop is still retried later).
+            refuses the command, or the renewal stopped on an error.
         """
         if self._connection is None:
             raise RuntimeError(
@@ -277,6 +280,7 @@ class RedisPublisher(ConnectionArguments):
             )
         if type not in ("worker-added", "worker-updated", "worker-dropped"):
             raise ValueError(f"unknown discovery event type: {type!r}")
+        self._raise_if_renewer_failed()
         metadata = self._advertised(metadata)
         uid = str(metadata.uid)
         payload = metadata.to_protobuf().SerializeToString()
@@ -303,18 +307,37 @@ class RedisPublisher(ConnectionArguments):
                 self._workers[uid] = (payload, metadata.pid)
 
     async def _renew_forever(self) -> None:
+        """Renew every ``lease / 3`` seconds; a lost connection is logged and
+        retried, any other error logged at once and kept for
+        :meth:`_raise_if_renewer_failed` (the leases are no longer renewed)."""
         interval = self.lease / 3
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self._renew()
-            except (redis_errors.RedisError, *CONNECTION_ERRORS) as error:
-                logger.warning(
-                    "renewing the leases of %s at %s failed: %s",
-                    self.namespace,
-                    redact(self.url),
-                    reason(error),
-                )
+        try:
+            while True:
+                await asyncio.sleep(interval)
+                try:
+                    await self._renew()
+                except (redis_errors.RedisError, *CONNECTION_ERRORS) as error:
+                    logger.warning(
+                        "renewing the leases of %s at %s failed: %s",
+                        self.namespace,
+                        redact(self.url),
+                        reason(error),
+                    )
+        except Exception as error:
+            self._renewer_failed = error
+            logger.error(
+                "renewing the leases of %s at %s stopped: %s: its workers will expire",
+                self.namespace,
+                redact(self.url),
+                reason(error),
+                exc_info=error,
+            )
+
+    def _raise_if_renewer_failed(self) -> None:
+        """:raises RedisDiscoveryError: if the renewer stopped on an error."""
+        error = self._renewer_failed
+        if error is not None:
+            raise failed(self.url, "renewing the leases", error) from error
 
     async def _retry_drops(self) -> None:
         for uid in list(self._pending_drops):

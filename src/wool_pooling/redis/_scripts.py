@@ -1,65 +1,18 @@
-"""The Lua scripts and key layout of :class:`~wool_pooling.redis.RedisDiscovery`.
+"""The Lua scripts and key layout of a namespace (docs/redis.rst, *Keys, channels
+and commands*, *Namespace lifecycle*).
 
-Every change to a namespace's records runs as one Lua script, so the hash,
-the leases, the version counter and the announcement on the channel change
-together (Redis runs a script atomically): a subscriber that reads the hash
-and the version in one script, after subscribing, knows exactly which
-announcements its snapshot already contains (those with a version up to the
-snapshot's).
-
-Key layout for namespace ``ns`` with key prefix ``p`` (``"wool:"`` by
-default; the braces are a cluster hash tag, so the keys of a namespace share
-a slot):
-
-- ``p{ns}:workers``: hash, worker uid -> the metadata's protobuf bytes
-- ``p{ns}:leases``: sorted set, worker uid -> lease expiry (ms, server clock)
-- ``p{ns}:version``: counter, incremented once per announcement
-- ``p{ns}:epoch``: a random token, set again whenever the version counter
-  (or the epoch itself) is found missing: after a flush, an eviction or a
-  restart without persistence. A version is only comparable within one epoch.
-- channel ``p{ns}:events:<db>``: ``b"<version> <epoch> <type> <uid> " +
-  protobuf bytes``. The database number is in the channel's name, because
-  Redis pub/sub ignores databases.
-
-Every script first checks the types of these keys: a key holding something
-else fails the script with ``WRONGDATA <key> holds <what>, not <wanted>``.
-Leases are read against the server's clock (``TIME``), never a client's.
-
-**Idle expiry.** Every script ends by giving the four keys one expiry: the
-later of the one they have and ``keep`` milliseconds from now (its caller's
-:func:`idle_expiry_ms`: :data:`IDLE_EXPIRY_LEASES` times the larger of its
-lease and reap interval). Publishers run a script every ``lease / 3``
-seconds and subscribers every ``reap_interval``, so while any of them lives
-the keys stay; once none is left, they expire together, and a namespace
-nobody uses leaves nothing behind. The four keys share one deadline, so they
-never outlive each other: a version counter without its records (or records
-without their counter) never happens. If they expired under a live
-subscriber all the same (a process stalled for that long), the counter is
-missing: a new epoch, the same as lost data, and subscribers take a new
-snapshot.
+Every change runs as one script, so the hash, the leases, the version
+counter and the announcement change together: a subscriber that reads the
+hash and the version in one script, after subscribing, knows which
+announcements its snapshot holds.
 """
 
 from __future__ import annotations
 
 import attrs
 
-__all__ = [
-    "DEFAULT_KEY_PREFIX",
-    "IDLE_EXPIRY_LEASES",
-    "PUBLISH",
-    "REAP",
-    "RENEW",
-    "SNAPSHOT",
-    "WRONG_DATA",
-    "Keys",
-    "idle_expiry_ms",
-]
-
 #: The prefix of every key and channel, unless ``key_prefix`` says otherwise.
 DEFAULT_KEY_PREFIX = "wool:"
-
-#: The code of the error a script raises when a key holds the wrong data.
-WRONG_DATA = "WRONGDATA"
 
 #: A namespace's keys expire this many times the larger of ``lease`` and
 #: ``reap_interval`` after the last script of its publishers and subscribers.
@@ -231,3 +184,17 @@ local version = tonumber(redis.call('GET', KEYS[3]))
 return finish({version, epoch, redis.call('HGETALL', KEYS[1])})
 """
 )
+
+
+_PUBLISH_CALL = "redis.call('PUBLISH', channel,"
+
+
+def sharded(script: str) -> str:
+    """``script`` announcing with ``SPUBLISH`` (to the channel's shard of a
+    cluster) in place of ``PUBLISH`` (to every node).
+
+    :raises ValueError: if ``script`` does not announce exactly once.
+    """
+    if script.count(_PUBLISH_CALL) != 1:
+        raise ValueError("a discovery script announces with exactly one PUBLISH")
+    return script.replace(_PUBLISH_CALL, "redis.call('SPUBLISH', channel,")

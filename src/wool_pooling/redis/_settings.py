@@ -1,18 +1,14 @@
-"""Checks of the constructor arguments, the records that hold them, and the
-key layout they name.
+"""The constructor arguments: their checks, and the frozen records that hold them.
 
-Each object of the package that wool may ship to another process
-(:class:`RedisDiscovery`, :class:`RedisPublisher`, the subscribers) holds one
-frozen record of what it was made of, and everything that copies, compares
-or derives from it reads that record: it pickles as its class and record,
-is equal to another made of an equal record, and builds the publisher and
-subscribers from it. The discovery's and the publisher's records have one
-field per constructor argument, named as it is.
+Each object wool may ship to another process (the discovery, the publisher,
+the subscribers) holds one record of what it was made of; pickling,
+equality, the pool key and the objects built from it read that record.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable
 from collections.abc import Hashable
 from collections.abc import Mapping
@@ -22,10 +18,7 @@ from typing import TypeVar
 import attrs
 
 from .._pooling.restart import RestartPolicy
-from ._connection import Target
 from ._connection import parse_url
-from ._scripts import DEFAULT_KEY_PREFIX
-from ._scripts import Keys
 
 T = TypeVar("T")
 
@@ -78,14 +71,33 @@ def check_seconds(name: str, value: object) -> float:
     return float(value)
 
 
+_DEFAULT_POLICY = RestartPolicy()
+
+
+def check_reconnect(policy: object) -> RestartPolicy:
+    """:raises TypeError: if ``policy`` is not a :class:`RestartPolicy`.
+    :raises ValueError: if it sets ``settle`` or ``restart_on_end``, which
+        a Redis subscription cannot apply: each session lists every worker
+        in its snapshot (after a data loss, the missing ones are held for
+        ``lease`` seconds), and it never ends on its own."""
+    if not isinstance(policy, RestartPolicy):
+        raise TypeError(f"reconnect must be a RestartPolicy, got {policy!r}")
+    for name, why in (
+        ("settle", "a new session's snapshot lists every worker at once"),
+        ("restart_on_end", "the subscription never ends on its own"),
+    ):
+        if getattr(policy, name) != getattr(_DEFAULT_POLICY, name):
+            raise ValueError(
+                f"reconnect.{name} does not apply to a Redis subscription ({why}),"
+                f" got {getattr(policy, name)!r}"
+            )
+    return policy
+
+
 def check_flag(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {value!r}")
     return value
-
-
-def keys_for(target: Target, namespace: str, prefix: str) -> Keys:
-    return Keys.of(namespace, target.db, prefix)
 
 
 @attrs.frozen
@@ -98,15 +110,10 @@ class SubscriberOptions:
     #: After the server lost its data: seconds to wait for publishers to add
     #: their workers again before dropping the ones they do not.
     settle: float
-    key_prefix: str = DEFAULT_KEY_PREFIX
-    client_options: Mapping[str, Any] = attrs.field(
-        factory=lambda: dict[str, Any](), hash=False
-    )
-    #: Seconds the pub/sub connection may stay silent (a PING unanswered)
-    #: before it is treated as lost.
-    liveness_timeout: float = 10.0
-    #: Whether each connection names itself (``CLIENT SETNAME``).
-    name_connections: bool = True
+    key_prefix: str
+    client_options: Mapping[str, Any] = attrs.field(hash=False)
+    liveness_timeout: float
+    name_connections: bool
 
 
 @attrs.frozen
@@ -144,30 +151,19 @@ class PublisherSettings:
 
 
 @attrs.frozen
-class DiscoverySettings:
+class DiscoverySettings(PublisherSettings):
     """The arguments of :class:`RedisDiscovery`, checked, one field each
     (``reap_interval`` resolved: ``lease / 4`` when not given)."""
 
-    url: str
-    namespace: str
-    bind_host: str
-    advertise_host: str | None
-    lease: float
     reap_interval: float
-    connect_timeout: float
     reconnect: RestartPolicy
     shared: bool
-    #: Compared by value; out of the hash (a mapping is not hashable).
-    client_options: Mapping[str, Any] = attrs.field(hash=False)
-    key_prefix: str
     liveness_timeout: float
-    name_connections: bool
 
     def publisher(self) -> PublisherSettings:
         """The publisher's arguments: each of its fields, taken by name."""
-        return PublisherSettings(
-            **{field.name: getattr(self, field.name) for field in _PUBLISHER_FIELDS}
-        )
+        names = (field.name for field in attrs.fields(PublisherSettings))
+        return PublisherSettings(**{name: getattr(self, name) for name in names})
 
     def subscriber(self) -> SubscriberSettings:
         """The subscriber's settings (``settle``: the lease)."""
@@ -187,67 +183,16 @@ class DiscoverySettings:
         )
 
 
-_PUBLISHER_FIELDS: tuple[attrs.Attribute[Any], ...] = attrs.fields(PublisherSettings)
-
-
-def arguments(settings: PublisherSettings | DiscoverySettings) -> dict[str, Any]:
-    """The keyword arguments that build an object equal to the one
-    ``settings`` was taken from."""
-    return attrs.asdict(settings, recurse=False)
-
-
-def rebuild(
-    cls: Callable[..., T], settings: PublisherSettings | DiscoverySettings
-) -> T:
+def rebuild(cls: Callable[..., T], settings: PublisherSettings) -> T:
     """``cls`` called again with the arguments ``settings`` records (and
     checked again): what an unpickled discovery or publisher is."""
-    return cls(**arguments(settings))
+    return cls(**attrs.asdict(settings, recurse=False))
 
 
-class ConnectionArguments:
-    """The arguments a discovery and a publisher share, read back from the
-    one record they were built from (``_settings``, a
-    :class:`DiscoverySettings` or :class:`PublisherSettings`): read-only."""
-
-    __slots__ = ()
-    _settings: Any
-
-    @property
-    def url(self) -> str:
-        """The server's url, as given."""
-        return self._settings.url
-
-    @property
-    def namespace(self) -> str:
-        """The namespace the workers are announced in."""
-        return self._settings.namespace
-
-    @property
-    def advertise_host(self) -> str | None:
-        """The host announced for a worker bound to a wildcard, if given."""
-        return self._settings.advertise_host
-
-    @property
-    def lease(self) -> float:
-        """Seconds a worker's record lives without renewal."""
-        return self._settings.lease
-
-    @property
-    def connect_timeout(self) -> float:
-        """Bound, in seconds, on connecting and on each command."""
-        return self._settings.connect_timeout
-
-    @property
-    def client_options(self) -> Mapping[str, Any]:
-        """The keyword arguments for redis-py's client (a checked copy)."""
-        return self._settings.client_options
-
-    @property
-    def key_prefix(self) -> str:
-        """The prefix of every key and channel."""
-        return self._settings.key_prefix
-
-    @property
-    def name_connections(self) -> bool:
-        """Whether each connection names itself with ``CLIENT SETNAME``."""
-        return self._settings.name_connections
+def argument(name: str) -> Any:
+    """A read-only attribute: the constructor argument ``name``, read from the
+    object's one record (its ``_settings``)."""
+    return property(
+        operator.attrgetter(f"_settings.{name}"),
+        doc=f"The ``{name}`` argument, as checked.",
+    )

@@ -1,10 +1,5 @@
-"""What one Redis subscription knows, and the events each of its inputs makes.
-
-:class:`SubscriptionState` takes the subscription's inputs one kind at a time
-(a snapshot, an announcement, the settle deadline, a reap's epoch) and
-returns the events for consumers; it does no I/O. The loop that reads the
-server (``RedisStream``) feeds it and yields what it returns.
-"""
+"""What one Redis subscription knows, and the events each of its inputs makes
+(no I/O: the stream reads the server and feeds it)."""
 
 from __future__ import annotations
 
@@ -18,8 +13,6 @@ from wool import WorkerMetadata
 from wool import protocol
 
 from .._wool.workers import WorkerMap
-
-__all__ = ["Gap", "Resync", "SubscriptionState", "decode"]
 
 _TYPES: dict[str, DiscoveryEventType] = {
     "worker-added": "worker-added",
@@ -53,22 +46,8 @@ def decode(uid: bytes, payload: bytes) -> WorkerMetadata:
 class SubscriptionState:
     """The workers a subscription has yielded, and where its sequence stands.
 
-    - :meth:`snapshot`: after (re)connecting, the events turning what was
-      yielded into the snapshot; if the snapshot's epoch differs from the
-      last one (the server lost its data), the workers missing from it are
-      held, not dropped, until :attr:`settle_until`.
-    - :meth:`message`: one announcement: its event, or ``None`` (a
-      duplicate, or nothing changed). Raises :exc:`Resync` on a gap, an
-      announcement from another epoch, or one that does not parse (warned
-      and counted through ``invalid``, never advancing the version).
-    - :meth:`settle`: at :attr:`settle_until`, drops the held workers not
-      announced again.
-    - :meth:`reaped`: a reap's epoch; raises :exc:`Resync` if it changed
-      (a flush with no announcement since).
-
-    Memory held: one metadata (in :attr:`workers`) and one payload per known
-    worker, plus the keys of the invalid records of the last snapshot (each
-    is warned about once).
+    Memory held: one metadata and one payload per known worker, and the
+    invalid records of the last snapshot (each warned about once).
     """
 
     def __init__(
@@ -94,7 +73,9 @@ class SubscriptionState:
     def snapshot(
         self, version: int, epoch: bytes, flat: list[bytes], now: float
     ) -> tuple[list[DiscoveryEvent], bool]:
-        """The events to the snapshot, and whether the server lost its data."""
+        """The events to the snapshot, and whether the server lost its data
+        (a new epoch: the workers missing from it are then held until
+        :attr:`settle_until`, not dropped)."""
         lost = self.epoch is not None and epoch != self.epoch
         self.epoch, self.version = epoch, version
         current: dict[uuid.UUID, WorkerMetadata] = {}
@@ -125,7 +106,11 @@ class SubscriptionState:
         return events, lost
 
     def message(self, data: object) -> DiscoveryEvent | None:
-        """The event announcement ``data`` makes, if any."""
+        """The event announcement ``data`` makes, if any.
+
+        :raises Resync: on a gap, another epoch, or an announcement that does
+            not parse (reported through ``invalid``).
+        """
         if not isinstance(data, bytes):
             self._invalid(b"?", _malformed())
             raise Resync("an announcement did not parse")
@@ -170,7 +155,7 @@ class SubscriptionState:
         return events
 
     def reaped(self, epoch: bytes) -> None:
-        """Check a reap's epoch against the snapshot's."""
+        """:raises Resync: if a reap's epoch is not the snapshot's (a flush)."""
         if epoch != self.epoch:
             raise Resync(
                 "the server's epoch changed (its data was flushed, evicted or lost)"

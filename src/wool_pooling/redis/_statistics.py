@@ -1,15 +1,10 @@
-"""What a Redis subscription counts, per subscription key, for operators.
-
-The subscribers count into a mutable :class:`Counters` per key (an attribute
-update per announcement, nothing per consumer); :func:`snapshot` freezes it
-into a :class:`RedisStatistics` when asked.
-"""
+"""What a Redis subscription counts, per subscription key, for operators."""
 
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Hashable
-from typing import final
 
 import attrs
 
@@ -18,8 +13,9 @@ import attrs
 class RedisStatistics:
     """What the subscribers of one (connection, namespace) in this process have met.
 
-    Counted since the process's first subscriber of that key, whether shared
-    or not (``shared=False`` subscribers add to the same counts).
+    Counted while a discovery or subscriber of that key lives in the
+    process, whether shared or not (``shared=False`` subscribers add to the
+    same counts); the counts go with the last of them.
     """
 
     #: Records (or announcements) that were not valid worker metadata: skipped.
@@ -47,59 +43,36 @@ class RedisStatistics:
     seconds_since_last_message: float | None = None
 
 
-@final
+@attrs.define
 class Counters:
-    """The running counts of one key; see :class:`RedisStatistics`."""
+    """The running counts of one key (an attribute update per announcement)."""
 
-    __slots__ = (
-        "announcements",
-        "connections",
-        "epoch_changes",
-        "gaps",
-        "heard",
-        "invalid_records",
-        "reconnects",
-        "snapshots",
-    )
+    invalid_records: int = 0
+    reconnects: int = 0
+    connections: int = 0
+    snapshots: int = 0
+    announcements: int = 0
+    gaps: int = 0
+    epoch_changes: int = 0
+    #: ``time.monotonic()`` of the last message read, if any.
+    heard: float | None = None
 
-    def __init__(self) -> None:
-        self.invalid_records = 0
-        self.reconnects = 0
-        self.connections = 0
-        self.snapshots = 0
-        self.announcements = 0
-        self.gaps = 0
-        self.epoch_changes = 0
-        #: ``time.monotonic()`` of the last message read, if any.
-        self.heard: float | None = None
+    def statistics(self) -> RedisStatistics:
+        """The counts as they stand."""
+        counts = attrs.asdict(self)
+        heard = counts.pop("heard")
+        since = None if heard is None else max(0.0, time.monotonic() - heard)
+        return RedisStatistics(**counts, seconds_since_last_message=since)
 
 
-by_key: dict[Hashable, Counters] = {}
+#: The counters of each key, held by its discoveries and subscribers: an
+#: entry goes with the last of them.
+by_key: weakref.WeakValueDictionary[Hashable, Counters] = weakref.WeakValueDictionary()
 
 
 def counters(key: Hashable) -> Counters:
-    """The counters of ``key``, made at the first call."""
+    """The counters of ``key``, made at the first call; the caller holds them."""
     found = by_key.get(key)
     if found is None:
         found = by_key[key] = Counters()
     return found
-
-
-def snapshot(key: Hashable) -> RedisStatistics:
-    """The counts of ``key`` as they stand (all zeros if nothing counted)."""
-    found = by_key.get(key)
-    if found is None:
-        return RedisStatistics()
-    heard = found.heard
-    return RedisStatistics(
-        invalid_records=found.invalid_records,
-        reconnects=found.reconnects,
-        connections=found.connections,
-        snapshots=found.snapshots,
-        announcements=found.announcements,
-        gaps=found.gaps,
-        epoch_changes=found.epoch_changes,
-        seconds_since_last_message=None
-        if heard is None
-        else max(0.0, time.monotonic() - heard),
-    )

@@ -9,7 +9,6 @@ import warnings
 import weakref
 from collections.abc import AsyncGenerator
 from collections.abc import AsyncIterator
-from collections.abc import Generator
 from collections.abc import Hashable
 from typing import Any
 from typing import cast
@@ -20,11 +19,8 @@ import redis.exceptions as redis_errors
 from wool import DiscoveryEvent
 
 from .._core.synced import Synced
+from .._pooling.restart import RestartingSource
 from .._wool.view import shared_subscription
-from ._cluster import ClusterSession
-from ._connection import Connection
-from ._connection import Target
-from ._connection import open_client
 from ._connection import parse_url
 from ._connection import reason
 from ._connection import redact
@@ -32,96 +28,37 @@ from ._errors import MIN_WAIT
 from ._errors import RETRIED
 from ._errors import failed
 from ._errors import require_asyncio
-from ._errors import watched
-from ._scripts import REAP
-from ._scripts import SNAPSHOT
+from ._errors import within
+from ._session import Session
 from ._settings import SubscriberOptions
 from ._settings import SubscriberSettings
-from ._settings import keys_for
 from ._state import Gap
 from ._state import SubscriptionState
 from ._statistics import Counters
 from ._statistics import counters
-from ._subscribing import SessionSteps
 
 logger = logging.getLogger("wool_pooling.redis")
 
 
-@final
-class _Session(SessionSteps):
-    """One connection's worth of subscription: pub/sub plus a command client."""
-
-    def __init__(
-        self, target: Target, namespace: str, options: SubscriberOptions
-    ) -> None:
-        self.keys = keys_for(target, namespace, options.key_prefix)
-        self.options = options
-        self.command: Connection | None = None
-        self.listening: Connection | None = None
-        self.pubsub: Any = None
-        #: What :meth:`open` is doing, for error messages.
-        self.stage = "connecting"
-        timeout = options.connect_timeout
-        # No retries on either: a lost connection must end the session (a
-        # silent reconnect would miss announcements).
-        self.command = open_client(
-            target,
-            "subscriber-cmd",
-            namespace,
-            timeout,
-            retries=0,
-            client_options=options.client_options,
-            named=options.name_connections,
-        )
-        self.listening = open_client(
-            target,
-            "subscriber",
-            namespace,
-            timeout,
-            retries=0,
-            client_options=options.client_options,
-            named=options.name_connections,
-        )
-        self.pubsub = self.listening.client.pubsub()
-        self.snapshot_script: Any = self.command.client.register_script(SNAPSHOT)
-        self.reap_script: Any = self.command.client.register_script(REAP)
-
-    async def open(self) -> tuple[int, bytes, list[bytes]]:
-        """Subscribe, wait for the confirmation, then snapshot:
-        (version, epoch, flat hash)."""
-        return await self.subscribe_then_snapshot(self.pubsub.subscribe, "subscribe")
-
-    async def next_message(self, wait: float) -> dict[str, Any] | None:
-        """The next announcement, or None after ``wait`` seconds without one."""
-        return await watched(
-            self.pubsub.get_message(ignore_subscribe_messages=True, timeout=wait)
-        )
-
-    def connections(self) -> tuple[Connection | None, ...]:
-        return (self.listening, self.command)
-
-
 class RedisStream:
-    """The raw subscription: one connection per iteration, reconnecting.
+    """The raw subscription: connect, snapshot, yield, mark the listing, follow.
 
-    Each iteration subscribes to the namespace's channel, then reads the hash
-    and its version in one script (the snapshot), yields the difference
-    between what it has yielded so far and the snapshot (on the first
-    connection: every worker, as ``worker-added``), then every announcement
-    with a version above the snapshot's, in version order; announcements at
-    or below it are duplicates and skipped. A version gap, an announcement
-    from another epoch or one that does not parse, or a lost connection,
-    ends the session: after the reconnect policy's delay a new session
-    takes a new snapshot and yields only the difference. Between
-    announcements it reaps expired leases every ``reap_interval`` seconds
-    (and checks the epoch: a flush is noticed even if nothing is announced).
-    :class:`~wool_pooling.redis._state.SubscriptionState` turns each input
-    into events.
+    The first session subscribes, takes the snapshot and yields it (the
+    first listing); each announcement in version order follows, with a reap
+    every ``reap_interval``. A lost connection, a gap, another epoch or an
+    announcement that does not parse ends the session with an error, and
+    the restart engine (``RestartingSource``, under the ``reconnect``
+    policy) starts the next one, which yields the difference
+    between what was yielded and its snapshot (docs/redis.rst,
+    *Reconnects*).
+
+    :raises RedisDiscoveryError: if the first session fails, and once the
+        policy allows no more reconnects.
     """
 
-    #: Whether a :class:`~wool_pooling.Synced` follows each snapshot: only
-    #: where a shared subscription takes it in (an unshared stream is
-    #: iterated by its user directly).
+    #: Whether a :class:`~wool_pooling.Synced` follows the first snapshot
+    #: (taken in by a shared subscription; an unshared stream's user would
+    #: see it).
     _marks_listing: bool = False
 
     def __init__(self, settings: SubscriberSettings) -> None:
@@ -129,9 +66,9 @@ class RedisStream:
         self.url = settings.url
         self.namespace = settings.namespace
         self.options = settings.options
-        self._target = parse_url(settings.url)
-        self._stats_key = _subscriber_key(type(self), settings)
-        self._counters: Counters = counters(self._stats_key)
+        self.target = parse_url(settings.url)
+        #: The counts of the subscription's key, held while it lives.
+        self.counted: Counters = counters(settings.key())
 
     def __eq__(self, other: object) -> bool:
         """Equal to a subscriber of the same class made of equal settings."""
@@ -143,8 +80,7 @@ class RedisStream:
         return hash((type(self), self.settings))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickle as its settings: no connection or state of an iteration
-        travels."""
+        """Pickle as its settings (no connection or state travels)."""
         return (type(self), (self.settings,))
 
     def __aiter__(self) -> AsyncIterator[DiscoveryEvent]:
@@ -152,63 +88,33 @@ class RedisStream:
 
     async def _events(self) -> AsyncGenerator[DiscoveryEvent, None]:
         require_asyncio("RedisDiscovery's subscriber")
-        state = SubscriptionState(self.options.settle, self._invalid)
-        counted = self._counters
-        failures = 0
-        while True:
-            session: _Session | ClusterSession | None = None
-            try:
-                session = self._session(state)
-                counted.connections += 2
-                snapshot = await self._open(session, state)
-                events, lost = state.snapshot(*snapshot, now=time.monotonic())
-                _count_snapshot(counted, lost)
-                if failures:
-                    self._reconnected(lost)
-                failures = 0
-                for event in events:
-                    yield event
-                if self._marks_listing:
-                    yield cast(DiscoveryEvent, Synced())  # the snapshot is complete
-                # Closed here, not by the garbage collector, when this
-                # generator is closed while suspended in it.
-                async with contextlib.aclosing(self._follow(session, state)) as follow:
-                    async for event in follow:
-                        yield event
-            except RETRIED as error:
-                counted.gaps += isinstance(error, Gap)
-                failures += 1
-                await self._back_off(error, failures)
-            finally:
-                if session is not None:
-                    with anyio.CancelScope(shield=True):
-                        await session.aclose()
-                    counted.connections -= 2
-
-    def _session(self, state: SubscriptionState) -> _Session | ClusterSession:
+        sessions = _Sessions(self)
+        source: RestartingSource[DiscoveryEvent] | None = None
         try:
-            if self._target.cluster:
-                return ClusterSession(self._target, self.namespace, self.options)
-            return _Session(self._target, self.namespace, self.options)
-        except Exception as error:
-            if state.connected_before:
-                raise
-            raise failed(self.url, "connecting", error) from error
+            for event in await sessions.connect():
+                yield event
+            if self._marks_listing:
+                yield cast(DiscoveryEvent, Synced())  # the first listing is complete
+            source = RestartingSource(sessions, self.options.reconnect)
+            async for event in source:
+                yield event
+        finally:
+            with anyio.CancelScope(shield=True):
+                if source is not None:
+                    await source.aclose()
+                await sessions.close()
 
-    async def _open(
-        self, session: _Session | ClusterSession, state: SubscriptionState
+    async def open_session(
+        self, session: Session, state: SubscriptionState
     ) -> tuple[int, bytes, list[bytes]]:
-        """Subscribe and snapshot; the first time, any failure is a
-        :class:`RedisDiscoveryError` at once (within ``connect_timeout``)."""
+        """Subscribe and snapshot.
+
+        :raises RedisDiscoveryError: for any failure of the first session.
+        """
         timeout = self.options.connect_timeout
         try:
-            try:
-                with anyio.fail_after(timeout):
-                    return await session.open()
-            except TimeoutError as error:
-                if str(error):
-                    raise
-                raise TimeoutError(f"no answer within {timeout:g}s") from None
+            with within(timeout, f"no answer within {timeout:g}s"):
+                return await session.open()
         except Exception as error:
             if state.connected_before:
                 raise
@@ -220,23 +126,19 @@ class RedisStream:
                 action = "connecting"
             raise failed(self.url, action, error) from error
 
-    async def _follow(
-        self, session: _Session | ClusterSession, state: SubscriptionState
+    async def follow(
+        self, session: Session, state: SubscriptionState
     ) -> AsyncGenerator[DiscoveryEvent, None]:
         """The session's events: announcements, settled drops, reaps.
 
-        Liveness: after ``liveness_timeout / 2`` seconds with nothing read
-        from the pub/sub connection it sends a ``PING`` there; once
-        ``liveness_timeout`` seconds have passed since it last read
-        anything (an announcement or a ``pong``), a read that finds nothing
-        ends the session with a :exc:`TimeoutError` (a lost connection). A
-        reap, or the ``PING``, under way at that deadline is cut short by it.
-        Time spent suspended at a ``yield`` (slow consumers) is not counted:
-        the connection is not read then.
+        :raises TimeoutError: once nothing was read for ``liveness_timeout``
+            (a ``PING`` sent at half of it), time suspended at a ``yield``
+            not counted (docs/redis.rst, *Dead connections*).
         """
         options = self.options
-        counted = self._counters
+        counted = self.counted
         liveness = options.liveness_timeout
+        silent = f"within {liveness:g}s (liveness_timeout)"
         heard = time.monotonic()
         next_reap = heard + options.reap_interval
         pinged = False
@@ -251,12 +153,12 @@ class RedisStream:
                 heard = max(heard, time.monotonic())
                 continue
             if now >= next_reap:
-                with _within(deadline, liveness, "to a reap"):
+                with within(deadline - now, f"no answer to a reap {silent}"):
                     state.reaped(await session.reap())
                 next_reap = time.monotonic() + options.reap_interval
                 continue
             if not pinged and now >= heard + liveness / 2:
-                with _within(deadline, liveness, "to a PING"):
+                with within(deadline - now, f"no answer to a PING {silent}"):
                     await session.ping()
                 pinged = True
                 continue
@@ -268,7 +170,7 @@ class RedisStream:
             message = await session.next_message(max(wait, MIN_WAIT))
             if message is None:
                 if pinged and time.monotonic() >= deadline:
-                    raise _silent(liveness)
+                    raise TimeoutError(f"no answer on the pub/sub connection {silent}")
                 continue
             heard = counted.heard = time.monotonic()
             pinged = False
@@ -280,8 +182,8 @@ class RedisStream:
                 yield event
                 heard = max(heard, time.monotonic())
 
-    def _reconnected(self, lost: bool) -> None:
-        self._counters.reconnects += 1
+    def reconnected(self, lost: bool) -> None:
+        self.counted.reconnects += 1
         logger.warning(
             "reconnected to %s (namespace %s): resynchronising%s",
             redact(self.url),
@@ -292,31 +194,8 @@ class RedisStream:
             else "",
         )
 
-    async def _back_off(self, error: BaseException, failures: int) -> None:
-        """Wait as the reconnect policy says, or raise when it is spent."""
-        policy = self.options.reconnect
-        if not policy.allows(failures):
-            logger.error(
-                "giving up on %s (namespace %s) after %d reconnects: %s",
-                redact(self.url),
-                self.namespace,
-                failures - 1,
-                reason(error),
-            )
-            raise failed(self.url, "reconnecting", error) from error
-        delay = policy.delay(failures)
-        logger.warning(
-            "lost %s (namespace %s): %s; reconnecting in %.3fs (attempt %d)",
-            redact(self.url),
-            self.namespace,
-            reason(error),
-            delay,
-            failures,
-        )
-        await anyio.sleep(delay)
-
-    def _invalid(self, what: bytes, error: BaseException) -> None:
-        self._counters.invalid_records += 1
+    def invalid(self, what: bytes, error: BaseException) -> None:
+        self.counted.invalid_records += 1
         logger.warning(
             "skipping a record of namespace %s at %s that is not valid worker "
             "metadata (%r): %s",
@@ -330,58 +209,104 @@ class RedisStream:
         return f"{type(self).__name__}({redact(self.url)!r}, {self.namespace!r})"
 
 
-def _count_snapshot(counted: Counters, lost: bool) -> None:
-    """A snapshot was taken; ``lost``: it found a new epoch."""
-    counted.snapshots += 1
-    counted.epoch_changes += lost
+@final
+class _Sessions:
+    """One subscription's sessions, one at a time, sharing what it knows: each
+    iteration follows the session open now, or opens and lists a new one,
+    and raises when it is lost (for the restart engine)."""
 
+    def __init__(self, stream: RedisStream) -> None:
+        self.stream = stream
+        self.state = SubscriptionState(stream.options.settle, stream.invalid)
+        self.session: Session | None = None
 
-def _silent(liveness: float, what: str = "on the pub/sub connection") -> TimeoutError:
-    return TimeoutError(f"no answer {what} within {liveness:g}s (liveness_timeout)")
+    async def connect(self) -> list[DiscoveryEvent]:
+        """Open a session and take its snapshot: the events to it.
 
+        :raises RedisDiscoveryError: if this is the first session and it fails.
+        """
+        stream, state = self.stream, self.state
+        counted = stream.counted
+        reconnecting = state.connected_before
+        session = self.session = Session(
+            stream.target,
+            stream.namespace,
+            stream.options,
+        )
+        counted.connections += 2
+        snapshot = await stream.open_session(session, state)
+        events, lost = state.snapshot(*snapshot, now=time.monotonic())
+        counted.snapshots += 1
+        counted.epoch_changes += lost
+        if reconnecting:
+            stream.reconnected(lost)
+        return events
 
-@contextlib.contextmanager
-def _within(deadline: float, liveness: float, what: str) -> Generator[None]:
-    """Cut the block short at ``deadline`` (monotonic), as a silent
-    connection: a :exc:`TimeoutError` naming ``what`` and
-    ``liveness_timeout``."""
-    try:
-        with anyio.fail_after(max(deadline - time.monotonic(), MIN_WAIT)):
-            yield
-    except TimeoutError as error:
-        if str(error):
-            raise  # redis-py's own timeout
-        raise _silent(liveness, what) from None
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._run()
+
+    async def _run(self) -> AsyncGenerator[Any, None]:
+        stream = self.stream
+        connected = self.session is not None
+        try:
+            if not connected:
+                for event in await self.connect():
+                    yield event
+                connected = True
+                yield Synced()  # the relisting is complete
+            assert self.session is not None
+            follow = stream.follow(self.session, self.state)
+            async with contextlib.aclosing(follow):
+                async for event in follow:
+                    yield event
+        except RETRIED as error:
+            stream.counted.gaps += isinstance(error, Gap)
+            logger.warning(
+                "lost %s (namespace %s): %s; reconnecting as the policy says",
+                redact(stream.url),
+                stream.namespace,
+                reason(error),
+            )
+            action = "following the announcements" if connected else "reconnecting"
+            raise failed(stream.url, action, error) from error
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        """Close the session open now, if any."""
+        session, self.session = self.session, None
+        if session is not None:
+            with anyio.CancelScope(shield=True):
+                await session.aclose()
+            self.stream.counted.connections -= 2
+
+    def __repr__(self) -> str:
+        return repr(self.stream)
 
 
 def _subscriber_key(cls: type, settings: SubscriberSettings) -> Hashable:
-    """Subscriptions are shared by normalised connection (scheme, resolved
-    host, port, database, user), key prefix and namespace."""
+    """Subscriptions are shared by normalised connection, prefix and namespace."""
     return settings.key()
 
 
 @shared_subscription(key=_subscriber_key)
 class SharedRedisStream(RedisStream):
-    """The process's one subscription per (connection, namespace), shared.
-
-    Yields :class:`~wool_pooling.Synced` after each snapshot's events (the
-    first marks the end of the first listing; see
-    :attr:`~wool_pooling.SubscriptionConsumer.synced`): the shared
-    subscription takes it in, so no consumer sees it.
-    """
+    """The process's one subscription per (connection, namespace), shared;
+    marks each snapshot's end with :class:`~wool_pooling.Synced`."""
 
     _marks_listing = True
 
 
 #: The options of the live shared subscribers, by key: a subscriber with
-#: other options than an earlier live one of its key is warned about.
+#: other options than an earlier live one of its key is warned about. An
+#: entry goes with its subscriber, a key with its last one.
 _live: dict[Hashable, list[tuple[weakref.ref[Any], SubscriberOptions]]] = {}
 
 
 def note_options(
     key: Hashable, subscription: object, options: SubscriberOptions
 ) -> None:
-    entries = [(ref, each) for ref, each in _live.get(key, []) if ref() is not None]
+    entries = _live.setdefault(key, [])
     if any(each != options for _, each in entries):
         warnings.warn(
             "a RedisDiscovery subscriber shares the subscription of an earlier "
@@ -392,5 +317,11 @@ def note_options(
             RuntimeWarning,
             stacklevel=3,
         )
-    entries.append((weakref.ref(subscription), options))
-    _live[key] = entries
+
+    def forget(ref: weakref.ref[Any]) -> None:
+        found = _live.get(key, [])
+        found[:] = [entry for entry in found if entry[0] is not ref]
+        if not found:
+            _live.pop(key, None)
+
+    entries.append((weakref.ref(subscription, forget), options))

@@ -1,0 +1,173 @@
+"""One connection's worth of subscription: subscribe, snapshot, read, reap, close."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Mapping
+from typing import Any
+from typing import cast
+from typing import final
+
+import redis.exceptions as redis_errors
+
+from ._connection import Connection
+from ._connection import Target
+from ._connection import node_url
+from ._connection import open_client
+from ._connection import parse_url
+from ._errors import watched
+from ._scripts import REAP
+from ._scripts import SNAPSHOT
+from ._scripts import Keys
+from ._scripts import idle_expiry_ms
+from ._scripts import sharded
+from ._settings import SubscriberOptions
+from ._state import Resync
+
+#: ``RedisCluster`` options that a single node's client does not take.
+_CLUSTER_ONLY_OPTIONS = frozenset(
+    {
+        "require_full_coverage",
+        "read_from_replicas",
+        "load_balancing_strategy",
+        "dynamic_startup_nodes",
+        "reinitialize_steps",
+        "cluster_error_retry_attempts",
+        "address_remap",
+        "policy_resolver",
+    }
+)
+
+
+@final
+class Session:
+    """A pub/sub connection and a command connection to the namespace's server.
+
+    On a cluster both are on the master owning the namespace's slot, found
+    from the seed nodes at :meth:`open`, and announcements come by sharded
+    pub/sub. Neither connection retries: a lost connection, a ``MOVED``, or
+    a ``sunsubscribe`` the session did not ask for (the slot moved) raises,
+    and the stream takes a new session.
+    """
+
+    def __init__(
+        self, target: Target, namespace: str, options: SubscriberOptions
+    ) -> None:
+        self.target = target
+        self.namespace = namespace
+        self.options = options
+        self.keys = Keys.of(namespace, target.db, options.key_prefix)
+        #: What :meth:`open` is doing, for error messages.
+        self.stage = "connecting"
+        self.node = "the cluster"
+        self.opened: list[Connection] = []
+        self.pubsub: Any = None
+        self.scripts: dict[str, Any] = {}
+
+    def _client(
+        self, target: Target, role: str, client_options: Mapping[str, Any]
+    ) -> Connection:
+        connection = open_client(
+            target,
+            role,
+            self.namespace,
+            self.options.connect_timeout,
+            retries=0,
+            client_options=client_options,
+            named=self.options.name_connections,
+        )
+        self.opened.append(connection)
+        return connection
+
+    async def _owner(self) -> Target:
+        """The master owning the namespace's slot, as the cluster says now."""
+        layout = self._client(
+            self.target, "subscriber-cmd", self.options.client_options
+        )
+        self.stage = "reading the cluster's layout"
+        try:
+            await watched(layout.client.initialize())
+            node = layout.client.get_node_from_key(self.keys.channel)
+        except redis_errors.RedisClusterException as error:
+            # No seed reachable, or no master for the slot (yet): a lost
+            # connection, retried under the reconnect policy.
+            raise redis_errors.ConnectionError(str(error)) from error
+        self.opened.remove(layout)
+        await layout.aclose()
+        host, port = str(node.host), int(node.port)
+        self.node = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return parse_url(node_url(self.target.url, (host, port)))
+
+    async def open(self) -> tuple[int, bytes, list[bytes]]:
+        """Subscribe, wait for the server's confirmation, then take the
+        snapshot on the command connection: (version, epoch, flat hash).
+
+        Subscribing first is what makes the snapshot and the announcements
+        after it meet with no gap.
+        """
+        target, options = self.target, self.options.client_options
+        cluster = target.cluster
+        if cluster:
+            target = await self._owner()
+            options = {
+                name: value
+                for name, value in options.items()
+                if name not in _CLUSTER_ONLY_OPTIONS
+            }
+        self.stage = "connecting"
+        command = self._client(target, "subscriber-cmd", options).client
+        self.pubsub = self._client(target, "subscriber", options).client.pubsub()
+        for name, script in (("snapshot", SNAPSHOT), ("reap", REAP)):
+            self.scripts[name] = command.register_script(
+                sharded(script) if cluster else script
+            )
+        self.stage = "subscribing"
+        subscribe = self.pubsub.ssubscribe if cluster else self.pubsub.subscribe
+        await watched(subscribe(self.keys.channel))
+        confirmation = "ssubscribe" if cluster else "subscribe"
+        while True:
+            message = await watched(self.pubsub.get_message(timeout=None))
+            if message is not None and message["type"] == confirmation:
+                break
+        self.stage = "taking a snapshot"
+        version, epoch, flat = await self._run("snapshot")
+        return int(version), cast(bytes, epoch), cast(list[bytes], flat)
+
+    async def _run(self, script: str) -> Any:
+        keep = idle_expiry_ms(self.options.settle, self.options.reap_interval)
+        args = [self.keys.channel, uuid.uuid4().hex, keep]
+        return await watched(self.scripts[script](keys=self.keys.keys, args=args))
+
+    async def next_message(self, wait: float) -> dict[str, Any] | None:
+        """The next announcement or ``pong``; ``None`` after ``wait`` seconds
+        without one.
+
+        :raises Resync: if the node unsubscribed the channel (its slot moved).
+        """
+        message = await watched(self.pubsub.get_message(timeout=wait))
+        if message is None:
+            return None
+        kind = message["type"]
+        if kind == "sunsubscribe":
+            raise Resync(
+                f"{self.node} unsubscribed {self.keys.channel}: the "
+                "namespace's slot moved to another node"
+            )
+        return message if kind in ("message", "smessage", "pong") else None
+
+    async def ping(self) -> None:
+        """Send a ``PING`` on the pub/sub connection (answered by a ``pong``)."""
+        await watched(self.pubsub.ping())
+
+    async def reap(self) -> bytes:
+        """Reap expired leases; the namespace's epoch."""
+        return cast(bytes, await self._run("reap"))
+
+    async def aclose(self) -> None:
+        """Close the pub/sub connection, then every other; errors ignored."""
+        closers = [self.pubsub.aclose] if self.pubsub is not None else []
+        closers += [each.aclose for each in reversed(self.opened)]
+        for close in closers:
+            with contextlib.suppress(Exception):
+                await close()
