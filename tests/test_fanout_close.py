@@ -585,7 +585,7 @@ async def test_a_fan_out_dropped_mid_pull_is_freed_and_its_pulls_error_is_not_lo
             await anext(consumer)
         assert scope.cancelled_caught
         assert fanout.statistics().pulling
-        state = weakref.ref(fanout._state)  # pyright: ignore[reportPrivateUsage]
+        state = weakref.ref(fanout)
         del fanout, consumer
         # (trio keeps the Cancelled last thrown into this task, with its
         # traceback, until the task is next rescheduled.)
