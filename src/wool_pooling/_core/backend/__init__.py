@@ -1,55 +1,175 @@
 """The one package that names asyncio or trio: tasks, waiters and threads.
 
-Structured concurrency has no place for a task that belongs to no task group,
-nor for a call into the loop from a garbage-collection callback. This library
-needs both, in a few narrow places: the task that iterates a fan-out's source
-for the source's whole life (it must outlive whichever consumer asked first),
-ttl and settle timers, and the release of a consumer abandoned without
-``aclose()``. :class:`EventLoop` is that seam, written with the backends'
-public APIs only; every task it starts is owned and bounded by the object
-that started it.
-
-One module per idea:
-
-- ``_base``: the abstract :class:`EventLoop` and the protocols it hands out,
-  :class:`Waiters` and :class:`Interruptible`;
-- ``_asyncio``: ``AsyncioLoop``, for asyncio (uvloop included);
-- ``_trio``: ``TrioLoop``, for trio. trio is optional: that module, which
-  imports it, is imported only by :func:`current_loop`, the first time it
-  finds no asyncio loop running while trio is imported (a trio run needs
-  it), so an asyncio-only program never imports trio.
+A fan-out's pump outlives whichever consumer asked first, timers outlive
+their caller, and a consumer dropped without ``aclose()`` is released from
+a garbage-collection callback: no task group fits these. :class:`EventLoop`
+is that seam, over the backends' public APIs; every task it starts is owned
+by the object that started it. trio's handle lives in ``_trio``, imported
+only once trio is (so an asyncio-only program never imports trio).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
+import logging
 import sys
+import threading
+import types
 import weakref
+from abc import ABC
+from abc import abstractmethod
+from collections.abc import Awaitable
 from collections.abc import Callable
+from collections.abc import Generator
+from typing import Any
+from typing import ClassVar
+from typing import Protocol
+from typing import final
 
-from ._asyncio import AsyncioLoop
-from ._base import EventLoop
-from ._base import Interruptible
-from ._base import Waiters
-from ._base import ready
+import anyio
 
 __all__ = ["EventLoop", "Interruptible", "Waiters", "current_loop", "ready"]
 
+logger = logging.getLogger("wool_pooling")
 
-#: The handle of each live asyncio loop. Here, not in ``_asyncio``, so that
-#: ``current_loop`` reads it as one of its module's own names: CPython calls a
-#: method of an imported name without its method-call fast path.
+
+class Waiters(Protocol):
+    """A one-shot event: tasks waiting for one thing, woken all at once. A
+    wait that starts after :meth:`wake` returns at once, so no wake is lost."""
+
+    def wait(self, here: object = None) -> Awaitable[None]:
+        """What the calling task awaits until :meth:`wake`; ``here`` is what
+        :attr:`EventLoop.here` returned in it, if known."""
+        ...
+
+    def withdraw(self, waiting: Awaitable[None]) -> None:
+        """Forget ``waiting``, given up (cancelled) before :meth:`wake`."""
+        ...
+
+    def wake(self) -> None:
+        """Wake every task waiting, now and later."""
+        ...
+
+
+class Interruptible(Protocol):
+    """A region of one task (``with region:``) that another task can
+    :meth:`cancel` once, as a cancellation of that task would; the region
+    takes that cancellation back, and lets one from elsewhere through."""
+
+    def __enter__(self) -> object: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: types.TracebackType | None,
+        /,
+    ) -> bool | None: ...
+
+    def cancel(self) -> None: ...
+
+
+class EventLoop(ABC):
+    """A handle on one running asyncio loop or trio run, held weakly."""
+
+    __slots__ = ("__weakref__", "here", "next_pass", "thread", "until_waits")
+
+    #: ``"asyncio"`` or ``"trio"``.
+    backend: ClassVar[str]
+    #: The thread the loop runs in.
+    thread: int
+    #: The backend's cheapest call for where the caller runs (asyncio: the
+    #: loop; trio: the task), raising :exc:`RuntimeError` outside any: the
+    #: per-wait check. An attribute, so that calling it binds nothing.
+    here: Callable[[], object]
+    #: What a task awaits to let every task ready to run have its step first.
+    next_pass: Callable[[], Awaitable[None]]
+    #: ``until_waits(on_wait)``: what the pump awaits a pull through, calling
+    #: ``on_wait()`` as soon as the pull suspends in a way that may last (on
+    #: a future, or past one bare yield); ``None`` where that costs more than
+    #: a task's step (uvloop) or cannot be told (trio).
+    until_waits: Callable[[Callable[[], object]], _UntilWaits] | None
+
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
+
+    @abstractmethod
+    def current_task(self) -> object:
+        """The calling task; :exc:`RuntimeError` outside one of this backend."""
+
+    @abstractmethod
+    def is_current(self) -> bool:
+        """Whether this is the loop running in the calling thread."""
+
+    def check_current(self, what: str) -> None:
+        """:raises RuntimeError: naming ``what``, unless this loop is current."""
+        if not self.is_current():
+            raise RuntimeError(
+                f"{what} is bound to the event loop that first used it ({self!r}) "
+                "and cannot be used from another one"
+            )
+
+    def in_own_thread(self) -> bool:
+        """Whether the caller runs in the loop's thread."""
+        return threading.get_ident() == self.thread
+
+    @abstractmethod
+    def waiters(self) -> Waiters:
+        """A new, empty set of waiters for this loop."""
+
+    @abstractmethod
+    def interruptible(self) -> Interruptible:
+        """A new region that :meth:`Interruptible.cancel` can cut short."""
+
+    @abstractmethod
+    def spawn(
+        self,
+        fn: Callable[..., Awaitable[Any]],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> None:
+        """Start ``fn(*args)`` as a background task, in ``context`` (a copy of
+        the caller's by default); an exception but cancellation escaping it
+        is logged. Call from the loop's thread."""
+
+    @abstractmethod
+    def run_soon(self, fn: Callable[..., object], *args: Any) -> bool:
+        """Schedule ``fn(*args)`` on the loop, from any thread or
+        garbage-collection callback; ``False`` if the loop has finished."""
+
+    @abstractmethod
+    def state(self) -> str:
+        """``"RUNNING"``, ``"CLOSED"`` (asyncio) or ``"GONE"`` (collected)."""
+
+    def __repr__(self) -> str:
+        return f"<EventLoop [{self.backend}, {self.state()}]>"
+
+
+async def ready() -> None:
+    """A wait that is over before it starts."""
+
+
+async def guarded(fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+    """Await ``fn(*args)``, logging any exception but cancellation."""
+    try:
+        await fn(*args)
+    except anyio.get_cancelled_exc_class():
+        raise
+    except BaseException:
+        logger.exception("unexpected error in a wool_pooling background task")
+
+
+#: The handle of each live asyncio loop.
 _asyncio_handles: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncioLoop] = (
     weakref.WeakKeyDictionary()
 )
-#: ``_trio.current_trio_loop``, once :func:`trio_finder` has imported it.
-_find_trio_loop: Callable[[], EventLoop | None] | None = None
 
 
 def current_loop() -> EventLoop:
-    """Return the handle of the event loop running in this thread.
-
-    The same handle for as long as the loop or run lives.
+    """Return the handle of the event loop running in this thread (the same
+    one for as long as the loop lives).
 
     :raises RuntimeError: if no asyncio loop or trio run is active here.
     """
@@ -62,21 +182,230 @@ def current_loop() -> EventLoop:
         if handle is None:
             handle = _asyncio_handles[loop] = AsyncioLoop(loop)
         return handle
-    find = _find_trio_loop or trio_finder()
-    if find is None or (trio_handle := find()) is None:
-        raise RuntimeError("no asyncio event loop or trio run is active in this thread")
-    return trio_handle
+    if sys.modules.get("trio") is not None:  # a trio run imported it
+        from ._trio import current_trio_loop
+
+        if (trio_handle := current_trio_loop()) is not None:
+            return trio_handle
+    raise RuntimeError("no asyncio event loop or trio run is active in this thread")
 
 
-def trio_finder() -> Callable[[], EventLoop | None] | None:
-    """What finds the active trio run's handle; ``None`` until trio is
-    imported (a trio run needs it). Imports the trio backend the first time,
-    then keeps it: an import statement per call would cost more than the
-    lookup itself."""
-    global _find_trio_loop
-    if sys.modules.get("trio") is None:  # None: marked unimportable
-        return None
-    from ._trio import current_trio_loop
+# -- asyncio ---------------------------------------------------------------
 
-    _find_trio_loop = current_trio_loop
-    return current_trio_loop
+#: Background tasks, held until done (the loop holds tasks weakly).
+_running: set[asyncio.Task[Any]] = set()
+
+
+@final
+class AsyncioLoop(EventLoop):
+    """:class:`EventLoop` for an asyncio loop (uvloop and eager task
+    factories included)."""
+
+    __slots__ = ("_loop_ref",)
+    backend = "asyncio"
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self._loop_ref = weakref.ref(loop)
+        self.here = asyncio.get_running_loop
+        self.next_pass = _next_pass
+        # On asyncio's own loops a task's step costs more than classifying
+        # a pull's yields; on others (uvloop) less.
+        self.until_waits = (
+            _UntilWaits if isinstance(loop, asyncio.BaseEventLoop) else None
+        )
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop_ref()
+        if loop is None:
+            raise RuntimeError("the event loop is gone")
+        return loop
+
+    def is_current(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self._loop_ref()
+        except RuntimeError:
+            return False
+
+    def current_task(self) -> object:
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("not in an asyncio task")
+        return task
+
+    def waiters(self) -> Waiters:
+        return _FutureWaiters(self._loop())
+
+    def interruptible(self) -> Interruptible:
+        return _TaskInterruptible()
+
+    def spawn(
+        self,
+        fn: Callable[..., Awaitable[Any]],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> None:
+        if context is None:
+            context = contextvars.copy_context()
+        task = self._loop().create_task(guarded(fn, *args), context=context)
+        if not task.done():
+            _running.add(task)
+            task.add_done_callback(_running.discard)
+
+    def run_soon(self, fn: Callable[..., object], *args: Any) -> bool:
+        loop = self._loop_ref()
+        if loop is None:
+            return False
+        try:
+            loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed
+            return False
+        return True
+
+    def state(self) -> str:
+        loop = self._loop_ref()
+        if loop is None:
+            return "GONE"
+        return "CLOSED" if loop.is_closed() else "RUNNING"
+
+
+@types.coroutine
+def _next_pass() -> Generator[None]:
+    """End the task's step; the loop runs it again at its next pass."""
+    yield
+
+
+@final
+class _UntilWaits(Generator[Any, Any, Any]):
+    """:attr:`EventLoop.until_waits` for asyncio's own loops.
+
+    ``await wrapper.pull(awaitable)`` hands each step of ``awaitable`` to the
+    task unchanged, calling ``on_wait()`` before handing on a yield that may
+    last: a future, or a bare yield after the first. An iterator reused from
+    pull to pull (not a generator), so that classifying a pull costs less
+    than a task's step.
+    """
+
+    __slots__ = ("_on_wait", "_steps", "suspended")
+
+    def __init__(self, on_wait: Callable[[], object]) -> None:
+        self._on_wait = on_wait
+        self._steps: Generator[Any, Any, Any] | None = None
+        #: Whether the last pull yielded to the loop at all.
+        self.suspended = False
+
+    def pull(self, awaitable: Awaitable[Any]) -> _UntilWaits:
+        self._steps = awaitable.__await__()
+        self.suspended = False
+        return self
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        return self
+
+    def __next__(self) -> Any:  # what a task calls
+        assert self._steps is not None
+        yielded = self._steps.send(None)
+        if yielded is not None or self.suspended:
+            self._on_wait()
+        self.suspended = True
+        return yielded
+
+    def send(self, value: Any, /) -> Any:
+        if value is None:
+            return self.__next__()
+        assert self._steps is not None
+        yielded = self._steps.send(value)
+        self._on_wait()
+        self.suspended = True
+        return yielded
+
+    def throw(self, error: Any, value: Any = None, traceback: Any = None, /) -> Any:
+        if not isinstance(error, BaseException):
+            error = error() if value is None else value
+        del value, traceback
+        assert self._steps is not None
+        try:
+            yielded = self._steps.throw(error)
+        finally:
+            del error  # raised on, it would hold this frame, and this frame it
+        self._on_wait()
+        self.suspended = True
+        return yielded
+
+    def close(self) -> None:
+        if self._steps is not None:
+            self._steps.close()
+
+
+@final
+class _FutureWaiters:
+    """asyncio: one future per waiter, awaited directly."""
+
+    __slots__ = ("_futures", "_loop", "_woken")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._futures: list[asyncio.Future[None]] = []
+        self._woken = False
+
+    def wait(self, here: object = None) -> Awaitable[None]:
+        if self._woken:
+            return ready()
+        future = self._loop.create_future()
+        self._futures.append(future)
+        return future
+
+    def withdraw(self, waiting: Awaitable[None]) -> None:
+        with contextlib.suppress(ValueError):  # woken meanwhile
+            self._futures.remove(waiting)  # pyright: ignore[reportArgumentType]
+
+    def wake(self) -> None:
+        self._woken = True
+        futures, self._futures = self._futures, []
+        for future in futures:
+            if not future.done():
+                future.set_result(None)
+
+
+@final
+class _TaskInterruptible:
+    """asyncio: :meth:`cancel` cancels the task once; leaving the region
+    takes that one cancellation back (:meth:`asyncio.Task.uncancel`)."""
+
+    __slots__ = ("_inside", "_interrupted", "_task")
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[Any] | None = None
+        self._inside = False
+        self._interrupted = False
+
+    def __enter__(self) -> object:
+        self._task = asyncio.current_task()
+        self._inside = True
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: types.TracebackType | None,
+    ) -> bool:
+        self._inside = False
+        task = self._task
+        self._task = None
+        if not self._interrupted or task is None:
+            return False
+        # One cancel() was ours: take it back. A cancellation still counted
+        # after that came from elsewhere and goes through.
+        if task.uncancel() > 0:
+            return False
+        return exc_type is not None and issubclass(exc_type, asyncio.CancelledError)
+
+    def cancel(self) -> None:
+        if self._interrupted or not self._inside:
+            return
+        task = self._task
+        if task is None or task is asyncio.current_task():
+            return  # from inside the region: it sees what it waits for itself
+        self._interrupted = True
+        task.cancel()

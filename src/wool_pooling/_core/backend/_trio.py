@@ -1,9 +1,4 @@
-""":class:`EventLoop` for trio.
-
-trio is an optional dependency: this module imports it, and is itself
-imported only when trio is imported already (see ``current_loop``), so an
-asyncio-only program never imports trio.
-"""
+""":class:`EventLoop` for trio, imported only once trio is (see ``current_loop``)."""
 
 from __future__ import annotations
 
@@ -24,11 +19,11 @@ from trio.lowlevel import reschedule
 from trio.lowlevel import spawn_system_task
 from trio.lowlevel import wait_task_rescheduled
 
-from ._base import EventLoop
-from ._base import Interruptible
-from ._base import Waiters
-from ._base import guarded
-from ._base import ready
+from . import EventLoop
+from . import Interruptible
+from . import Waiters
+from . import guarded
+from . import ready
 
 _handles: weakref.WeakKeyDictionary[TrioToken, TrioLoop] = weakref.WeakKeyDictionary()
 
@@ -57,8 +52,7 @@ class TrioLoop(EventLoop):
         self._token_ref = weakref.ref(token)
         self.here = current_task
         self.next_pass = trio.lowlevel.checkpoint
-        # trio's checkpoint and its waits yield the same kind of object.
-        self.until_waits = None
+        self.until_waits = None  # a checkpoint and a wait yield alike
 
     def is_current(self) -> bool:
         try:
@@ -101,9 +95,9 @@ class TrioLoop(EventLoop):
 
 @final
 class _TrioWaiters:
-    """trio: the waiting tasks, parked and rescheduled with trio's public
-    low-level API (what :class:`trio.lowlevel.ParkingLot` does, without its
-    ordering and re-parking machinery, which a one-shot wake never needs)."""
+    """trio: the waiting tasks, parked and rescheduled (a
+    :class:`trio.lowlevel.ParkingLot` without the ordering and re-parking a
+    one-shot wake never needs)."""
 
     __slots__ = ("_tasks", "_woken")
 
