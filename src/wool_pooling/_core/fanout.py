@@ -366,7 +366,6 @@ class Fanout(Generic[T]):
             for consumer in self._live():
                 consumer._node = _ENDED
                 consumer._state = _ended_state()
-                consumer._here = None
             self._registry = set()
             self._wake_all()
         source, self._source = self._source, _NO_SOURCE
@@ -559,15 +558,7 @@ class Fanout(Generic[T]):
         if pump is None:  # bound at the first wait
             pump = self._pump = _Pump(current_loop())
         loop = pump.loop
-        # Checked in full once per consumer and task (asyncio: loop); after
-        # that, one call of the backend's own tells it.
-        try:
-            here = loop.here()
-        except RuntimeError:
-            here = None
-        if here is None or here is not consumer._here:
-            loop.check_current("this fan-out")
-            consumer._here = here
+        loop.check_current("this fan-out")
         if not self._drop_lagging and self._log_is_full():
             waiters = self._space
             if waiters is None:
@@ -584,7 +575,7 @@ class Fanout(Generic[T]):
             waiters = self._arrival
             if waiters is None:
                 waiters = self._arrival = loop.waiters()
-        waiting = waiters.wait(here)
+        waiting = waiters.wait()
         consumer._busy = waiters
         return waiting
 
@@ -823,7 +814,7 @@ class FanoutConsumer(Generic[T]):
     :ref:`fanout`.
     """
 
-    __slots__ = ("__weakref__", "_busy", "_here", "_node", "_on_skip", "_state")
+    __slots__ = ("__weakref__", "_busy", "_node", "_on_skip", "_state")
 
     def __init__(
         self,
@@ -837,8 +828,6 @@ class FanoutConsumer(Generic[T]):
         self._node: _Node = node
         # The waiters its task is registered in, while one waits on it.
         self._busy: Waiters | None = None
-        # Where (loop or trio task) a wait last found it ran, once checked.
-        self._here: object = None
         self._on_skip = on_skip
 
     def __aiter__(self) -> FanoutConsumer[T]:
@@ -964,7 +953,6 @@ class FanoutConsumer(Generic[T]):
         """End this consumer and free the items it held. Idempotent."""
         if self._node is not _ENDED:
             self._node = _ENDED
-            self._here = None
             self._on_skip = None
             state = self._state
             self._state = _ended_state()

@@ -39,9 +39,8 @@ class Waiters(Protocol):
     """A one-shot event: tasks waiting for one thing, woken all at once. A
     wait that starts after :meth:`wake` returns at once, so no wake is lost."""
 
-    def wait(self, here: object = None) -> Awaitable[None]:
-        """What the calling task awaits until :meth:`wake`; ``here`` is what
-        :attr:`EventLoop.here` returned in it, if known."""
+    def wait(self) -> Awaitable[None]:
+        """What the calling task awaits until :meth:`wake` (cancellable)."""
         ...
 
     def withdraw(self, waiting: Awaitable[None]) -> None:
@@ -74,16 +73,12 @@ class Interruptible(Protocol):
 class EventLoop(ABC):
     """A handle on one running asyncio loop or trio run, held weakly."""
 
-    __slots__ = ("__weakref__", "here", "next_pass", "thread", "until_waits")
+    __slots__ = ("__weakref__", "next_pass", "thread", "until_waits")
 
     #: ``"asyncio"`` or ``"trio"``.
     backend: ClassVar[str]
     #: The thread the loop runs in.
     thread: int
-    #: The backend's cheapest call for where the caller runs (asyncio: the
-    #: loop; trio: the task), raising :exc:`RuntimeError` outside any: the
-    #: per-wait check. An attribute, so that calling it binds nothing.
-    here: Callable[[], object]
     #: What a task awaits to let every task ready to run have its step first.
     next_pass: Callable[[], Awaitable[None]]
     #: ``until_waits(on_wait)``: what the pump awaits a pull through, calling
@@ -207,7 +202,6 @@ class AsyncioLoop(EventLoop):
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__()
         self._loop_ref = weakref.ref(loop)
-        self.here = asyncio.get_running_loop
         self.next_pass = _next_pass
         # On asyncio's own loops a task's step costs more than classifying
         # a pull's yields; on others (uvloop) less.
@@ -348,7 +342,7 @@ class _FutureWaiters:
         self._futures: list[asyncio.Future[None]] = []
         self._woken = False
 
-    def wait(self, here: object = None) -> Awaitable[None]:
+    def wait(self) -> Awaitable[None]:
         if self._woken:
             return ready()
         future = self._loop.create_future()

@@ -50,7 +50,6 @@ class TrioLoop(EventLoop):
     def __init__(self, token: TrioToken) -> None:
         super().__init__()
         self._token_ref = weakref.ref(token)
-        self.here = current_task
         self.next_pass = trio.lowlevel.checkpoint
         self.until_waits = None  # a checkpoint and a wait yield alike
 
@@ -105,11 +104,10 @@ class _TrioWaiters:
         self._tasks: dict[Task, None] = {}
         self._woken = False
 
-    def wait(self, here: object = None) -> Awaitable[None]:
+    def wait(self) -> Awaitable[None]:
         if self._woken:
             return ready()
-        # ``here`` is what TrioLoop.here (current_task) returned in this task.
-        task: Task = here if here is not None else current_task()  # pyright: ignore[reportAssignmentType]
+        task = current_task()
         tasks = self._tasks
         tasks[task] = None
 
