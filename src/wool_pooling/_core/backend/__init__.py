@@ -73,14 +73,14 @@ class Interruptible(Protocol):
 class EventLoop(ABC):
     """A handle on one running asyncio loop or trio run, held weakly."""
 
-    __slots__ = ("__weakref__", "next_pass", "thread", "until_waits")
+    __slots__ = ("__weakref__", "thread", "until_waits")
 
     #: ``"asyncio"`` or ``"trio"``.
     backend: ClassVar[str]
     #: The thread the loop runs in.
     thread: int
     #: What a task awaits to let every task ready to run have its step first.
-    next_pass: Callable[[], Awaitable[None]]
+    next_pass: ClassVar[staticmethod[[], Awaitable[None]]]
     #: ``until_waits(on_wait)``: what the pump awaits a pull through, calling
     #: ``on_wait()`` as soon as the pull suspends in a way that may last (on
     #: a future, or past one bare yield); ``None`` where that costs more than
@@ -191,6 +191,12 @@ def current_loop() -> EventLoop:
 _running: set[asyncio.Task[Any]] = set()
 
 
+@types.coroutine
+def _next_pass() -> Generator[None]:
+    """End the task's step; the loop runs it again at its next pass."""
+    yield
+
+
 @final
 class AsyncioLoop(EventLoop):
     """:class:`EventLoop` for an asyncio loop (uvloop and eager task
@@ -198,11 +204,11 @@ class AsyncioLoop(EventLoop):
 
     __slots__ = ("_loop_ref",)
     backend = "asyncio"
+    next_pass = staticmethod(_next_pass)
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__()
         self._loop_ref = weakref.ref(loop)
-        self.next_pass = _next_pass
         # On asyncio's own loops a task's step costs more than classifying
         # a pull's yields; on others (uvloop) less.
         self.until_waits = (
@@ -261,12 +267,6 @@ class AsyncioLoop(EventLoop):
         if loop is None:
             return "GONE"
         return "CLOSED" if loop.is_closed() else "RUNNING"
-
-
-@types.coroutine
-def _next_pass() -> Generator[None]:
-    """End the task's step; the loop runs it again at its next pass."""
-    yield
 
 
 @final

@@ -46,11 +46,11 @@ class TrioLoop(EventLoop):
 
     __slots__ = ("_token_ref",)
     backend = "trio"
+    next_pass = staticmethod(trio.lowlevel.checkpoint)
 
     def __init__(self, token: TrioToken) -> None:
         super().__init__()
         self._token_ref = weakref.ref(token)
-        self.next_pass = trio.lowlevel.checkpoint
         self.until_waits = None  # a checkpoint and a wait yield alike
 
     def is_current(self) -> bool:
