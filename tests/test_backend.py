@@ -19,12 +19,12 @@ from _loops import BACKENDS
 from _loops import asyncio_only
 from _loops import run
 
-from wool_pooling._core.backend import AsyncioLoop
 from wool_pooling._core.backend import EventLoop
 from wool_pooling._core.backend import Interruptible
 from wool_pooling._core.backend import Waiters
-from wool_pooling._core.backend import _UntilWaits
 from wool_pooling._core.backend import current_loop
+from wool_pooling._core.backend._asyncio import AsyncioLoop
+from wool_pooling._core.backend._asyncio import _UntilWaits
 from wool_pooling._core.backend._trio import TrioLoop
 
 #: What a backend must provide.

@@ -19,11 +19,11 @@ from trio.lowlevel import reschedule
 from trio.lowlevel import spawn_system_task
 from trio.lowlevel import wait_task_rescheduled
 
-from . import EventLoop
-from . import Interruptible
-from . import Waiters
-from . import guarded
-from . import ready
+from ._base import EventLoop
+from ._base import Interruptible
+from ._base import Waiters
+from ._base import guarded
+from ._base import ready
 
 _handles: weakref.WeakKeyDictionary[TrioToken, TrioLoop] = weakref.WeakKeyDictionary()
 

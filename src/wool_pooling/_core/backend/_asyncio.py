@@ -1,0 +1,237 @@
+""":class:`EventLoop` for asyncio (uvloop and eager task factories included)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import types
+import weakref
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Generator
+from typing import Any
+from typing import final
+
+from ._base import EventLoop
+from ._base import Interruptible
+from ._base import Waiters
+from ._base import guarded
+from ._base import ready
+
+#: Background tasks, held until done (the loop holds tasks weakly).
+_running: set[asyncio.Task[Any]] = set()
+
+
+@types.coroutine
+def _next_pass() -> Generator[None]:
+    """End the task's step; the loop runs it again at its next pass."""
+    yield
+
+
+@final
+class AsyncioLoop(EventLoop):
+    """:class:`EventLoop` for an asyncio loop (uvloop and eager task
+    factories included)."""
+
+    __slots__ = ("_loop_ref",)
+    backend = "asyncio"
+    next_pass = staticmethod(_next_pass)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self._loop_ref = weakref.ref(loop)
+        # On asyncio's own loops a task's step costs more than classifying
+        # a pull's yields; on others (uvloop) less.
+        self.until_waits = (
+            _UntilWaits if isinstance(loop, asyncio.BaseEventLoop) else None
+        )
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop_ref()
+        if loop is None:
+            raise RuntimeError("the event loop is gone")
+        return loop
+
+    def is_current(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self._loop_ref()
+        except RuntimeError:
+            return False
+
+    def current_task(self) -> object:
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("not in an asyncio task")
+        return task
+
+    def waiters(self) -> Waiters:
+        return _FutureWaiters(self._loop())
+
+    def interruptible(self) -> Interruptible:
+        return _TaskInterruptible()
+
+    def spawn(
+        self,
+        fn: Callable[..., Awaitable[Any]],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> None:
+        if context is None:
+            context = contextvars.copy_context()
+        task = self._loop().create_task(guarded(fn, *args), context=context)
+        if not task.done():
+            _running.add(task)
+            task.add_done_callback(_running.discard)
+
+    def run_soon(self, fn: Callable[..., object], *args: Any) -> bool:
+        loop = self._loop_ref()
+        if loop is None:
+            return False
+        try:
+            loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed
+            return False
+        return True
+
+    def state(self) -> str:
+        loop = self._loop_ref()
+        if loop is None:
+            return "GONE"
+        return "CLOSED" if loop.is_closed() else "RUNNING"
+
+
+@final
+class _UntilWaits(Generator[Any, Any, Any]):
+    """:attr:`EventLoop.until_waits` for asyncio's own loops.
+
+    ``await wrapper.pull(awaitable)`` hands each step of ``awaitable`` to the
+    task unchanged, calling ``on_wait()`` before handing on a yield that may
+    last: a future, or a bare yield after the first. An iterator reused from
+    pull to pull (not a generator), so that classifying a pull costs less
+    than a task's step.
+    """
+
+    __slots__ = ("_on_wait", "_steps", "suspended")
+
+    def __init__(self, on_wait: Callable[[], object]) -> None:
+        self._on_wait = on_wait
+        self._steps: Generator[Any, Any, Any] | None = None
+        #: Whether the last pull yielded to the loop at all.
+        self.suspended = False
+
+    def pull(self, awaitable: Awaitable[Any]) -> _UntilWaits:
+        self._steps = awaitable.__await__()
+        self.suspended = False
+        return self
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        return self
+
+    def __next__(self) -> Any:  # what a task calls
+        assert self._steps is not None
+        yielded = self._steps.send(None)
+        if yielded is not None or self.suspended:
+            self._on_wait()
+        self.suspended = True
+        return yielded
+
+    def send(self, value: Any, /) -> Any:
+        if value is None:
+            return self.__next__()
+        assert self._steps is not None
+        yielded = self._steps.send(value)
+        self._on_wait()
+        self.suspended = True
+        return yielded
+
+    def throw(self, error: Any, value: Any = None, traceback: Any = None, /) -> Any:
+        if not isinstance(error, BaseException):
+            error = error() if value is None else value
+        del value, traceback
+        assert self._steps is not None
+        try:
+            yielded = self._steps.throw(error)
+        finally:
+            del error  # raised on, it would hold this frame, and this frame it
+        self._on_wait()
+        self.suspended = True
+        return yielded
+
+    def close(self) -> None:
+        if self._steps is not None:
+            self._steps.close()
+
+
+@final
+class _FutureWaiters:
+    """asyncio: one future per waiter, awaited directly."""
+
+    __slots__ = ("_futures", "_loop", "_woken")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._futures: list[asyncio.Future[None]] = []
+        self._woken = False
+
+    def wait(self) -> Awaitable[None]:
+        if self._woken:
+            return ready()
+        future = self._loop.create_future()
+        self._futures.append(future)
+        return future
+
+    def withdraw(self, waiting: Awaitable[None]) -> None:
+        with contextlib.suppress(ValueError):  # woken meanwhile
+            self._futures.remove(waiting)  # pyright: ignore[reportArgumentType]
+
+    def wake(self) -> None:
+        self._woken = True
+        futures, self._futures = self._futures, []
+        for future in futures:
+            if not future.done():
+                future.set_result(None)
+
+
+@final
+class _TaskInterruptible:
+    """asyncio: :meth:`cancel` cancels the task once; leaving the region
+    takes that one cancellation back (:meth:`asyncio.Task.uncancel`)."""
+
+    __slots__ = ("_inside", "_interrupted", "_task")
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[Any] | None = None
+        self._inside = False
+        self._interrupted = False
+
+    def __enter__(self) -> object:
+        self._task = asyncio.current_task()
+        self._inside = True
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: types.TracebackType | None,
+    ) -> bool:
+        self._inside = False
+        task = self._task
+        self._task = None
+        if not self._interrupted or task is None:
+            return False
+        # One cancel() was ours: take it back. A cancellation still counted
+        # after that came from elsewhere and goes through.
+        if task.uncancel() > 0:
+            return False
+        return exc_type is not None and issubclass(exc_type, asyncio.CancelledError)
+
+    def cancel(self) -> None:
+        if self._interrupted or not self._inside:
+            return
+        task = self._task
+        if task is None or task is asyncio.current_task():
+            return  # from inside the region: it sees what it waits for itself
+        self._interrupted = True
+        task.cancel()

@@ -1,0 +1,144 @@
+"""What every backend provides: :class:`EventLoop` and the protocols it hands out."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+import types
+from abc import ABC
+from abc import abstractmethod
+from collections.abc import Awaitable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import ClassVar
+from typing import Protocol
+
+import anyio
+
+if TYPE_CHECKING:
+    from ._asyncio import _UntilWaits
+
+logger = logging.getLogger("wool_pooling")
+
+
+class Waiters(Protocol):
+    """A one-shot event: tasks waiting for one thing, woken all at once. A
+    wait that starts after :meth:`wake` returns at once, so no wake is lost."""
+
+    def wait(self) -> Awaitable[None]:
+        """What the calling task awaits until :meth:`wake` (cancellable)."""
+        ...
+
+    def withdraw(self, waiting: Awaitable[None]) -> None:
+        """Forget ``waiting``, given up (cancelled) before :meth:`wake`."""
+        ...
+
+    def wake(self) -> None:
+        """Wake every task waiting, now and later."""
+        ...
+
+
+class Interruptible(Protocol):
+    """A region of one task (``with region:``) that another task can
+    :meth:`cancel` once, as a cancellation of that task would; the region
+    takes that cancellation back, and lets one from elsewhere through."""
+
+    def __enter__(self) -> object: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: types.TracebackType | None,
+        /,
+    ) -> bool | None: ...
+
+    def cancel(self) -> None: ...
+
+
+class EventLoop(ABC):
+    """A handle on one running asyncio loop or trio run, held weakly."""
+
+    __slots__ = ("__weakref__", "thread", "until_waits")
+
+    #: ``"asyncio"`` or ``"trio"``.
+    backend: ClassVar[str]
+    #: The thread the loop runs in.
+    thread: int
+    #: What a task awaits to let every task ready to run have its step first.
+    next_pass: ClassVar[staticmethod[[], Awaitable[None]]]
+    #: ``until_waits(on_wait)``: what the pump awaits a pull through, calling
+    #: ``on_wait()`` as soon as the pull suspends in a way that may last (on
+    #: a future, or past one bare yield); ``None`` where that costs more than
+    #: a task's step (uvloop) or cannot be told (trio).
+    until_waits: Callable[[Callable[[], object]], _UntilWaits] | None
+
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
+
+    @abstractmethod
+    def current_task(self) -> object:
+        """The calling task; :exc:`RuntimeError` outside one of this backend."""
+
+    @abstractmethod
+    def is_current(self) -> bool:
+        """Whether this is the loop running in the calling thread."""
+
+    def check_current(self, what: str) -> None:
+        """:raises RuntimeError: naming ``what``, unless this loop is current."""
+        if not self.is_current():
+            raise RuntimeError(
+                f"{what} is bound to the event loop that first used it ({self!r}) "
+                "and cannot be used from another one"
+            )
+
+    def in_own_thread(self) -> bool:
+        """Whether the caller runs in the loop's thread."""
+        return threading.get_ident() == self.thread
+
+    @abstractmethod
+    def waiters(self) -> Waiters:
+        """A new, empty set of waiters for this loop."""
+
+    @abstractmethod
+    def interruptible(self) -> Interruptible:
+        """A new region that :meth:`Interruptible.cancel` can cut short."""
+
+    @abstractmethod
+    def spawn(
+        self,
+        fn: Callable[..., Awaitable[Any]],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> None:
+        """Start ``fn(*args)`` as a background task, in ``context`` (a copy of
+        the caller's by default); an exception but cancellation escaping it
+        is logged. Call from the loop's thread."""
+
+    @abstractmethod
+    def run_soon(self, fn: Callable[..., object], *args: Any) -> bool:
+        """Schedule ``fn(*args)`` on the loop, from any thread or
+        garbage-collection callback; ``False`` if the loop has finished."""
+
+    @abstractmethod
+    def state(self) -> str:
+        """``"RUNNING"``, ``"CLOSED"`` (asyncio) or ``"GONE"`` (collected)."""
+
+    def __repr__(self) -> str:
+        return f"<EventLoop [{self.backend}, {self.state()}]>"
+
+
+async def ready() -> None:
+    """A wait that is over before it starts."""
+
+
+async def guarded(fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+    """Await ``fn(*args)``, logging any exception but cancellation."""
+    try:
+        await fn(*args)
+    except anyio.get_cancelled_exc_class():
+        raise
+    except BaseException:
+        logger.exception("unexpected error in a wool_pooling background task")
