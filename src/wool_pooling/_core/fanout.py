@@ -768,7 +768,11 @@ async def _release_when_idle(ref: weakref.ref[Fanout[Any]], pump: _Pump) -> None
                 if still == 2:
                     break
             del fanout
-        paid = 5 * logged * len(fanout._registry) >= 4 * passes
+        # With nothing logged, it paid if the source waited under it (it
+        # woke the consumers), not if the pump had parked before it looked.
+        paid = passes > 1
+        if logged:
+            paid = 5 * logged * len(fanout._registry) >= 4 * passes
     finally:
         # Also when cancelled from outside: the consumers are woken.
         pump.watching = False
