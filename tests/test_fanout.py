@@ -729,3 +729,43 @@ async def test_wait_readable_returns_when_its_consumer_is_closed() -> None:
         with pytest.raises(anyio.EndOfStream):
             consumer.receive_nowait()
         await fanout.aclose()
+
+
+async def test_position_counts_the_items_a_consumer_moved_past() -> None:
+    """``position`` is the seq of the consumer's next item: it grows by one per
+    item received, counts a skip once its ``Lagged`` is raised, and reads
+    ``-1`` once the consumer has ended."""
+    from wool_pooling import Lagged
+
+    fanout: Fanout[int] = Fanout(counting_source(9), max_lag=2, on_lag="error")
+    early = fanout.consumer()
+    for item in range(3):
+        fanout.inject(item)
+    late = fanout.consumer()
+    assert (early.position, late.position) == (0, 3)
+    for item in range(3, 6):
+        fanout.inject(item)
+    assert early.position == 0  # left behind, the skip not yet reported
+    with pytest.raises(Lagged) as lagged:
+        early.receive_nowait()
+    assert lagged.value.skipped == 4
+    assert early.position == 4
+    assert early.receive_nowait() == 4
+    assert early.position == 5
+    early.close()
+    assert early.position == -1
+    await fanout.aclose()
+
+
+def test_the_state_consumers_share_is_the_fanout_in_a_dozen_fields() -> None:
+    """What a consumer shares with its fan-out is the ``Fanout`` itself, and
+    it, its pump and a consumer each hold at most twelve fields."""
+    from wool_pooling._core.fanout import _Pump  # pyright: ignore[reportPrivateUsage]
+
+    fanout: Fanout[int] = Fanout(counting_source(9))
+    consumer = fanout.consumer()
+    shared: Any = consumer._state  # pyright: ignore[reportPrivateUsage]
+    assert shared is fanout
+    for cls in (type(shared), _Pump, FanoutConsumer):
+        fields = [name for name in cls.__slots__ if name != "__weakref__"]
+        assert len(fields) <= 12, (cls.__name__, fields)

@@ -585,7 +585,7 @@ async def test_a_fan_out_dropped_mid_pull_is_freed_and_its_pulls_error_is_not_lo
             await anext(consumer)
         assert scope.cancelled_caught
         assert fanout.statistics().pulling
-        state = weakref.ref(fanout._state)  # pyright: ignore[reportPrivateUsage]
+        state = weakref.ref(fanout)
         del fanout, consumer
         # (trio keeps the Cancelled last thrown into this task, with its
         # traceback, until the task is next rescheduled.)
@@ -598,3 +598,40 @@ async def test_a_fan_out_dropped_mid_pull_is_freed_and_its_pulls_error_is_not_lo
         await anyio.wait_all_tasks_blocked()
         gc.collect()
     assert [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")] == []
+
+
+async def test_aclose_completes_when_called_from_a_cancelled_scope() -> None:
+    """``aclose()`` called inside a scope already cancelled still interrupts
+    the pull in flight, has the pump close the source and waits for it."""
+    closed: list[str] = []
+
+    async def source() -> AsyncIterator[int]:
+        try:
+            yield 0
+            await anyio.sleep_forever()
+            yield 1
+        finally:
+            with anyio.CancelScope(shield=True):  # as trio code cleans up
+                await anyio.lowlevel.checkpoint()
+            closed.append("source")
+
+    fanout = Fanout(source())
+    consumer = fanout.consumer()
+    ended: list[bool] = []
+
+    async def read_on() -> None:
+        async for _ in consumer:
+            pass
+        ended.append(True)
+
+    with anyio.fail_after(TIMEOUT):
+        assert await anext(consumer) == 0
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read_on)  # a pull now waits in the source
+            await anyio.wait_all_tasks_blocked()
+            with anyio.CancelScope() as scope:
+                scope.cancel()
+                await fanout.aclose()
+            assert closed == ["source"]
+            assert fanout.statistics().pulling is False
+        assert ended == [True]

@@ -233,7 +233,7 @@ async def test_cancelled_waits_leave_nothing_behind(probe: Probe) -> None:
             with anyio.move_on_after(0):
                 await anext(impatient)
         # Only the patient consumer's wait is held (on asyncio, one future).
-        arrival = fanout._state.arrival  # pyright: ignore[reportPrivateUsage]
+        arrival = fanout._arrival  # pyright: ignore[reportPrivateUsage]
         futures = getattr(arrival, "_futures", None)
         if futures is not None:
             assert len(futures) == 1

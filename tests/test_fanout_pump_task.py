@@ -566,3 +566,34 @@ async def test_an_error_raised_without_suspending_reaches_every_consumer() -> No
             await anext(second)
         with pytest.raises(StopAsyncIteration):
             await anext(second)
+
+
+async def test_the_source_sees_a_context_variable_its_first_waiting_consumer_set() -> (
+    None
+):
+    """The pump runs in a copy of the context of the first consumer that
+    waited: what that consumer set before waiting, the source reads; what a
+    later consumer sets, it does not."""
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+    seen: list[str] = []
+
+    async def source() -> AsyncIterator[int]:
+        for number in range(3):
+            seen.append(var.get())
+            yield number
+
+    fanout = Fanout(source(), read_ahead=0)
+    first, second = fanout.consumer(), fanout.consumer()
+
+    async def consume(consumer: FanoutConsumer[int], value: str) -> None:
+        var.set(value)
+        async for _ in consumer:
+            pass
+
+    with anyio.fail_after(TIMEOUT):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(consume, first, "first")
+            await anyio.wait_all_tasks_blocked()
+            tg.start_soon(consume, second, "second")
+    assert var.get() == "unset"
+    assert seen == ["first"] * 3

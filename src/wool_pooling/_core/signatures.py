@@ -1,13 +1,10 @@
-"""Arguments checked against the signature of what will receive them.
+"""Arguments checked, when given, against the signature that will receive them.
 
-A callable the library stores to call later (a discovery's ``subscribe``, a
-key function, a predicate, a callback) is checked when it is given: the
-arguments it will be called with must bind to its signature, so a misspelt
-option or a missing parameter fails at the line that passed it, with a
-:exc:`TypeError` naming the argument (and, for a misspelt name, the closest
-accepted one), instead of at the first call, possibly in another task or
-process. A callable whose signature cannot be read (some builtins) is
-accepted unchecked.
+A callable stored to be called later (a ``subscribe``, a key function, a
+predicate, a callback) fails at the line that passed it, with a
+:exc:`TypeError` naming the argument, not at its first call in another task
+or process. A callable whose signature cannot be read is accepted unchecked.
+See docs/guarantees.rst (Errors).
 """
 
 from __future__ import annotations
@@ -50,14 +47,10 @@ def signature_of(function: Callable[..., Any]) -> inspect.Signature | None:
 
 
 class BindingMemo(Generic[Shape]):
-    """The shapes of call found to bind to each callable, held weakly.
-
-    Whether arguments bind to a signature depends on their shape only (how
-    many are positional, which names are given), and reading and binding a
-    signature costs tens of microseconds, so each check is made once per
-    callable and shape. A callable that cannot be weakly referenced is never
-    remembered: it is checked every time.
-    """
+    """The shapes of call (how many positional arguments, which names) found
+    to bind to each callable, held weakly: binding a signature costs tens of
+    microseconds, and the same calls are checked on hot paths. A callable
+    that cannot be weakly referenced is checked every time."""
 
     __slots__ = ("_bound",)
 
@@ -80,8 +73,7 @@ class BindingMemo(Generic[Shape]):
 
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:
-    """`` (did you mean 'x'?)`` for the known name closest to ``name``
-    (:func:`difflib.get_close_matches`), or ``""`` when none is close."""
+    """`` (did you mean 'x'?)`` for the known name closest to ``name``, or ``""``."""
     matches = difflib.get_close_matches(name, list(known), n=1)
     return f" (did you mean {matches[0]!r}?)" if matches else ""
 
@@ -93,11 +85,9 @@ def check_keywords(
 
     :param what: How the message names the call, e.g.
         ``"SharedDiscovery: LocalDiscovery.subscribe()"``.
-    :raises TypeError: for a name ``function`` has no parameter of (unless
-        it takes ``**kwargs``): the message names it, the closest accepted
-        name and every accepted one; or when the keywords do not bind
-        otherwise (a positional-only parameter given by name, a required
-        parameter missing): the message names them and says why.
+    :raises TypeError: naming a keyword ``function`` does not take (with the
+        closest accepted name and every accepted one), or saying why the
+        keywords do not bind.
     """
     plain: Any = function.__func__ if inspect.ismethod(function) else function
     names = (inspect.ismethod(function), *keywords)
@@ -132,31 +122,23 @@ def check_keywords(
     _binds.add(plain, names)
 
 
-#: Functions (a bound method: its function) found to take so many keywords
-#: by these names (whether bound first): whether keywords bind depends on
-#: their names only, and some wrappers are rebuilt at every unpickling.
+#: Functions (a bound method: its function) found to take these keywords
+#: (whether bound first); some wrappers are rebuilt at every unpickling.
 _binds: BindingMemo[tuple[object, ...]] = BindingMemo()
 
-
-#: Callables other than plain functions found to take so many positional
-#: arguments: reading a signature costs tens of microseconds, and the same
-#: callbacks are checked at every call of some hot paths.
-_takes: BindingMemo[int] = BindingMemo()
-
 #: Plain functions' shapes (see :func:`_shape`) found to take so many
-#: positional arguments. A function unpickled anew (a predicate wool ships
-#: with every task) is a new object each time, with the shape of the last.
+#: positional arguments: a function unpickled anew (a predicate wool ships
+#: with every task) is a new object each time, with the same shape.
 _shape_takes: dict[tuple[int, ...], set[int]] = {}
 
 _VARIADIC = inspect.CO_VARARGS | inspect.CO_VARKEYWORDS
 
 
 def _shape(function: object) -> tuple[int, ...] | None:
-    """All that decides which positional arguments bind to ``function``, if
-    it is a plain Python function with no attribute of its own (so no
-    ``__wrapped__`` or ``__signature__`` that a signature would follow): its
-    code's parameter counts and variadic flags, and how many defaults it
-    has. ``None`` for anything else."""
+    """What decides which positional arguments bind to a plain Python
+    function with no attributes of its own (nothing a signature would
+    follow): its parameter counts, variadic flags and defaults. ``None`` for
+    anything else."""
     if type(function) is not types.FunctionType or function.__dict__:
         return None
     code = function.__code__
@@ -175,9 +157,8 @@ def check_positional(
 ) -> None:
     """Check that ``function`` can be called with ``count`` positional arguments.
 
-    :param what: Called for the message's start, which names the callable,
-        e.g. ``"afilter predicate <function is_ready>"``; the message goes
-        on with ``"must take N positional argument(s)"`` and the reason.
+    :param what: Called for the message's start, naming the callable, e.g.
+        ``"afilter predicate <function is_ready>"``.
     :raises TypeError: when it cannot (too many or too few parameters).
     """
     plain: Any = function
@@ -185,14 +166,10 @@ def check_positional(
     if inspect.ismethod(function):
         plain, needed = function.__func__, count + 1
     elif _called_through_its_class(function):
-        # An instance whose class defines __call__ in Python: checked, and
-        # remembered, as that function (each new instance costs nothing).
+        # Checked, and remembered, as its class's __call__.
         plain, needed = type(function).__call__, count + 1
     shape = _shape(plain)
-    if shape is not None:
-        if needed in _shape_takes.get(shape, ()):
-            return
-    elif _takes.binds(plain, needed):
+    if shape is not None and needed in _shape_takes.get(shape, ()):
         return
     signature = signature_of(plain)
     if signature is None:
@@ -206,15 +183,12 @@ def check_positional(
         ) from None
     if shape is not None:
         _shape_takes.setdefault(shape, set()).add(needed)
-    else:
-        _takes.add(plain, needed)
 
 
 def _called_through_its_class(function: object) -> bool:
-    """Whether calling ``function`` is calling its class's Python
-    ``__call__`` with it first, so that the signature is that function's: an
-    instance (not a class, function or method) with no ``__signature__`` of
-    its own, whose class's ``__call__`` is a plain function."""
+    """Whether calling ``function`` calls its class's Python ``__call__``
+    with it first: an instance (not a class, function or method) with no
+    ``__signature__`` of its own, whose class's ``__call__`` is a function."""
     return (
         not isinstance(function, type)
         and not inspect.isfunction(function)

@@ -12,19 +12,11 @@ __all__ = ["Synced"]
 class Synced:
     """Yielded by a shared subscription's source: "my first listing is complete".
 
-    A subscriber class yields ``Synced()`` once it has yielded every item of
-    its first listing (the workers that existed when it started, say); every
-    instance is equal to every other. A shared subscription takes it in and
-    never passes it on: its consumers never see it, and learn it through
+    A shared subscription takes it in (its consumers never see it) and sets
     :attr:`SubscriptionConsumer.synced
-    <wool_pooling.SubscriptionConsumer.synced>` and
-    :meth:`~wool_pooling.SubscriptionConsumer.wait_synced`. A later one (a
-    restarted stream's, or a reconnected one's after its new snapshot)
-    leaves ``synced`` as it was; after a restart under a
-    :class:`~wool_pooling.RestartPolicy` it also ends the settle time:
-    the workers the new stream has not reported by then are dropped at
-    once. Only shared subscriptions interpret it: a plain
-    :class:`~wool_pooling.Fanout` passes it on like any other item.
+    <wool_pooling.SubscriptionConsumer.synced>`; after a restart it ends the
+    settle time. A plain :class:`~wool_pooling.Fanout` passes it on like any
+    other item. Every instance equals every other. See :ref:`synced`.
     """
 
     __slots__ = ()

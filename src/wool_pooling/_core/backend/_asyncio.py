@@ -23,20 +23,26 @@ from ._base import ready
 _running: set[asyncio.Task[Any]] = set()
 
 
+@types.coroutine
+def _next_pass() -> Generator[None]:
+    """End the task's step; the loop runs it again at its next pass."""
+    yield
+
+
 @final
 class AsyncioLoop(EventLoop):
-    """:class:`EventLoop` for an asyncio loop."""
+    """:class:`EventLoop` for an asyncio loop (uvloop and eager task
+    factories included)."""
 
     __slots__ = ("_loop_ref",)
     backend = "asyncio"
+    next_pass = staticmethod(_next_pass)
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__()
         self._loop_ref = weakref.ref(loop)
-        self.here = asyncio.get_running_loop
-        self.next_pass = _next_pass
         # On asyncio's own loops a task's step costs more than classifying
-        # a pull's yields; on others (uvloop) less: they watch, as trio.
+        # a pull's yields; on others (uvloop) less.
         self.until_waits = (
             _UntilWaits if isinstance(loop, asyncio.BaseEventLoop) else None
         )
@@ -95,29 +101,23 @@ class AsyncioLoop(EventLoop):
         return "CLOSED" if loop.is_closed() else "RUNNING"
 
 
-@types.coroutine
-def _next_pass() -> Generator[None]:
-    """End the task's step; the loop runs it again at its next pass."""
-    yield
-
-
 @final
 class _UntilWaits(Generator[Any, Any, Any]):
     """:attr:`EventLoop.until_waits` for asyncio's own loops.
 
-    :meth:`pull` arms it with an awaitable; awaiting it then hands each step
-    of that awaitable to the task unchanged, and calls ``on_wait()`` before
-    handing on a yield that may last: a future (the awaitable waits for
-    something), or a bare yield (what ``asyncio.sleep(0)`` yields) after the
-    first. An iterator, not a generator, and reused: a step that ends the
-    awaitable ends this one by the same :exc:`StopIteration`, caught nowhere
-    in between, so that classifying a pull costs less than a task's step."""
+    ``await wrapper.pull(awaitable)`` hands each step of ``awaitable`` to the
+    task unchanged, calling ``on_wait()`` before handing on a yield that may
+    last: a future, or a bare yield after the first. An iterator reused from
+    pull to pull (not a generator), so that classifying a pull costs less
+    than a task's step.
+    """
 
     __slots__ = ("_on_wait", "_steps", "suspended")
 
     def __init__(self, on_wait: Callable[[], object]) -> None:
         self._on_wait = on_wait
         self._steps: Generator[Any, Any, Any] | None = None
+        #: Whether the last pull yielded to the loop at all.
         self.suspended = False
 
     def pull(self, awaitable: Awaitable[Any]) -> _UntilWaits:
@@ -174,7 +174,7 @@ class _FutureWaiters:
         self._futures: list[asyncio.Future[None]] = []
         self._woken = False
 
-    def wait(self, here: object = None) -> Awaitable[None]:
+    def wait(self) -> Awaitable[None]:
         if self._woken:
             return ready()
         future = self._loop.create_future()

@@ -1,9 +1,4 @@
-""":class:`EventLoop` for trio.
-
-trio is an optional dependency: this module imports it, and is itself
-imported only when trio is imported already (see ``current_loop``), so an
-asyncio-only program never imports trio.
-"""
+""":class:`EventLoop` for trio, imported only once trio is (see ``current_loop``)."""
 
 from __future__ import annotations
 
@@ -51,14 +46,12 @@ class TrioLoop(EventLoop):
 
     __slots__ = ("_token_ref",)
     backend = "trio"
+    next_pass = staticmethod(trio.lowlevel.checkpoint)
 
     def __init__(self, token: TrioToken) -> None:
         super().__init__()
         self._token_ref = weakref.ref(token)
-        self.here = current_task
-        self.next_pass = trio.lowlevel.checkpoint
-        # trio's checkpoint and its waits yield the same kind of object.
-        self.until_waits = None
+        self.until_waits = None  # a checkpoint and a wait yield alike
 
     def is_current(self) -> bool:
         try:
@@ -101,9 +94,9 @@ class TrioLoop(EventLoop):
 
 @final
 class _TrioWaiters:
-    """trio: the waiting tasks, parked and rescheduled with trio's public
-    low-level API (what :class:`trio.lowlevel.ParkingLot` does, without its
-    ordering and re-parking machinery, which a one-shot wake never needs)."""
+    """trio: the waiting tasks, parked and rescheduled (a
+    :class:`trio.lowlevel.ParkingLot` without the ordering and re-parking a
+    one-shot wake never needs)."""
 
     __slots__ = ("_tasks", "_woken")
 
@@ -111,11 +104,10 @@ class _TrioWaiters:
         self._tasks: dict[Task, None] = {}
         self._woken = False
 
-    def wait(self, here: object = None) -> Awaitable[None]:
+    def wait(self) -> Awaitable[None]:
         if self._woken:
             return ready()
-        # ``here`` is what TrioLoop.here (current_task) returned in this task.
-        task: Task = here if here is not None else current_task()  # pyright: ignore[reportAssignmentType]
+        task = current_task()
         tasks = self._tasks
         tasks[task] = None
 
