@@ -47,6 +47,9 @@ __all__ = ["SharedSubscription", "SubscriptionConsumer"]
 #: The item type of a subscription: what its class's ``__aiter__`` yields.
 T_co = TypeVar("T_co", covariant=True)
 
+#: What a read that found nothing ready leaves, to be waited for.
+_WAIT: Any = object()
+
 
 @final
 class SharedSubscription(Generic[T_co]):
@@ -390,16 +393,22 @@ class SubscriptionConsumer(Generic[T_co]):
                         self._wake_if_synced()
                 return item
             try:
-                try:
-                    item = consumer.receive_nowait()
-                except anyio.WouldBlock:
-                    await consumer.wait_readable()
-                    continue
+                item = consumer.receive_nowait()
+            except anyio.WouldBlock:
+                # Waited for outside the handler: a cancellation raised in the
+                # wait would carry the WouldBlock's traceback, which pins the log.
+                item = _WAIT
             except Exception as error:
                 return await self._failed(consumer, error)
-            except BaseException:
-                await self._release()  # a cancellation: this consumer ends
-                raise
+            if item is _WAIT:
+                try:
+                    await consumer.wait_readable()
+                except Exception as error:
+                    return await self._failed(consumer, error)
+                except BaseException:
+                    await self._release()  # a cancellation: this consumer ends
+                    raise
+                continue
             if self._sync_event is not None:
                 self._wake_if_synced()
             return item
