@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import doctest
 import inspect
 import pydoc
@@ -423,3 +424,56 @@ def test_the_docs_build_command_is_said_where_a_contributor_looks() -> None:
     assert command in (ROOT / "docs" / "development.rst").read_text()
     assert "docs/_build/" in (ROOT / ".gitignore").read_text().splitlines()
     assert "fail_on_warning: true" in (ROOT / ".readthedocs.yaml").read_text()
+
+
+def _logged_messages() -> list[tuple[str, str, str]]:
+    """Every message the package logs at INFO or above: (module, level,
+    its fixed text up to the first ``%`` placeholder)."""
+    levels = {"info", "warning", "error", "exception", "critical"}
+    found: list[tuple[str, str, str]] = []
+    for path in sorted((ROOT / "src" / "wool_pooling").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in levels
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id.endswith("logger")
+                and node.args
+            ):
+                message = node.args[0]
+                parts = (
+                    [message]
+                    if isinstance(message, ast.Constant)
+                    else list(ast.walk(message))
+                )
+                text = "".join(
+                    part.value
+                    for part in parts
+                    if isinstance(part, ast.Constant) and isinstance(part.value, str)
+                )
+                found.append((path.name, node.func.attr, text))
+    return found
+
+
+def test_the_logging_page_explains_every_message_the_package_logs() -> None:
+    """docs/logging.rst names every logger and, for every message logged at
+    INFO or above, its fixed text and what an operator does about it."""
+    page = " ".join((ROOT / "docs" / "logging.rst").read_text().split())
+    messages = _logged_messages()
+    assert len(messages) >= 10, messages  # the scan finds the package's logging
+    for name in (
+        "``wool_pooling``",
+        "``wool_pooling.restart``",
+        "``wool_pooling.redis``",
+    ):
+        assert name in page, name
+    for module, level, text in messages:
+        runs = [
+            run.strip(" ;:,()")
+            for run in re.split(r"%[-#0 +]*\d*(?:\.\d+)?[a-z]", text)
+            if run.strip(" ;:,()")
+        ]
+        assert runs, (module, text)
+        for fixed in {runs[0], max(runs, key=len)}:
+            assert fixed in page, (module, level, text, fixed)
