@@ -764,3 +764,42 @@ async def test_a_change_a_closing_rescan_merged_still_reaches_every_consumer(
                 assert {worker.uid for worker in found} <= seen
                 await iterator.aclose()
             assert inner.built[1].finally_runs == 1
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        RuntimeError("scan failed"),
+        anyio.BrokenResourceError("inner stream broken"),
+        anyio.ClosedResourceError("inner stream closed"),
+        anyio.BusyResourceError("receiving from"),
+    ],
+    ids=lambda error: type(error).__name__,
+)
+async def test_a_failing_upstream_fails_every_consumer(error: Exception) -> None:
+    """The inner subscriber's failure reaches every consumer, filtered or not,
+    whatever its type (anyio's own exceptions included): never a clean end."""
+    inner = FakeDiscovery()
+    shared = SharedDiscovery(inner)
+    worker = meta(pid=2)
+    failures: dict[str, BaseException] = {}
+    seen: dict[str, list[DiscoveryEvent]] = {}
+
+    async def consume(name: str, subscription: Any) -> None:
+        seen[name] = []
+        try:
+            async for event in subscription:
+                seen[name].append(event)
+        except Exception as failure:
+            failures[name] = failure
+
+    with anyio.fail_after(5):
+        async with SubscriptionPool(), anyio.create_task_group() as tg:
+            tg.start_soon(consume, "all", shared.subscriber)
+            tg.start_soon(consume, "even", shared.subscribe(even_pid))
+            await anyio.wait_all_tasks_blocked()
+            inner.built[0].push(ev("worker-added", worker))
+            inner.built[0].fail(error)
+    assert pairs(seen["all"]) == pairs(seen["even"]) == [("worker-added", worker)]
+    assert failures == {"all": error, "even": error}
+    assert inner.built[0].finally_runs == 1

@@ -1102,8 +1102,6 @@ class _UpstreamSubscriber:
                 finally:
                     with anyio.CancelScope(shield=True):
                         await stack.aclose()
-        except anyio.BrokenResourceError:
-            pass  # the iteration was closed
         except Exception as failure:
             error = failure
         finally:
