@@ -34,7 +34,7 @@ from wool_pooling import SharedSubscription
 from wool_pooling import SubscriptionPool
 from wool_pooling import SyncSharedDiscovery
 from wool_pooling import afilter
-from wool_pooling._wool import shared_discovery
+from wool_pooling._wool.shared_discovery import merge
 
 pytestmark = pytest.mark.anyio
 
@@ -720,17 +720,16 @@ async def test_a_change_a_closing_rescan_merged_still_reaches_every_consumer(
     change is handed on all the same, so when the first reader repeats those
     workers unchanged, as its next scan does, no consumer is left without
     one of them."""
-    # The rescan is closed on cue, once it waits on the full buffer (its
-    # settle time counted as usual from then on).
-    cue, closed = anyio.Event(), anyio.Event()
-    close_when_settled = shared_discovery._close_when_settled
+    # The rescan stays open until closed on cue, once it waits on the buffer.
+    monkeypatch.setattr(merge, "RESCAN_SETTLE", 60.0)
+    readers: list[Any] = []
+    reader = merge._Reader
 
-    async def close_on_cue(reader: Any, rescans: dict[Any, float]) -> None:
-        await cue.wait()
-        await close_when_settled(reader, rescans)
-        closed.set()
+    def recorded(main: bool) -> Any:
+        readers.append(reader(main))
+        return readers[-1]
 
-    monkeypatch.setattr(shared_discovery, "_close_when_settled", close_on_cue)
+    monkeypatch.setattr(merge, "_Reader", recorded)
     inner = FakeDiscovery()
     shared = SharedDiscovery(inner)
     found = [meta(pid=index) for index in range(200)]
@@ -746,8 +745,7 @@ async def test_a_change_a_closing_rescan_merged_still_reaches_every_consumer(
                 assert len(inner.built) == 2
                 inner.built[1].push(*(ev("worker-added", w) for w in found))
             await anyio.wait_all_tasks_blocked()
-            cue.set()  # the rescan waits to hand on a change: close it
-            await closed.wait()
+            readers[1].scope.cancel()  # it waits to hand on a change: close it
             await anyio.wait_all_tasks_blocked()
             inner.built[0].push(
                 *(ev("worker-updated", worker) for worker in found),

@@ -1,0 +1,228 @@
+"""What of a :class:`~wool_pooling.SharedDiscovery` travels to another
+process, and the key of its upstream: never the discovery the pools entered.
+
+See "In worker processes" in docs/wool.rst.
+"""
+
+from __future__ import annotations
+
+import copyreg
+import functools
+import inspect
+import pickle
+from collections.abc import Callable
+from collections.abc import Hashable
+from typing import Any
+from typing import final
+
+import cloudpickle
+import wool
+
+#: The options passed to the inner discovery's ``subscribe``, frozen.
+Options = tuple[tuple[str, Hashable], ...]
+
+#: wool's discoveries that travel as their class and constructor arguments.
+BY_CONSTRUCTOR: tuple[type, ...] = (wool.LocalDiscovery, wool.LanDiscovery)
+
+#: ``(factory, args, kwargs)``: ``factory(*args, **kwargs)`` rebuilds a
+#: discovery, unentered.
+Recipe = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+
+
+@final
+class Portable:
+    """The one record of a ``SharedDiscovery``'s arguments, and how its
+    discovery reaches another process: by a ``recipe`` (wool's
+    discoveries), by its own reduction, or as ``shipped``, the subscriber
+    its ``subscribe(**options)`` returned, pickled, which arrives as a
+    :class:`SubscriberOnly`. Pickling, equality, hash and the upstream's
+    :attr:`key` all read it.
+    """
+
+    def __init__(
+        self,
+        discovery: Any,
+        options: Options,
+        recipe: Recipe | None = None,
+        shipped: bytes | None = None,
+    ) -> None:
+        self.discovery = discovery
+        self.options = options
+        self.recipe = recipe
+        self.shipped = shipped
+
+    @classmethod
+    def of(cls, discovery: object, options: Options) -> Portable:
+        """Settle how ``discovery`` travels.
+
+        :raises TypeError: if neither the discovery nor what its
+            ``subscribe(**options)`` returns pickles.
+        """
+        kind = type(discovery)
+        if kind in BY_CONSTRUCTOR:
+            return cls(discovery, options, _recipe(discovery))
+        if (
+            kind.__reduce__ is not object.__reduce__
+            or kind.__reduce_ex__ is not object.__reduce_ex__
+            or kind in copyreg.dispatch_table
+        ):  # it says itself how it pickles: only it knows what may travel
+            return cls(discovery, options)
+        return cls(discovery, options, shipped=_ship(discovery, options))
+
+    @functools.cached_property
+    def key(self) -> Hashable:
+        """``(the discovery's part, options)``, computed when first needed (a
+        discovery's hash may resolve a host name): the recipe when it hashes,
+        else the discovery, by identity when it does not hash."""
+        if self.recipe is not None:
+            factory, args, kwargs = self.recipe
+            part = (factory, args, tuple(sorted(kwargs.items())))
+            if _hashable(part):
+                return (part, self.options)
+        if _hashable(self.discovery):
+            return (self.discovery, self.options)
+        return (Identity(self.discovery), self.options)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Portable) and self.key == other.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self.shipped is not None:
+            return (Portable, (SubscriberOnly(self.shipped), self.options))
+        if self.recipe is None:
+            return (Portable, (self.discovery, self.options))
+        return (rebuild, (self.options, *self.recipe))
+
+    def __repr__(self) -> str:
+        return repr(self.discovery)
+
+
+def rebuild(
+    options: Options,
+    factory: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Portable:
+    """Unpickle a :class:`Portable` from its recipe: a fresh, unentered discovery."""
+    return Portable(factory(*args, **kwargs), options, (factory, args, kwargs))
+
+
+def _hashable(value: object) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _recipe(discovery: object) -> Recipe:
+    """The class of ``discovery`` and the arguments it was built with, read
+    back from the attributes wool keeps them in (``_namespace`` for
+    ``namespace``). Defaults are left out, and arguments go by position
+    until one is: every task wool pickles stays small."""
+    cls = type(discovery)
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    positional = True
+    for parameter in inspect.signature(cls).parameters.values():
+        try:
+            value = getattr(discovery, f"_{parameter.name}")
+        except AttributeError:
+            raise TypeError(
+                "SharedDiscovery cannot read the constructor argument "
+                f"{parameter.name!r} back from {cls.__qualname__}: subclass "
+                "it with a __reduce__ that rebuilds it"
+            ) from None
+        default = parameter.default
+        if value is default or (type(value) is type(default) and value == default):
+            positional = False
+            continue
+        if parameter.kind is parameter.POSITIONAL_OR_KEYWORD and positional:
+            args.append(value)
+        else:
+            kwargs[parameter.name] = value
+    return (cls, tuple(args), kwargs)
+
+
+def _ship(discovery: Any, options: Options) -> bytes:
+    """What ``discovery.subscribe(**options)`` returns, pickled with
+    cloudpickle: it travels in place of a discovery that cannot, as wool
+    itself ships a subscriber.
+
+    :raises TypeError: naming the class, if ``subscribe`` raises or what it
+        returns does not pickle.
+    """
+    name = type(discovery).__qualname__
+    cannot = (
+        f"SharedDiscovery cannot ship a {name} to worker processes: it has "
+        "no __reduce__, so what its subscribe() returns travels in its place"
+    )
+    remedy = (
+        f"make that picklable, or add a __reduce__ to {name} that rebuilds it, "
+        "unentered, e.g. 'def __reduce__(self): return (type(self), "
+        "(self.namespace,))'"
+    )
+    try:
+        subscriber: object = discovery.subscribe(**dict(options))
+    except Exception as error:
+        shown = ", ".join(f"{key}={value!r}" for key, value in options)
+        raise TypeError(
+            f"{cannot}, but subscribe({shown}) raised {error!r}; {remedy}"
+        ) from error
+    try:
+        return cloudpickle.dumps(subscriber)  # pyright: ignore[reportUnknownMemberType]
+    except Exception as error:
+        raise TypeError(
+            f"{cannot}, but that {type(subscriber).__qualname__} does not "
+            f"pickle ({error}); {remedy}"
+        ) from error
+
+
+@final
+class SubscriberOnly:
+    """A discovery that cannot travel, as it arrives in another process: the
+    subscriber its ``subscribe(**options)`` returned, pickled where it was
+    wrapped, and unpickled afresh by :meth:`subscribe`. Equal when pickled
+    to the same bytes, so the copies of one subscription reaching a process
+    share one upstream.
+    """
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def subscribe(self, **options: Hashable) -> object:
+        """The subscriber that travelled (``options`` applied where it was made)."""
+        return pickle.loads(self.data)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SubscriberOnly) and self.data == other.data
+
+    def __hash__(self) -> int:
+        return hash(self.data)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (SubscriberOnly, (self.data,))
+
+    def __repr__(self) -> str:
+        return f"<subscriber of {len(self.data)} pickled bytes>"
+
+
+@final
+class Identity:
+    """The key of an unhashable discovery: equal only to itself."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Identity) and other.value is self.value
+
+    def __hash__(self) -> int:
+        return id(self.value)
