@@ -14,7 +14,6 @@ from collections.abc import Hashable
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from contextlib import AbstractContextManager
-from types import TracebackType
 from typing import Any
 from typing import Protocol
 from typing import cast
@@ -37,8 +36,6 @@ from .merge import Upstream
 from .portable import Portable
 
 __all__ = ["SharedDiscovery", "SyncSharedDiscovery"]
-
-ExcInfo = tuple[type[BaseException] | None, BaseException | None, TracebackType | None]
 
 
 @runtime_checkable
@@ -174,26 +171,20 @@ class SharedDiscovery:
         upstream = Upstream(portable, portable.options)  # pyright: ignore[reportAssignmentType]
         return upstream if filter is None else afilter(filter, upstream)
 
-    def workers(self, **options: Any) -> Mapping[uuid.UUID, WorkerMetadata]:
+    def workers(
+        self, *, filter: Callable[[WorkerMetadata], bool] | None = None
+    ) -> Mapping[uuid.UUID, WorkerMetadata]:
         """The workers the shared upstream knows now in the current pool: a
         read-only snapshot, empty while nothing iterates it. See
         :meth:`SharedSubscription.workers <wool_pooling.SharedSubscription.workers>`.
 
-        :param options: Those of :meth:`subscribe`: with ``filter``, only
-            the workers it accepts.
-        :raises TypeError: for a keyword :meth:`subscribe` does not take.
+        :param filter: As for :meth:`subscribe`: only the workers it accepts.
         """
-        accepts = options.pop("filter", None)
-        if options:
-            raise TypeError(
-                "SharedDiscovery.workers() takes the keywords of subscribe() "
-                f"(filter), got {', '.join(sorted(options))}"
-            )
         view = self.subscribe().workers()
-        if accepts is None:
+        if filter is None:
             return view
         return types.MappingProxyType(
-            {uid: metadata for uid, metadata in view.items() if accepts(metadata)}
+            {uid: metadata for uid, metadata in view.items() if filter(metadata)}
         )
 
     def statistics(

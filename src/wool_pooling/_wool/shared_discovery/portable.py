@@ -15,6 +15,7 @@ from collections.abc import Hashable
 from typing import Any
 from typing import final
 
+import attrs
 import cloudpickle
 import wool
 
@@ -81,7 +82,8 @@ class Portable:
                 return (part, self.options)
         if _hashable(self.discovery):
             return (self.discovery, self.options)
-        return (Identity(self.discovery), self.options)
+        # By identity: whatever holds this key holds the discovery too.
+        return (("id", id(self.discovery)), self.options)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Portable) and self.key == other.key
@@ -181,48 +183,16 @@ def _ship(discovery: Any, options: Options) -> bytes:
         ) from error
 
 
-@final
+@attrs.frozen
 class SubscriberOnly:
     """A discovery that cannot travel, as it arrives in another process: the
     subscriber its ``subscribe(**options)`` returned, pickled where it was
-    wrapped, and unpickled afresh by :meth:`subscribe`. Equal when pickled
-    to the same bytes, so the copies of one subscription reaching a process
-    share one upstream.
+    wrapped. Equal when pickled to the same bytes, so the copies of one
+    subscription reaching a process share one upstream.
     """
 
-    __slots__ = ("data",)
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
+    data: bytes
 
     def subscribe(self, **options: Hashable) -> object:
-        """The subscriber that travelled (``options`` applied where it was made)."""
+        """The subscriber, unpickled afresh (``options`` applied where it was made)."""
         return pickle.loads(self.data)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, SubscriberOnly) and self.data == other.data
-
-    def __hash__(self) -> int:
-        return hash(self.data)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (SubscriberOnly, (self.data,))
-
-    def __repr__(self) -> str:
-        return f"<subscriber of {len(self.data)} pickled bytes>"
-
-
-@final
-class Identity:
-    """The key of an unhashable discovery: equal only to itself."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: object) -> None:
-        self.value = value
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Identity) and other.value is self.value
-
-    def __hash__(self) -> int:
-        return id(self.value)
