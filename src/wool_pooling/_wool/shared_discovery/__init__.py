@@ -1,9 +1,6 @@
-"""``SharedDiscovery``: the one-line way to give wool pools pooled subscriptions.
-
-- :mod:`.lifecycle`: the public wrapper and its counted context manager;
-- :mod:`.portable`: what travels to another process, and the upstream's key;
-- :mod:`.merge`: the upstream, merging a fresh scan for each late joiner.
-"""
+"""``SharedDiscovery``: :mod:`.lifecycle` (the wrapper, a counted context
+manager), :mod:`.portable` (what travels to another process) and :mod:`.merge`
+(the upstream, merging a fresh scan for each late joiner)."""
 
 from .lifecycle import SharedDiscovery
 from .lifecycle import SyncSharedDiscovery

@@ -1,8 +1,4 @@
-"""``SharedDiscovery``: a wool discovery whose subscribers share one upstream
-per process, entered and exited as a counted context manager.
-
-See docs/wool.rst.
-"""
+"""``SharedDiscovery`` and its counted context manager; see docs/wool.rst."""
 
 from __future__ import annotations
 
@@ -48,30 +44,25 @@ class _SyncContextDiscovery(DiscoveryLike, Protocol):
 
 
 class SharedDiscovery:
-    """Wrap a wool discovery so that its subscribers share one upstream per
-    process: itself a wool ``DiscoveryLike``.
+    """A wool ``DiscoveryLike`` whose subscribers share one upstream per process.
 
-    Within one :class:`~wool_pooling.SubscriptionPool`, every subscription
-    it hands out shares one unfiltered upstream per (inner discovery,
-    options), with every guarantee of :func:`~wool_pooling.shared_subscription`;
-    a joiner has the inner discovery scanned afresh, and only events that
-    change the known workers are passed on. Entering is counted: the first
-    enter enters ``inner``, the last exit exits it (exceptions are never
-    suppressed). Over a synchronous context manager (``wool.LocalDiscovery``)
-    the constructor returns a :class:`SyncSharedDiscovery`. Pickles as what
-    travels for ``inner`` and the options; a copy starts unentered. Two are
-    equal when their upstreams would be shared. See docs/wool.rst.
+    In one :class:`~wool_pooling.SubscriptionPool`, every subscription it
+    hands out shares one unfiltered upstream per (inner discovery, options),
+    with the guarantees of :func:`~wool_pooling.shared_subscription`; a
+    joiner has ``inner`` scanned afresh, and only what changes the known
+    workers is passed on. Entering is counted: the first enter enters
+    ``inner``, the last exit exits it. Over a synchronous context manager
+    the constructor returns a :class:`SyncSharedDiscovery`. A pickled copy
+    starts unentered; two are equal when their upstreams would be shared.
+    See docs/wool.rst.
 
-    :param inner: The wool discovery to wrap (with ``publisher`` and ``subscribe``).
-    :param subscribe_options: Keyword arguments for ``inner.subscribe``;
-        hashable, as they are part of the upstream's key.
-    :raises TypeError: if ``inner`` has no callable ``subscribe``; if the
-        options do not bind to its signature (the message names a misspelt
-        one, the closest parameter and every accepted one) or do not hash;
-        if nothing of ``inner`` can reach another process (neither wool's
-        ``LocalDiscovery`` or ``LanDiscovery``, nor a class with a
-        ``__reduce__``, and what its ``subscribe`` returns raises or does
-        not pickle): the message names the ``__reduce__`` to add.
+    :param inner: The wool discovery to wrap.
+    :param subscribe_options: Keyword arguments for ``inner.subscribe``,
+        hashable: they are part of the upstream's key.
+    :raises TypeError: if ``inner`` has no callable ``subscribe``, if the
+        options do not bind to its signature (a misspelt one is named, with
+        the closest parameter) or do not hash, or if nothing of ``inner``
+        can travel to another process (see docs/wool.rst).
     """
 
     __slots__ = ("__weakref__", "_entered", "_lock", "_portable", "_transition")
@@ -190,10 +181,9 @@ class SharedDiscovery:
     def statistics(
         self, pool: SubscriptionPool | None = None
     ) -> SubscriptionStatistics:
-        """Return a snapshot of the shared upstream's counters in ``pool``
-        (filtered consumers included; ``rescans``: fresh scans started for
-        joiners), all zeros when nothing iterates it. See
-        :meth:`~wool_pooling.SharedSubscription.statistics`.
+        """The shared upstream's counters in ``pool``, filtered consumers
+        included, as :meth:`SharedSubscription.statistics
+        <wool_pooling.SharedSubscription.statistics>` gives them.
 
         :param pool: The pool to look in; by default :func:`~wool_pooling.current_pool`.
         :raises RuntimeError: if ``pool`` is omitted and no pool is current
@@ -255,11 +245,9 @@ class SharedDiscovery:
         if self._portable.shipped is not None:
             name = type(self.inner).__qualname__
             raise TypeError(
-                f"cannot pickle a SharedDiscovery of a {name}: a {name} has no "
-                "__reduce__, so only what its subscribe() returns travels (in "
-                "every subscription this SharedDiscovery hands out, as wool "
-                f"ships it), never the discovery; add a __reduce__ to {name} "
-                "that rebuilds it, unentered, to pickle the SharedDiscovery itself"
+                f"cannot pickle a SharedDiscovery of a {name}: only what its "
+                "subscribe() returns travels, in the subscriptions it hands "
+                f"out; add a __reduce__ to {name} that rebuilds it, unentered"
             )
         return (_restore, (self._portable,))
 

@@ -1,8 +1,5 @@
-"""The upstream of a :class:`~wool_pooling.SharedDiscovery`: one iteration of
-the inner discovery, with a fresh scan merged in for each late joiner.
-
-See "What is shared" and "Reading the view" in docs/wool.rst.
-"""
+"""The upstream of a ``SharedDiscovery``: one iteration of the inner discovery,
+with a fresh scan merged in for each late joiner; see docs/wool.rst."""
 
 from __future__ import annotations
 
@@ -74,8 +71,7 @@ class Upstream:
         self.inner: Any = portable.discovery
         self.options = options
         self.rescans = 0
-        # While iterating: where readers hand on, and the readers.
-        self.send: MemoryObjectSendStream[Any] | None = None
+        self.send: MemoryObjectSendStream[Any] | None = None  # while iterating
         self.readers: set[_Reader] = set()
         self.pending = False  # a reader has not started its scan yet
 
@@ -137,8 +133,7 @@ class Upstream:
     def _start(self, reader: _Reader) -> None:
         self.pending = True
         self.readers.add(reader)
-        # wool caches one raw subscriber per key and ``__subscriber_pool__``:
-        # in a pool of its own, a reader scans afresh.
+        # In a wool subscriber pool of its own, a reader scans afresh.
         context = self.context.copy()
         context.run(__subscriber_pool__.set, None)
         self.loop.spawn(self._read, reader, cast(Any, self.send), context=context)
@@ -221,8 +216,7 @@ class _Reader:
         self.scope = anyio.CancelScope()
         self.done = anyio.Event()
         self.error: Exception | None = None  # what ended its iteration
-        # Over a shared subscription: its synced, relayed as Synced.
-        self.relay = anyio.CancelScope()
+        self.relay = anyio.CancelScope()  # of _relay, over a shared subscription
         self.busy = False  # waiting to hand on an event
         self.marked = False
 

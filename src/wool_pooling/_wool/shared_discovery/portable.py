@@ -1,8 +1,5 @@
-"""What of a :class:`~wool_pooling.SharedDiscovery` travels to another
-process, and the key of its upstream: never the discovery the pools entered.
-
-See "In worker processes" in docs/wool.rst.
-"""
+"""What of a ``SharedDiscovery`` travels to another process (never the
+discovery the pools entered), and its upstream's key; see docs/wool.rst."""
 
 from __future__ import annotations
 
@@ -32,12 +29,10 @@ Recipe = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
 @final
 class Portable:
-    """The one record of a ``SharedDiscovery``'s arguments, and how its
-    discovery reaches another process: by a ``recipe`` (wool's
-    discoveries), by its own reduction, or as ``shipped``, the subscriber
-    its ``subscribe(**options)`` returned, pickled, which arrives as a
-    :class:`SubscriberOnly`. Pickling, equality, hash and the upstream's
-    :attr:`key` all read it.
+    """The one record of a ``SharedDiscovery``'s arguments, read by its
+    pickling, equality, hash and upstream :attr:`key`. Its discovery travels
+    by a ``recipe`` (wool's), by its own reduction, or as ``shipped``, the
+    subscriber it returned, pickled, arriving as a :class:`SubscriberOnly`.
     """
 
     def __init__(
@@ -72,9 +67,8 @@ class Portable:
 
     @functools.cached_property
     def key(self) -> Hashable:
-        """``(the discovery's part, options)``, computed when first needed (a
-        discovery's hash may resolve a host name): the recipe when it hashes,
-        else the discovery, by identity when it does not hash."""
+        """The recipe, else the discovery (by identity if unhashable), and the
+        options; computed when first needed (a hash may resolve a host)."""
         if self.recipe is not None:
             factory, args, kwargs = self.recipe
             part = (factory, args, tuple(sorted(kwargs.items())))
@@ -134,9 +128,8 @@ def _recipe(discovery: object) -> Recipe:
             value = getattr(discovery, f"_{parameter.name}")
         except AttributeError:
             raise TypeError(
-                "SharedDiscovery cannot read the constructor argument "
-                f"{parameter.name!r} back from {cls.__qualname__}: subclass "
-                "it with a __reduce__ that rebuilds it"
+                f"SharedDiscovery cannot read {parameter.name!r} back from "
+                f"{cls.__qualname__}: subclass it with a __reduce__"
             ) from None
         default = parameter.default
         if value is default or (type(value) is type(default) and value == default):
@@ -151,21 +144,15 @@ def _recipe(discovery: object) -> Recipe:
 
 def _ship(discovery: Any, options: Options) -> bytes:
     """What ``discovery.subscribe(**options)`` returns, pickled with
-    cloudpickle: it travels in place of a discovery that cannot, as wool
-    itself ships a subscriber.
+    cloudpickle, to travel in the place of ``discovery`` as wool ships it.
 
-    :raises TypeError: naming the class, if ``subscribe`` raises or what it
-        returns does not pickle.
+    :raises TypeError: if ``subscribe`` raises or its result does not pickle.
     """
     name = type(discovery).__qualname__
-    cannot = (
-        f"SharedDiscovery cannot ship a {name} to worker processes: it has "
-        "no __reduce__, so what its subscribe() returns travels in its place"
-    )
+    cannot = f"SharedDiscovery cannot ship a {name} to worker processes"
     remedy = (
         f"make that picklable, or add a __reduce__ to {name} that rebuilds it, "
-        "unentered, e.g. 'def __reduce__(self): return (type(self), "
-        "(self.namespace,))'"
+        "unentered: 'def __reduce__(self): return (type(self), (self.namespace,))'"
     )
     try:
         subscriber: object = discovery.subscribe(**dict(options))
