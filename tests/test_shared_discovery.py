@@ -9,10 +9,12 @@ are exercised by ``test_wool_e2e.py``).
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import uuid
 from collections.abc import AsyncIterator
 from collections.abc import Callable
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 from typing import ClassVar
@@ -127,6 +129,27 @@ class FactorySubscriberDiscovery(FakeDiscovery):
 
     def _make(self, upstream: StreamStub) -> Any:
         return lambda: FakeDiscovery._make(self, upstream)
+
+
+class SyncContextSubscriberDiscovery(FakeDiscovery):
+    """``subscribe()`` returns a synchronous context manager yielding the stream."""
+
+    def _make(self, upstream: StreamStub) -> Any:
+        @contextlib.contextmanager
+        def context() -> Iterator[StreamStub]:
+            yield FakeDiscovery._make(self, upstream)
+
+        return context()
+
+
+class AwaitableSubscriberDiscovery(FakeDiscovery):
+    """``subscribe()`` returns a coroutine resolving to the stream."""
+
+    def _make(self, upstream: StreamStub) -> Any:
+        async def resolve() -> StreamStub:
+            return FakeDiscovery._make(self, upstream)
+
+        return resolve()
 
 
 class SyncContextDiscovery(FakeDiscovery):
@@ -291,7 +314,13 @@ async def test_upstream_is_closed_after_the_last_subscriber() -> None:
 
 
 @pytest.mark.parametrize(
-    "kind", [AsyncContextSubscriberDiscovery, FactorySubscriberDiscovery]
+    "kind",
+    [
+        AsyncContextSubscriberDiscovery,
+        SyncContextSubscriberDiscovery,
+        FactorySubscriberDiscovery,
+        AwaitableSubscriberDiscovery,
+    ],
 )
 async def test_inner_subscriber_is_resolved_like_wool_does(
     kind: type[FakeDiscovery],
@@ -523,6 +552,53 @@ async def test_unhashable_inner_is_shared_by_identity() -> None:
             for upstream in first.built:
                 upstream.push(ev("worker-added", meta(pid=2)))
     assert len(first.built) == 2
+
+
+def test_equality_is_by_upstream_and_class() -> None:
+    """Wrappers of equal discoveries with equal options are equal and hash
+    alike; other options, or anything else, are not equal."""
+    name = uuid.uuid4().hex
+    shared = SharedDiscovery(FakeDiscovery(name), poll_interval=0.5)
+    twin = SharedDiscovery(FakeDiscovery(name), poll_interval=0.5)
+    assert shared == twin
+    assert hash(shared) == hash(twin)
+    assert shared != SharedDiscovery(FakeDiscovery(name), poll_interval=1.0)
+    assert shared != object()
+    assert shared.subscribe(even_pid) != object()
+
+
+def test_a_local_discovery_whose_arguments_cannot_be_read_is_refused() -> None:
+    """A wool discovery whose constructor arguments cannot be read back (a
+    wool version storing them elsewhere) is a TypeError at construction."""
+    inner = wool.LocalDiscovery(f"unread-{uuid.uuid4().hex[:8]}")
+    del inner._capacity  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match="cannot read 'capacity' back from"):
+        SharedDiscovery(inner)
+
+
+async def test_a_fresh_scan_passes_on_only_changes() -> None:
+    """What the first iteration yields besides discovery events is passed on
+    as it is; a joiner's fresh scan passes on only what changes the known
+    workers."""
+    inner = FakeDiscovery()
+    shared = SharedDiscovery(inner)
+    worker = meta(pid=2)
+    with anyio.fail_after(5):
+        async with SubscriptionPool():
+            early, late = await early_and_late(shared, inner)
+            got: dict[str, list[DiscoveryEvent]] = {}
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(read, late, got, "late")
+                tg.start_soon(read, early, got, "early")
+                await anyio.wait_all_tasks_blocked()
+                inner.built[1].push("from the scan", ev("worker-added", worker))  # type: ignore[arg-type]
+            assert (
+                pairs(got["late"]) == pairs(got["early"]) == [("worker-added", worker)]
+            )
+            inner.built[0].push("from the upstream")  # type: ignore[arg-type]
+            assert await anext(late) == await anext(early) == "from the upstream"
+            await late.aclose()
+            await early.aclose()
 
 
 def test_repr_shows_inner_options_and_enters() -> None:
