@@ -1,6 +1,6 @@
 """The shared record of known workers, and consumers that keep no view of their own.
 
-A pool entry records every logged item once (``KnownWorkers``) and keeps
+A pool entry records every logged item once (``WorkerView``) and keeps
 undo records for as far back as a consumer can be left behind; a consumer
 reading the log keeps nothing, and the view it has seen is rebuilt only
 when it falls behind (``Fanout.consumer(on_skip=...)``).
@@ -34,7 +34,7 @@ from wool_pooling import Lagged
 from wool_pooling import SharedSubscription
 from wool_pooling import SubscriptionPool
 from wool_pooling import shared_subscription
-from wool_pooling._wool.tracking import KnownWorkers
+from wool_pooling._wool.view import WorkerView
 
 pytestmark = pytest.mark.anyio
 
@@ -72,6 +72,13 @@ items = st.lists(
 )
 
 
+def known_workers(history: int | None = None) -> WorkerView:
+    """A worker view keeping ``history`` undo records, as a pool entry's."""
+    view = WorkerView()
+    view.remember(history)
+    return view
+
+
 @settings(max_examples=200, deadline=None)
 @given(stream=items, history=st.integers(1, 8))
 def test_workers_rebuilt_at_every_point_within_the_history(
@@ -79,7 +86,7 @@ def test_workers_rebuilt_at_every_point_within_the_history(
 ) -> None:
     """``at(n)`` is the state after the first ``n`` items, for every ``n``
     within the history, and the record is the state at the end."""
-    known = KnownWorkers(history)
+    known = known_workers(history)
     for item in stream:
         known.record(item)
     assert known.count == len(stream)
@@ -90,7 +97,7 @@ def test_workers_rebuilt_at_every_point_within_the_history(
 
 
 def test_rebuilding_beyond_the_history_or_ahead_is_refused() -> None:
-    known = KnownWorkers(2)
+    known = known_workers(2)
     for pid in range(1, 5):
         known.record(ev("worker-added", meta(UIDS[0], pid=pid)))
     assert known.at(2) == {UIDS[0]: meta(UIDS[0], pid=2)}
@@ -98,7 +105,7 @@ def test_rebuilding_beyond_the_history_or_ahead_is_refused() -> None:
         known.at(1)
     with pytest.raises(ValueError, match="4 recorded"):
         known.at(5)
-    without = KnownWorkers()
+    without = known_workers()
     without.record(ev("worker-added", meta(UIDS[0])))
     assert without.at(1) == without.workers
     with pytest.raises(ValueError, match="history of 0"):
@@ -108,7 +115,7 @@ def test_rebuilding_beyond_the_history_or_ahead_is_refused() -> None:
 def test_consumers_behind_at_the_same_item_share_one_rebuilt_view() -> None:
     """Rebuilt once per (log end, position): a burst that leaves many
     consumers behind costs one view, and the next item makes a new one."""
-    known = KnownWorkers(4)
+    known = known_workers(4)
     a, b = meta(UIDS[0]), meta(UIDS[1])
     known.record(ev("worker-added", a))
     known.record(ev("worker-added", b))
@@ -226,7 +233,7 @@ async def test_consumer_on_the_log_keeps_no_view() -> None:
                 stub.instances[-1].push(*(ev("worker-added", w) for w in workers))
             late = aiter(sub)
             replayed = await take(late, 1)
-            assert seen_of(late).workers is None  # mid-replay
+            assert seen_of(late).state is None  # mid-replay
             replayed += await take(late, 2)
             assert pairs(replayed) == [("worker-added", w) for w in workers]
             stub.instances[-1].push(ev("worker-dropped", workers[0]))
@@ -234,7 +241,7 @@ async def test_consumer_on_the_log_keeps_no_view() -> None:
                 assert pairs(await take(consumer, 1)) == [
                     ("worker-dropped", workers[0])
                 ]
-                assert seen_of(consumer).workers is None
+                assert seen_of(consumer).state is None
         await first.aclose()
         await late.aclose()
 
@@ -282,8 +289,8 @@ async def test_consumer_left_behind_mid_replay_ends_its_replay_then_resyncs(
                 ):
                     send.send_nowait(event)
                 assert len(await take(fast, 3)) == 3
-                assert seen_of(late).workers == {a.uid: a, b.uid: b}
-                assert entry_of(pool, sub).source.known.workers == {
+                assert seen_of(late).state == {a.uid: a, b.uid: b}
+                assert entry_of(pool, sub).source.view.workers == {
                     a.uid: a2,
                     c.uid: c,
                 }
@@ -294,6 +301,6 @@ async def test_consumer_left_behind_mid_replay_ends_its_replay_then_resyncs(
                     ("worker-added", c),
                     ("worker-dropped", b),
                 ]
-                assert seen_of(late).workers is None
+                assert seen_of(late).state is None
             await fast.aclose()
             await late.aclose()

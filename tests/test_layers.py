@@ -1,7 +1,7 @@
 """The package's layers import in one direction only.
 
 ``_core`` (the fan-out, its backend, iterator helpers) < ``_pooling`` (sharing by
-key) and ``_wool`` (discovery semantics) < ``redis`` (the public
+key) < ``_wool`` (discovery semantics) < ``redis`` (the public
 ``wool_pooling.redis``). These tests read every module's imports (with
 :mod:`ast`, nothing is imported) and pin the rules that keep the layers
 apart.
@@ -112,3 +112,58 @@ def test_the_package_root_only_re_exports() -> None:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
     ]
     assert defined == []
+
+
+#: The layers, lowest first: each imports only those before it.
+LAYERS = ("_core", "_pooling", "_wool", "redis")
+
+
+def _layer(module: str) -> int | None:
+    for rank, layer in enumerate(LAYERS):
+        if _within(module, f"wool_pooling.{layer}"):
+            return rank
+    return None
+
+
+@pytest.mark.parametrize(
+    "module", sorted(name for name in MODULES if _layer(name) is not None)
+)
+def test_every_layer_imports_only_the_layers_below_it(module: str) -> None:
+    """For every pair of layers, the higher may import the lower and never the
+    reverse (``TYPE_CHECKING`` imports included)."""
+    rank = _layer(module)
+    assert rank is not None
+    for imported in MODULES[module]:
+        below = _layer(imported)
+        assert below is None or below <= rank, imported
+
+
+@pytest.mark.parametrize("layer", ["_core", "_pooling"])
+def test_the_lower_layers_import_no_wool(layer: str) -> None:
+    """Only ``_wool`` and ``redis`` know wool: the pool and the fan-out do not."""
+    for module in MODULES:
+        if _within(module, f"wool_pooling.{layer}"):
+            assert not any(_within(i, "wool") for i in MODULES[module]), module
+
+
+def test_no_module_of_the_pool_imports_another_that_imports_it_back() -> None:
+    """The pool's modules import one another without a circle, not even one
+    made of ``TYPE_CHECKING`` imports: each can be read after those it uses."""
+    package = "wool_pooling._pooling"
+    graph = {
+        name: {i for i in imported if i in MODULES and _within(i, package)}
+        for name, imported in MODULES.items()
+        if _within(name, package)
+    }
+    done: set[str] = set()
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        assert name not in path, " -> ".join([*path, name])
+        if name in done:
+            return
+        for imported in graph[name]:
+            visit(imported, (*path, name))
+        done.add(name)
+
+    for name in graph:
+        visit(name, ())

@@ -273,7 +273,7 @@ async def test_unreported_worker_dropped_after_settle_on_silent_stream() -> None
         for events in (one, two):
             assert pairs(events[2:]) == [("worker-dropped", a), ("worker-dropped", b)]
             assert apply({}, events) == {}
-        assert entry_of(pool, sub).source.known.workers == {}
+        assert entry_of(pool, sub).source.view.workers == {}
         assert script.started == 2
 
 
@@ -321,7 +321,7 @@ async def test_consumer_left_behind_by_the_settle_drops_resyncs_exactly() -> Non
             ("worker-dropped", b),
             ("worker-dropped", c),
         ]
-        assert entry_of(pool, sub).source.known.workers == state(a2, d)
+        assert entry_of(pool, sub).source.view.workers == state(a2, d)
         resync = await take(slow, 3)
         assert pairs(resync) == [
             ("worker-updated", a2),
@@ -350,7 +350,7 @@ async def test_no_error_reaches_consumers_and_views_match_new_state() -> None:
             for view, it in zip(views, (first, second), strict=True):
                 while view != expected:
                     apply(view, [await anext(it)])
-        assert entry_of(pool, sub).source.known.workers == expected
+        assert entry_of(pool, sub).source.view.workers == expected
         assert script.started == 3
 
 

@@ -286,7 +286,7 @@ async def test_known_workers_updated_once_per_event() -> None:
                 tg.start_soon(take, it, 1)
             await anyio.wait_all_tasks_blocked()
             counting = CountingDict()
-            entry_of(pool, sub).source.known.workers = counting
+            entry_of(pool, sub).source.view.workers = counting
             stub.instances[-1].push(*events)
         for it in consumers:
             assert len(await take(it, 3)) == 3

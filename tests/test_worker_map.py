@@ -29,7 +29,7 @@ from wool_pooling import SharedDiscovery
 from wool_pooling import SubscriptionPool
 from wool_pooling import afilter
 from wool_pooling._pooling.restart import RestartingSource
-from wool_pooling._wool.tracking import KnownWorkers
+from wool_pooling._wool.view import WorkerView
 from wool_pooling._wool.workers import WorkerMap
 from wool_pooling.redis._state import SubscriptionState
 
@@ -183,14 +183,16 @@ def test_known_workers_record_and_apply_leave_the_map_state(
     stream: list[DiscoveryEvent], history: int
 ) -> None:
     """``record`` (the log as it came) leaves the state ``apply`` leaves;
-    ``KnownWorkers.apply`` counts only what it passes on, and ``at`` rebuilds
+    a relisting view takes in only what it passes on, and ``at`` rebuilds
     the state after each of those."""
-    recorded, applied, workers = KnownWorkers(), KnownWorkers(history), WorkerMap()
+    recorded, applied, workers = WorkerView(), WorkerView(), WorkerMap()
+    applied.remember(history)
+    applied.relisting()
     states: list[View] = [{}]
     for event in stream:
         recorded.record(event)
         workers.apply(event)
-        if applied.apply(event) is not None:
+        if applied.relist(event) is not None:
             states.append(dict(applied.workers))
     assert list(recorded.workers.items()) == list(workers.workers.items())
     assert list(applied.workers.items()) == list(workers.workers.items())
@@ -213,15 +215,19 @@ def test_drop_forgets_a_known_worker_with_its_known_metadata() -> None:
     assert not workers.workers
 
 
-def test_known_workers_drop_is_logged_only_when_passed_on() -> None:
-    """A drop that passes on counts as a logged item (and can be undone);
-    one of an unknown worker does not."""
-    known = KnownWorkers(4)
+def test_a_settled_relisting_drops_what_it_did_not_report() -> None:
+    """``settled()`` takes in and gives a drop per worker the relisting did
+    not report, with its known metadata; each counts as a logged item (and
+    can be undone)."""
+    known = WorkerView()
+    known.remember(4)
     first = worker(0)
-    known.apply(DiscoveryEvent("worker-added", metadata=first))
-    assert known.drop(UIDS[1]) is None
-    assert known.count == 1
-    assert known.drop(first.uid) is not None
+    known.record(DiscoveryEvent("worker-added", metadata=first))
+    known.relisting()
+    assert known.relist(DiscoveryEvent("worker-dropped", metadata=worker(1))) is None
+    drops = list(known.settled())
+    assert pairs(drops) == [("worker-dropped", first)]
+    assert drops[0].metadata is first
     assert known.count == 2
     assert known.at(1) == {first.uid: first}
     assert known.at(2) == {}
@@ -340,7 +346,9 @@ async def test_restart_diff_drops_with_known_metadata_and_skips_unchanged() -> N
             DiscoveryEvent("worker-dropped", metadata=moved(first)),
         ],
     )
-    source = RestartingSource(raw, RestartPolicy(backoff=0, settle=60), history=8)
+    view = WorkerView()
+    view.remember(8)
+    source = RestartingSource(raw, RestartPolicy(backoff=0, settle=60), view)
     try:
         with anyio.fail_after(10):
             got = [await anext(source) for _ in range(4)]
@@ -353,8 +361,8 @@ async def test_restart_diff_drops_with_known_metadata_and_skips_unchanged() -> N
         ("worker-dropped", first),
     ]
     assert got[3].metadata is first
-    assert source.known.count == 4
-    assert source.known.workers == {second.uid: worker(1, pid=2)}
+    assert view.count == source.count == 4
+    assert view.workers == {second.uid: worker(1, pid=2)}
 
 
 def test_redis_reannouncement_with_other_bytes_but_equal_metadata_passes_nothing() -> (

@@ -53,7 +53,6 @@ from ._core.fanout import FanoutStatistics
 from ._core.fanout import Lagged
 from ._core.fanout import LagPolicy
 from ._core.synced import Synced
-from ._pooling.decorator import shared_subscription
 from ._pooling.pool import PoolStatistics
 from ._pooling.pool import SubscriptionPool
 from ._pooling.pool import current_pool
@@ -61,9 +60,11 @@ from ._pooling.restart import RestartPolicy
 from ._pooling.statistics import SubscriptionStatistics
 from ._pooling.subscription import SharedSubscription
 from ._pooling.subscription import SubscriptionConsumer
+from ._pooling.view import View
 from ._wool.afilter import afilter
 from ._wool.shared_discovery import SharedDiscovery
 from ._wool.shared_discovery import SyncSharedDiscovery
+from ._wool.view import shared_subscription
 
 #: The version of the installed ``wool-pooling`` distribution (its metadata).
 __version__: str = _metadata.version("wool-pooling")
@@ -83,6 +84,7 @@ __all__ = [
     "SubscriptionStatistics",
     "SyncSharedDiscovery",
     "Synced",
+    "View",
     "afilter",
     "current_pool",
     "shared_subscription",

@@ -34,6 +34,7 @@ from wool_pooling import SubscriptionPool
 from wool_pooling import SubscriptionStatistics
 from wool_pooling import Synced
 from wool_pooling import SyncSharedDiscovery
+from wool_pooling import View
 from wool_pooling import afilter
 from wool_pooling import current_pool
 from wool_pooling import shared_subscription
@@ -79,7 +80,15 @@ class Listed:
         yield Synced()  # the first listing is complete; never handed on
 
 
-@shared_subscription(max_lag=None)
+class Last(View[str]):
+    def __init__(self, raw: object) -> None:
+        self.last: str | None = None
+
+    def record(self, item: str) -> None:
+        self.last = item
+
+
+@shared_subscription(max_lag=None, view=Last)
 class Unbounded:
     async def __aiter__(self) -> AsyncIterator[str]:
         yield "a"
@@ -110,6 +119,9 @@ async def use_subscriptions() -> None:
             await consumer.wait_synced()
         view: Mapping[uuid.UUID, WorkerMetadata] = keyed.workers()
         print(len(view))
+        last = Unbounded().view(pool)
+        if isinstance(last, Last):
+            print(last.last)
         async for event in keyed:
             assert_type(event, DiscoveryEvent)
             break
@@ -122,7 +134,7 @@ async def use_subscriptions() -> None:
         counted = keyed.statistics(pool)
         assert_type(counted, SubscriptionStatistics)
         print(counted.consumers, counted.delivered, counted.replays, counted.lagged)
-        print(counted.resyncs, counted.restarts, counted.rescans, counted.source_errors)
+        print(counted.resyncs, counted.restarts, counted.source_errors)
         filtered = afilter(lambda metadata: metadata.pid > 0, keyed)
         async for event in filtered:
             print(event.type)
@@ -160,7 +172,7 @@ async def use_discovery() -> None:
     print(len(known), len(some))
     async with wool.WorkerPool(spawn=1, discovery=discovery):
         upstream: SubscriptionStatistics = discovery.statistics()
-        print(upstream.rescans)
+        print(upstream.restarts)
 
 
 async def main() -> None:

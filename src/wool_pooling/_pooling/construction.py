@@ -14,6 +14,7 @@ import attrs
 from .._core.signatures import BindingMemo
 from .._core.signatures import signature_of
 from .restart import RestartPolicy
+from .view import ViewFactory
 
 __all__ = [
     "CONFIG_ATTRIBUTE",
@@ -49,6 +50,8 @@ class SubscriptionConfig:
     restart: RestartPolicy | None
     #: Events the shared iteration may pull past the most advanced demand.
     read_ahead: int
+    #: ``view(raw)`` makes an entry's view; ``None``: a :class:`View`.
+    view: ViewFactory | None
     #: The ``__new__`` the class defined itself, replaced by the decorator.
     own_new: Any
 

@@ -21,6 +21,7 @@ from .construction import check_key
 from .construction import derive_key
 from .restart import RestartPolicy
 from .subscription import SharedSubscription
+from .view import ViewFactory
 
 __all__ = ["shared_subscription"]
 
@@ -50,6 +51,7 @@ def shared_subscription(
     max_lag: int | None = DEFAULT_MAX_LAG,
     restart: RestartPolicy | None = None,
     read_ahead: int = DEFAULT_READ_AHEAD,
+    view: ViewFactory | None = None,
 ) -> Callable[P, SharedSubscription[T]]: ...
 
 
@@ -63,6 +65,7 @@ def shared_subscription(
     max_lag: int | None = DEFAULT_MAX_LAG,
     restart: RestartPolicy | None = None,
     read_ahead: int = DEFAULT_READ_AHEAD,
+    view: ViewFactory | None = None,
 ) -> _Decorator: ...
 
 
@@ -75,60 +78,41 @@ def shared_subscription(
     max_lag: int | None = DEFAULT_MAX_LAG,
     restart: RestartPolicy | None = None,
     read_ahead: int = DEFAULT_READ_AHEAD,
+    view: ViewFactory | None = None,
 ) -> Any:
     """Class decorator: constructing the class returns a :class:`SharedSubscription`.
 
-    Usable bare (``@shared_subscription``) or called
-    (``@shared_subscription(key=..., ttl=...)``). It replaces ``__new__`` on
-    the class, with no metaclass, so it also applies to classes that have a
-    metaclass of their own and to subclasses (each keyed by its own class).
-    ``Cls(*args, **kwargs)`` runs neither the class's ``__new__`` nor its
-    ``__init__``: it computes the key and returns a subscription. The raw
-    instance is built from those arguments when a consumer first iterates.
-
-    **Types.** A type checker sees the decorated name as what calling it
-    returns: a callable taking the parameters of the class's ``__init__``
-    and returning ``SharedSubscription[T]``, ``T`` being the item type of the
-    class's ``__aiter__``; so ``Cls(...).aclose`` is an error and
-    ``aiter(Cls(...))`` is a :class:`SubscriptionConsumer`, without casts.
-    The class's own attributes are not visible through that name (keep
-    class-level state in another object), a checker does not let it be
-    subclassed (decorate the subclasses of an undecorated base instead),
-    and ``isinstance(x, Cls)`` is rejected, as it is never true of a
-    subscription. In pyright's strict mode
-    (``typeCheckingMode = "strict"``) give ``key`` as a ``def`` with annotated
-    parameters: a lambda's parameters cannot be annotated.
+    Usable bare or called. It replaces ``__new__`` on the class (no
+    metaclass), so it applies to classes with a metaclass of their own and to
+    subclasses, each keyed by its own class. ``Cls(*args, **kwargs)`` runs
+    neither ``__new__`` nor ``__init__``: the raw instance is built from
+    those arguments when a consumer first iterates. A type checker sees
+    ``Cls`` as a callable returning ``SharedSubscription[T]``, ``T`` the item
+    type of ``__aiter__`` (see :doc:`custom-subscribers`).
 
     :param key: ``key(cls, *args, **kwargs) -> Hashable``, evaluated at
-        construction. ``None`` keys by the arguments bound to ``__init__``'s
-        signature with defaults applied, so ``Cls("a")`` and
-        ``Cls(name="a")`` share an entry. Keys are namespaced by class. An
-        exception the key function raises reaches the caller as it is (same
-        object, same type), with a note naming the class and the function.
+        construction; ``None`` keys by the arguments bound to ``__init__``
+        with defaults applied. An exception it raises reaches the caller as
+        it is, with a note naming the class and the function.
     :param ttl: Seconds an entry is kept once its last consumer is released,
         so a consumer arriving in time reuses the running subscription.
     :param max_lag: How many events the shared log holds for a consumer that
-        falls behind (``None``: unbounded). A consumer further behind is
-        resynchronised: instead of the events it missed it receives the
-        difference between the workers it last saw and the current ones, so
-        memory is bounded by the number of workers, not of events. The
-        diff covers discovery events only: once the stream has carried
-        other items, a consumer that falls behind gets
-        :exc:`~wool_pooling.Lagged` (with the count it missed) instead;
-        pass ``max_lag=None`` for a stream no consumer may miss items of.
+        falls behind (``None``: unbounded); one further behind is caught up
+        by the entry's view, or gets :exc:`~wool_pooling.Lagged` (:ref:`lag`).
     :param restart: A :class:`RestartPolicy` to iterate the raw subscriber
         again when its stream fails (or ends), instead of ending every
         consumer; ``None`` (the default) ends them with the error.
     :param read_ahead: How many events the shared iteration may pull past
-        the most advanced consumer's demand, in its one task (see
-        :class:`~wool_pooling.Fanout`); they count inside ``max_lag``.
-        64 by default; ``0`` pulls on demand only.
+        the most advanced consumer's demand (inside ``max_lag``); ``0`` pulls
+        on demand only.
+    :param view: ``view(raw)`` returns what an entry remembers for late
+        joiners, lagging consumers and restarts (a :class:`View`), called
+        once per entry with its raw instance. ``None``: the worker view
+        (:ref:`views`).
     :raises TypeError: at decoration, if given something other than a class
-        or a class without ``__aiter__``, if ``key`` is not callable, or if
-        no call of the class could be passed to it (it has no ``cls``
-        parameter, or cannot take ``__init__``'s required arguments whether
-        given by position or by name); the message names the class, the
-        key and the call it cannot take.
+        with ``__aiter__``, if ``key`` or ``view`` is not callable, or if no
+        call of the class could be passed to ``key``; the message names the
+        class, the key and the call it cannot take.
     :raises ValueError: if ``ttl`` is negative or not finite, ``max_lag``
         is not ``None`` or an int >= 1, or ``read_ahead`` is not an int >= 0.
     """
@@ -143,6 +127,8 @@ def shared_subscription(
 
     max_lag = validate_max_lag(max_lag)
     read_ahead = validate_read_ahead(read_ahead)
+    if view is not None and not callable(view):
+        raise TypeError(f"shared_subscription view must be callable, got {view!r}")
     if restart is not None and not isinstance(restart, RestartPolicy):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise TypeError(
             f"shared_subscription restart must be a RestartPolicy, got {restart!r}"
@@ -171,6 +157,7 @@ def shared_subscription(
             max_lag=max_lag,
             restart=restart,
             read_ahead=read_ahead,
+            view=view,
             own_new=vars(target).get("__new__"),
         )
         setattr(target, CONFIG_ATTRIBUTE, config)

@@ -1,12 +1,5 @@
-"""The lifecycle of a pool entry: its states, the events it meets, and the
-one synchronous function that decides the next state.
-
-Nothing here awaits or touches a pool: :class:`~._pooling.pool.Entry` feeds
-each event to :func:`transition` and then does what entering the new state
-takes (start or cancel the ttl timer, leave the pool's map by key, run the
-close step), the way httpcore's connection pool decides synchronously and
-closes afterwards, shielded.
-"""
+"""A pool entry's states, the events it meets, and the one synchronous
+function that decides the next state (the entry then acts on it)."""
 
 from __future__ import annotations
 
@@ -65,19 +58,9 @@ class IllegalTransition(RuntimeError):
     """An event met an entry in a state where it cannot happen: a bug."""
 
 
-_ACTIVE = EntryState.ACTIVE
-_IDLE = EntryState.IDLE
-_ENDED = EntryState.ENDED
-_CLOSING = EntryState.CLOSING
-_CLOSED = EntryState.CLOSED
-# Members as module constants: a module global is read faster than an
-# enum's class attribute, and joins and leaves call transition().
-_JOINED = EntryEvent.JOINED
-_LEFT = EntryEvent.LEFT
-_EXPIRED = EntryEvent.EXPIRED
-_SOURCE_ENDED = EntryEvent.SOURCE_ENDED
-_POOL_CLOSED = EntryEvent.POOL_CLOSED
-_CLOSED_EVENT = EntryEvent.CLOSED
+# The members, in their order of definition, as module globals.
+_ACTIVE, _IDLE, _ENDED, _CLOSING, _CLOSED = EntryState
+_JOINED, _LEFT, _EXPIRED, _SOURCE_ENDED, _POOL_CLOSED, _CLOSED_EVENT = EntryEvent
 
 
 def transition(

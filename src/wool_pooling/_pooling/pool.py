@@ -1,4 +1,4 @@
-"""The pool: one entry (raw instance, fan-out, known workers) per subscription key."""
+"""The pool: one entry (raw instance, fan-out, view) per subscription key."""
 
 from __future__ import annotations
 
@@ -18,8 +18,6 @@ import attrs
 from .._core.backend import EventLoop
 from .._core.backend import current_loop
 from .._core.fanout import Fanout
-from .._wool.tracking import TrackedSource
-from .._wool.tracking import Tracking
 from .construction import SubscriptionConfig
 from .lifecycle import _ACTIVE
 from .lifecycle import _CLOSED
@@ -36,6 +34,7 @@ from .lifecycle import EntryState
 from .lifecycle import transition
 from .restart import RestartingSource
 from .statistics import EntryCounters
+from .view import View
 
 __all__ = [
     "Entry",
@@ -45,6 +44,7 @@ __all__ = [
     "SubscriptionPool",
     "attach",
     "current_pool",
+    "find_entry",
 ]
 
 logger = logging.getLogger("wool_pooling")
@@ -58,12 +58,9 @@ _default_pools: weakref.WeakKeyDictionary[EventLoop, SubscriptionPool] = (
 
 
 def current_pool() -> SubscriptionPool:
-    """Return the pool subscriptions started in this context attach to.
-
-    That is the pool made current by ``async with SubscriptionPool()`` in this
-    context, or else the default pool of the running event loop (one per
-    asyncio loop or trio run, so sibling tasks share subscriptions and a new
-    ``asyncio.run()`` or ``trio.run()`` starts with a fresh pool).
+    """Return the pool subscriptions started in this context attach to: the
+    one ``async with SubscriptionPool()`` made current here, else the running
+    event loop's default pool (one per asyncio loop or trio run).
 
     :raises RuntimeError: if no pool is current and no event loop is running.
     """
@@ -95,24 +92,19 @@ class PoolStatistics:
 
 @attrs.define(eq=False, repr=False)
 class Entry:
-    """One pooled subscription: its raw instance, fan-out and known workers,
-    and where it stands in its lifecycle (:class:`EntryState`).
+    """One pooled subscription: its raw instance, source (the restart engine
+    and the view), fan-out, and its :class:`EntryState`.
 
-    What a :class:`~wool_pooling.SubscriptionConsumer` holds while attached
-    (see :func:`attach`); it detaches with :meth:`release` or, from a
-    garbage-collection callback, :meth:`release_soon`.
-
-    Every change of state goes through :func:`transition`, one event at a
-    time, synchronously (so no other task runs between the decision and its
-    bookkeeping); entering ``CLOSING`` is followed by the close step,
-    :meth:`_close`, which runs shielded. Only joins and leaves look at the
-    entry: the path of an item through the fan-out never does.
+    A :class:`~wool_pooling.SubscriptionConsumer` holds it while attached
+    (see :func:`attach`). Every change of state goes through
+    :func:`transition`, one event at a time, synchronously; entering
+    ``CLOSING`` is followed by :meth:`_close`, shielded.
     """
 
     pool: SubscriptionPool
     key: tuple[type, Hashable]
     raw: Any
-    source: Tracking
+    source: RestartingSource[Any]
     fanout: Fanout[Any]
     ttl: float
     loop: EventLoop
@@ -129,12 +121,9 @@ class Entry:
     counters: EntryCounters = attrs.field(factory=EntryCounters)
 
     async def release(self) -> None:
-        """Detach one consumer; close the entry if it was the last one.
-
-        With ``ttl == 0``, or when the entry's source has finished, the entry
-        is closed before this returns; otherwise its ttl timer starts.
-        Shielded from cancellation.
-        """
+        """Detach one consumer; close the entry if it was the last one and
+        ``ttl == 0`` or its source finished (else its ttl timer starts).
+        Shielded from cancellation."""
         self.refs -= 1
         if self.refs:  # others remain: the leave cannot end a source's entry
             self._move(_LEFT)
@@ -142,14 +131,9 @@ class Entry:
             await self._close()
 
     def release_soon(self) -> None:
-        """:meth:`release` from a garbage-collection callback, in any thread.
-
-        In the loop's own thread the consumer is counted out at once
-        (statistics show it); from another thread that is handed to the
-        loop. Either way, the leave of the last consumer is decided later,
-        in a task on the entry's loop, with the count as it stands then (a
-        consumer may have joined meanwhile).
-        """
+        """:meth:`release` from a garbage-collection callback, in any thread:
+        the consumer is counted out (from another thread, by the loop), and
+        the last one's leave is decided later in a task on the loop."""
         if self.loop.in_own_thread():
             self._count_out()
         else:
@@ -166,12 +150,9 @@ class Entry:
             await self._close()
 
     def _left(self) -> bool:
-        """Take a leave that was the last when counted (already):
-        ``SOURCE_ENDED`` first if the entry is reachable and its source has
-        finished (so that no ttl keeps it), then ``LEFT``.
-
-        :returns: whether the entry must now be closed.
-        """
+        """Take a leave that was the last when counted: ``SOURCE_ENDED``
+        first if the source has finished (no ttl keeps it), then ``LEFT``.
+        Returns whether the entry must now be closed."""
         state = self.state
         closing = False
         if (state is _ACTIVE or state is _IDLE) and self.fanout.finished:
@@ -180,11 +161,9 @@ class Entry:
 
     def _move(self, event: EntryEvent) -> bool:
         """Take ``event``: the next state from :func:`transition`, and the
-        bookkeeping entering it takes, in one synchronous step.
-
-        :returns: whether the entry just entered ``CLOSING``: the caller then
-            runs the close step (:meth:`_close`), or starts a task that does.
-        :raises IllegalTransition: see :func:`transition`.
+        bookkeeping entering it takes, in one synchronous step. Returns
+        whether the entry just entered ``CLOSING`` (the caller then runs
+        :meth:`_close`, or starts a task that does).
         """
         before = self.state
         after = self.state = transition(before, event, self.refs, self.ttl)
@@ -223,11 +202,9 @@ class Entry:
                 await self._close()
 
     async def _close(self) -> None:
-        """The close step of a ``CLOSING`` entry, shielded from cancellation:
-        close the fan-out (cancelling a pull in flight and closing the raw
-        iterator), then await the raw instance's ``aclose()``, if it has one;
-        an exception from either is logged. Then ``CLOSED``, whatever
-        happened. Runs exactly once per entry."""
+        """Close the fan-out (and so the raw iterator), then await the raw
+        instance's ``aclose()``, if any, shielded, errors logged; then
+        ``CLOSED``. Runs exactly once per entry."""
         with anyio.CancelScope(shield=True):
             try:
                 try:
@@ -246,6 +223,17 @@ class Entry:
         )
 
 
+def find_entry(pool: SubscriptionPool, key: tuple[type, Hashable]) -> Entry | None:
+    """The entry of ``key`` in ``pool`` consumers join, else the newest whose
+    source ended while consumers remain; ``None`` without one."""
+    entry = pool._entries.get(key)
+    if entry is None:
+        for each in reversed(pool._live):
+            if each.key == key and each.state is EntryState.ENDED:
+                return each
+    return entry
+
+
 def attach(
     pool: SubscriptionPool,
     key: tuple[type, Hashable],
@@ -254,13 +242,7 @@ def attach(
     what: str,
 ) -> Entry:
     """Attach one consumer of ``key`` to ``pool``, building its entry if
-    needed: the raw instance from ``build()``, its source per ``config``, a
-    fan-out.
-
-    Synchronous, so that no other task can run between finding the entry
-    and registering the consumer with its fan-out. An entry whose source has
-    finished is not joined: it is left to its consumers (or closed, if it
-    has none) and a fresh one is built.
+    needed (an entry whose source finished is not joined), synchronously.
 
     :raises RuntimeError: naming ``what`` if the pool is closed or bound to
         another event loop.
@@ -282,27 +264,16 @@ def attach(
         entry = None
     if entry is None:
         raw = build()
-        source: Tracking
-        # Undo records for as far back as a consumer can be left behind:
-        # one item beyond the bound (see _FanoutState.drop_beyond_lag).
-        history = None if config.max_lag is None else config.max_lag + 1
-        if config.restart is None:
-            source = TrackedSource(raw, history)
-            fanout = Fanout(
-                source,
-                max_lag=config.max_lag,
-                on_lag="error",
-                read_ahead=config.read_ahead,
-            )
-        else:
-            restarting = source = RestartingSource(raw, config.restart, history)
-            fanout = Fanout(
-                source,
-                max_lag=config.max_lag,
-                on_lag="error",
-                read_ahead=config.read_ahead,
-            )
-            restarting.deliver_to(fanout.inject)
+        view = View[Any]() if config.view is None else config.view(raw)
+        # How far back a consumer can be left behind: one item beyond the
+        # bound (see _FanoutState.drop_beyond_lag).
+        view.remember(None if config.max_lag is None else config.max_lag + 1)
+        source = RestartingSource[Any](raw, config.restart, view)
+        fanout = Fanout(
+            source, max_lag=config.max_lag, on_lag="error", read_ahead=config.read_ahead
+        )
+        if config.restart is not None:
+            source.deliver_to(fanout.inject)
         entry = Entry(pool, key, raw, source, fanout, config.ttl, loop)
         pool._entries[key] = entry
         pool._live[entry] = None
@@ -313,22 +284,15 @@ def attach(
 
 @final
 class SubscriptionPool:
-    """Holds one entry per subscription key: raw instance, fan-out, known workers.
+    """Holds one entry per subscription key: raw instance, fan-out, view.
 
-    Consumers of the same key in the same pool share one raw instance and one
-    iteration of it. An entry is built when its first consumer starts
-    iterating (``ACTIVE``); when its last consumer is released it stays open
-    for its ttl (``IDLE``), unless ``ttl == 0``, and a consumer that joins
-    meanwhile takes it over. Then it is closed (``CLOSING``, then
-    ``CLOSED``): the fan-out is closed (cancelling a pull in flight and
-    closing the raw iterator), then the raw instance's ``aclose()`` (if it
-    has one) is awaited, exactly once. An entry whose source ended or failed
-    is never reused (``ENDED``): the next consumer gets a fresh raw instance.
-
+    Consumers of the same key in the same pool share one raw instance and
+    one iteration of it. An entry lives from its first consumer to its last
+    (plus its ``ttl``); one whose source ended is never reused.
     ``async with SubscriptionPool() as pool:`` makes the pool current for the
-    block (see :func:`current_pool`) and, on exit, closes every entry: their
-    consumers end. A closed pool cannot be iterated again. A pool is bound
-    to the event loop that first uses it.
+    block and closes it on exit; a closed pool cannot be iterated again. A
+    pool is bound to the event loop that first uses it. See
+    :doc:`guarantees` (Memory).
     """
 
     __slots__ = ("__weakref__", "_closed", "_entries", "_live", "_loop", "_token")
@@ -371,13 +335,9 @@ class SubscriptionPool:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the pool: close every entry; their consumers end.
-
-        Every entry is moved to ``CLOSING`` at once, then closed one after
-        the other, oldest first; returns once all are ``CLOSED`` (those
-        another task is closing included). Shielded from cancellation.
-        Idempotent.
-        """
+        """Close the pool: close every entry, oldest first; their consumers
+        end. Returns once all are closed. Shielded from cancellation;
+        idempotent."""
         self._closed = True
         closing = [entry for entry in [*self._live] if entry._move(_POOL_CLOSED)]
         with anyio.CancelScope(shield=True):

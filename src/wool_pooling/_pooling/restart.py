@@ -1,142 +1,110 @@
-"""When a shared source fails (or ends), iterate the raw subscriber again."""
+"""The one restart engine: iterate a raw subscriber again when it fails."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import random
-import uuid
+import sys
 import weakref
+from collections import deque
 from collections.abc import AsyncIterable
 from collections.abc import AsyncIterator
 from collections.abc import Callable
 from typing import Any
+from typing import Generic
+from typing import TypeVar
+from typing import cast
 from typing import final
 
 import anyio
 import attrs
-from wool import DiscoveryEvent
 
 from .._core.backend import current_loop
 from .._core.iterators import aclose_iterator
 from .._core.iterators import throw_into
 from .._core.synced import Synced
-from .._wool.tracking import BrokenSubscriber
-from .._wool.tracking import KnownWorkers
-from .._wool.tracking import open_iterator
+from .view import View
 
-__all__ = ["RestartPolicy", "RestartingSource"]
+__all__ = ["BrokenSubscriber", "RestartPolicy", "RestartingSource", "open_iterator"]
+
+T = TypeVar("T")
 
 restart_logger = logging.getLogger("wool_pooling.restart")
 
 
-def _in_range(value: object, low: float, high: float) -> bool:
+def _number(value: object, low: float, high: float) -> bool:
     """A number (an int or float, not a bool) with ``low <= value <= high``."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return False
     return low <= value <= high
 
 
-def _is_attempts(value: object) -> bool:
-    if value is None:
-        return True
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-def _is_bool(value: object) -> bool:
-    return isinstance(value, bool)
-
-
-def _check(name: str, value: object, valid: bool, rule: str) -> None:
-    """One rule per field, one wording for every way of breaking it."""
-    if not valid:
-        raise ValueError(f"{name} must be {rule}, got {value!r}")
-
-
 @attrs.frozen
 class RestartPolicy:
-    """Opt-in restarts of a shared subscription's raw stream.
+    """Opt-in restarts of a raw stream that fails (or ends), the same wherever
+    one is given: ``@shared_subscription(restart=...)``, a Redis discovery.
 
-    Pass as ``@shared_subscription(restart=RestartPolicy(...))``. When the
-    raw subscriber's stream raises, it is iterated again (``aiter(raw)``)
-    after a delay, and consumers see no error: only the difference between
-    the workers known before the failure and those the new stream reports
-    (workers it re-reports unchanged are not repeated; those it has not
-    reported within ``settle`` seconds are dropped). The delay before attempt
-    *n* is drawn uniformly between ``(1 - jitter)`` and ``(1 + jitter)``
-    times ``backoff * multiplier ** (n - 1)`` capped at ``max_backoff``, and
-    never above ``max_backoff``: at the cap, the delays still spread over
-    ``[max_backoff * (1 - jitter), max_backoff]``, so restarts that failed
-    together do not retry in step. Once ``attempts``
-    consecutive restarts have failed without a single event in between,
-    every consumer gets the last error. Each restart is logged on the
-    ``wool_pooling.restart`` logger.
+    The stream is iterated again after a delay; consumers see only what
+    changed, and the last error once ``attempts`` consecutive restarts failed
+    without an item in between. Each restart is logged on the
+    ``wool_pooling.restart`` logger. See :ref:`restart`.
 
-    :param attempts: Consecutive restarts allowed; ``None`` for no limit.
+    :param attempts: Consecutive restarts allowed (an int >= 1); ``None``
+        for no limit. The count starts again at the first item of a stream.
     :param backoff: Delay before the first restart, in seconds.
     :param multiplier: Growth of the delay from one attempt to the next.
     :param max_backoff: Cap on the delay, in seconds.
-    :param jitter: Relative randomisation of each delay, in ``[0, 1]``.
-    :param settle: Seconds the new stream has to report the workers it
-        knows; workers known before the failure and not reported by then
-        are dropped.
-    :param restart_on_end: Also restart when the raw stream ends normally
-        (otherwise its end ends the consumers).
-    :raises ValueError: naming the parameter, with one wording per rule
-        whatever breaks it (wrong type or value): ``attempts`` is ``None`` or
-        an int >= 1; ``backoff``, ``max_backoff`` and ``settle`` finite
-        numbers >= 0; ``multiplier`` a finite number >= 1; ``jitter`` a number
-        in ``[0, 1]``; ``restart_on_end`` a bool.
+    :param jitter: Relative randomisation of each delay, in ``[0, 1]``:
+        drawn from ``[1 - jitter, 1 + jitter]`` times its base, under the cap.
+    :param settle: Seconds the new stream has to relist what it knows
+        (ended early by its :class:`~wool_pooling.Synced`).
+    :param restart_on_end: Also restart when the stream ends normally.
+    :raises ValueError: naming the parameter, with one wording per rule:
+        ``attempts`` is ``None`` or an int >= 1; ``backoff``, ``max_backoff``
+        and ``settle`` finite numbers >= 0; ``multiplier`` a finite number
+        >= 1; ``jitter`` a number in ``[0, 1]``; ``restart_on_end`` a bool.
     """
 
-    #: Consecutive restarts allowed (an int >= 1); ``None`` for no limit.
-    #: The count starts again after the first event of a new stream.
+    #: Consecutive restarts allowed; ``None`` for no limit.
     attempts: int | None = 5
-    #: Delay before the first restart, in seconds (a finite number >= 0;
-    #: 0 restarts at once, every time).
+    #: Delay before the first restart, in seconds.
     backoff: float = 0.1
-    #: Growth of the delay from one attempt to the next (a finite number
-    #: >= 1; 1 keeps it constant).
+    #: Growth of the delay from one attempt to the next.
     multiplier: float = 2.0
-    #: Cap on the delay, in seconds (a finite number >= 0).
+    #: Cap on the delay, in seconds.
     max_backoff: float = 10.0
-    #: Relative randomisation of each delay, in ``[0, 1]``: the delay is
-    #: drawn from ``[1 - jitter, 1 + jitter]`` times its base, below the cap.
+    #: Relative randomisation of each delay.
     jitter: float = 0.1
-    #: Seconds the new stream has to report the workers it knows (a finite
-    #: number >= 0); workers known before the failure and not reported by
-    #: then are dropped.
+    #: Seconds the new stream has to relist what it knows.
     settle: float = 1.0
-    #: Also restart when the raw stream ends normally; ``False`` lets its
-    #: end end the consumers.
+    #: Also restart when the stream ends normally.
     restart_on_end: bool = False
 
     def __attrs_post_init__(self) -> None:
-        finite = math.nextafter(math.inf, 0)  # the largest finite float
-        _check(
-            "attempts",
-            self.attempts,
-            _is_attempts(self.attempts),
-            "None or an int >= 1",
-        )
-        for name in ("backoff", "max_backoff", "settle"):
-            value = getattr(self, name)
-            _check(name, value, _in_range(value, 0, finite), "a finite number >= 0")
-        _check(
-            "multiplier",
-            self.multiplier,
-            _in_range(self.multiplier, 1, finite),
-            "a finite number >= 1",
-        )
-        _check(
-            "jitter", self.jitter, _in_range(self.jitter, 0, 1), "a number in [0, 1]"
-        )
-        _check(
-            "restart_on_end",
-            self.restart_on_end,
-            _is_bool(self.restart_on_end),
-            "a bool (True or False)",
-        )
+        big = sys.float_info.max
+        attempts: object = self.attempts
+        for name, valid, rule in (
+            (
+                "attempts",
+                attempts is None
+                or (_number(attempts, 1, big) and not isinstance(attempts, float)),
+                "None or an int >= 1",
+            ),
+            ("backoff", _number(self.backoff, 0, big), "a finite number >= 0"),
+            ("max_backoff", _number(self.max_backoff, 0, big), "a finite number >= 0"),
+            ("settle", _number(self.settle, 0, big), "a finite number >= 0"),
+            ("multiplier", _number(self.multiplier, 1, big), "a finite number >= 1"),
+            ("jitter", _number(self.jitter, 0, 1), "a number in [0, 1]"),
+            (
+                "restart_on_end",
+                isinstance(self.restart_on_end, bool),  # pyright: ignore[reportUnnecessaryIsInstance]
+                "a bool (True or False)",
+            ),
+        ):
+            if not valid:
+                raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
 
     def allows(self, attempt: int) -> bool:
         """Whether restart number ``attempt`` (from 1) may happen."""
@@ -159,108 +127,207 @@ class RestartPolicy:
         return random.uniform(base * (1 - self.jitter), high)
 
 
-@final
-class RestartingSource:
-    """The raw subscriber's iteration under a :class:`RestartPolicy`,
-    recording which workers are known (as
-    :class:`~wool_pooling._wool.tracking.TrackedSource` does).
+class BrokenSubscriber(TypeError):
+    """A subscriber class's ``__aiter__`` did not return an async iterator:
+    a programming error, never restarted."""
 
-    A failure of the raw stream (or its end, with ``restart_on_end``) closes
-    the failed iteration, waits out the backoff and iterates the raw
-    subscriber again, all within the pull that met it. The new stream's
-    events are translated into the difference with the workers known before:
-    a re-reported worker is repeated only if its metadata changed (as
-    ``worker-updated``), and the workers it has not reported within
-    ``settle`` seconds are dropped by a timer, which logs the drops through
-    :meth:`deliver_to` outside any pull (the new stream may stay silent).
+
+def open_iterator(raw: object) -> AsyncIterator[Any]:
+    """``aiter(raw)``, with an error naming the class when ``__aiter__`` is
+    wrong (a coroutine or generator it returned instead is closed).
+
+    :raises BrokenSubscriber: naming the class and what ``__aiter__`` returned.
+    """
+    cls = type(raw)
+    method = getattr(cls, "__aiter__", None)
+    if not callable(method):
+        raise BrokenSubscriber(
+            f"{cls.__qualname__}.__aiter__ is {method!r}, not a method returning "
+            "an async iterator"
+        )
+    iterator: object = method(raw)
+    if callable(getattr(type(iterator), "__anext__", None)):
+        return cast("AsyncIterator[Any]", iterator)
+    hint = ""
+    if inspect.iscoroutine(iterator):
+        iterator.close()
+        hint = (
+            ": an 'async def __aiter__' without 'yield' returns a coroutine; "
+            "make it an async generator (yield the items) or a plain 'def' "
+            "returning an async iterator"
+        )
+    elif inspect.isgenerator(iterator):
+        iterator.close()
+        hint = ": a generator is not async; use 'async def' with 'yield'"
+    shown = repr(iterator)
+    if len(shown) > 80:
+        shown = f"{shown[:77]}..."
+    raise BrokenSubscriber(
+        f"{cls.__qualname__}.__aiter__() returned {type(iterator).__qualname__} "
+        f"{shown}, not an async iterator{hint}"
+    )
+
+
+@final
+class RestartingSource(Generic[T]):
+    """Iterate ``raw`` under ``policy``, telling ``view`` every item logged.
+
+    An async iterator of ``raw``'s items, :class:`~wool_pooling.Synced`
+    markers taken out. When the stream raises (or ends, with
+    ``restart_on_end``), the failed iteration is closed and, after the
+    policy's delay, ``raw`` is iterated again, within the same
+    ``__anext__``; the view then turns the new stream's items into what
+    changed (:meth:`View.relist`) until the stream yields
+    :class:`~wool_pooling.Synced` or ``settle`` seconds pass
+    (:meth:`View.settled`). Without a policy nothing is restarted. See
+    :ref:`restart`.
+
+    :param raw: The async iterable to iterate (``aiter(raw)`` at each start).
+    :param policy: When and how often to restart; ``None`` never restarts.
+    :param view: Told of every item logged; a :class:`View` by default.
+    :raises BrokenSubscriber: from ``__anext__``, never restarted.
+    :raises Exception: from ``__anext__``, the stream's error once the policy
+        allows no more restarts (at once, without a policy).
     """
 
     __slots__ = (
         "_deliver",
         "_failures",
         "_iterator",
+        "_listed_waiters",
+        "_pending",
         "_policy",
         "_raw",
-        "_reported",
         "_settling",
+        "count",
         "errors",
-        "known",
+        "listed_at",
         "restarts",
+        "view",
     )
 
     def __init__(
         self,
-        raw: AsyncIterable[Any],
-        policy: RestartPolicy,
-        history: int | None = None,
+        raw: AsyncIterable[T],
+        policy: RestartPolicy | None = None,
+        view: View[T] | None = None,
     ) -> None:
         self._raw = raw
         self._policy = policy
+        #: The view told of every item logged.
+        self.view: View[T] = View() if view is None else view
         self._iterator: AsyncIterator[Any] | None = None
-        self.known = KnownWorkers(history)
-        # Consecutive restarts without an event in between.
-        self._failures = 0
-        #: Errors the raw stream raised, and restarts that followed, in all.
+        self._failures = 0  # consecutive restarts without an item in between
+        #: Errors the stream raised, and restarts that followed, in all.
         self.errors = 0
         self.restarts = 0
-        # After a restart: the workers the new stream has reported so far,
-        # and the timer that drops the others once the settle time is over.
-        self._reported: set[uuid.UUID] | None = None
+        #: Items logged so far (returned, or handed to :meth:`deliver_to`'s).
+        self.count = 0
+        #: :attr:`count` when the stream first yielded
+        #: :class:`~wool_pooling.Synced`; ``None`` until it does.
+        self.listed_at: int | None = None
+        self._listed_waiters: list[anyio.Event] | None = None
+        # While a restarted stream relists: the timer that ends it.
         self._settling: anyio.CancelScope | None = None
-        # Where the settle timer's drops go; held weakly (the fan-out holds
+        # Items the view gave that are still to be returned.
+        self._pending: deque[T] = deque()
+        # Where items made outside a pull go; held weakly (the fan-out holds
         # this source: a strong reference back would keep both alive).
-        self._deliver: weakref.WeakMethod[Callable[[Any], None]] | None = None
+        self._deliver: weakref.WeakMethod[Callable[[T], None]] | None = None
 
-    def deliver_to(self, inject: Callable[[Any], None]) -> None:
-        """Send events produced outside a pull to the bound method ``inject``
-        (a fan-out's :meth:`~wool_pooling.Fanout.inject`), held weakly."""
+    def deliver_to(self, inject: Callable[[T], None]) -> None:
+        """Log what the settle timer makes through ``inject`` (a bound method,
+        held weakly: a fan-out's :meth:`~wool_pooling.Fanout.inject`), rather
+        than at the next ``__anext__``."""
         self._deliver = weakref.WeakMethod(inject)
 
-    def __aiter__(self) -> RestartingSource:
+    def notify_listed(self, event: anyio.Event) -> None:
+        """Set ``event`` once :attr:`listed_at` is set."""
+        waiters = self._listed_waiters
+        if waiters is None:
+            waiters = self._listed_waiters = []
+        if event not in waiters:
+            waiters.append(event)
+
+    def forget_listed(self, event: anyio.Event) -> None:
+        """Undo :meth:`notify_listed`."""
+        waiters = self._listed_waiters
+        if waiters is not None and event in waiters:
+            waiters.remove(event)
+
+    def __aiter__(self) -> RestartingSource[T]:
         return self
 
-    async def __anext__(self) -> Any:
-        return await self._next(None)
+    async def __anext__(self) -> T:
+        iterator = self._iterator
+        if iterator is None or self._pending or self._settling is not None:
+            return await self._next()
+        try:
+            item = await iterator.__anext__()
+        except Exception as error:
+            return await self._next(failed=error)
+        self._failures = 0
+        if type(item) is Synced:
+            self._listed()
+            return await self._next()
+        self.count += 1
+        self.view.record(item)
+        return item
 
-    async def athrow(self, error: BaseException) -> Any:
-        """Raise ``error`` in the raw iteration, where it is suspended; what
-        it raises then is handled as a failure of ``__anext__`` is."""
-        return await self._next(error)
+    async def athrow(self, error: BaseException) -> T:
+        """Raise ``error`` in the stream where it is suspended; what it raises
+        then is handled as a failure of ``__anext__`` is."""
+        return await self._next(thrown=error)
 
-    async def _next(self, thrown: BaseException | None) -> Any:
-        policy = self._policy
+    async def _next(
+        self, thrown: BaseException | None = None, failed: Exception | None = None
+    ) -> T:
         while True:
-            iterator = self._iterator
-            try:
-                if thrown is not None:
-                    error, thrown = thrown, None
-                    if iterator is None:
-                        raise error
-                    event = await throw_into(iterator, error)
+            if failed is None:
+                if self._pending:  # taken in by the view already
+                    self.count += 1
+                    return self._pending.popleft()
+                try:
+                    iterator = self._iterator
+                    if thrown is not None:
+                        error, thrown = thrown, None
+                        if iterator is None:
+                            raise error
+                        item = await throw_into(iterator, error)
+                    else:
+                        if iterator is None:
+                            iterator = self._iterator = open_iterator(self._raw)
+                        item = await iterator.__anext__()
+                except Exception as error:
+                    failed = error
                 else:
-                    if iterator is None:
-                        iterator = self._iterator = open_iterator(self._raw)
-                    event = await iterator.__anext__()
-            except BrokenSubscriber:
-                self.errors += 1
-                raise  # a programming error: another attempt cannot fix it
-            except StopAsyncIteration as end:
-                if not policy.restart_on_end:
-                    raise
-                await self._restart_after(end, policy)
-                continue
-            except Exception as error:
-                await self._restart_after(error, policy)
-                continue
-            self._failures = 0
-            event = self._translate(event)
-            if event is not None:
-                return event
+                    self._failures = 0
+                    if type(item) is Synced:
+                        self._listed()
+                        continue
+                    if self._settling is None:
+                        self.view.record(item)
+                    else:
+                        item = self.view.relist(item)
+                        if item is None:
+                            continue
+                    self.count += 1
+                    return item
+            error, failed = failed, None
+            await self._restart_after(error)
 
-    async def _restart_after(self, error: BaseException, policy: RestartPolicy) -> None:
-        """Close the failed iteration and wait out the backoff, or re-raise."""
+    async def _restart_after(self, error: Exception) -> None:
+        """Close the failed iteration and wait out the delay, or raise ``error``."""
+        ended = isinstance(error, StopAsyncIteration)
+        self.errors += not ended
+        policy = self._policy
+        if (
+            policy is None
+            or isinstance(error, BrokenSubscriber)
+            or (ended and not policy.restart_on_end)
+        ):
+            raise error
         self._failures += 1
-        self.errors += not isinstance(error, StopAsyncIteration)
         attempt = self._failures
         if not policy.allows(attempt):
             restart_logger.error(
@@ -284,68 +351,46 @@ class RestartingSource:
             except Exception:
                 restart_logger.debug("closing the failed iteration", exc_info=True)
         await anyio.sleep(delay)
-        self._reported = set()
         if self._settling is not None:
             self._settling.cancel()
+        self.view.relisting()
         settling = self._settling = anyio.CancelScope()
         current_loop().spawn(self._settle, settling, policy.settle)
 
     async def _settle(self, scope: anyio.CancelScope, seconds: float) -> None:
-        """Drop the workers the restarted stream has not reported in time."""
+        """End the relisting after ``seconds``, unless it ended before."""
         with scope:
             await anyio.sleep(seconds)
-        if self._settling is not scope or scope.cancel_called:
-            return
-        self._settling = None
-        reported = self._reported or set()
-        self._reported = None
-        stale = [uid for uid in self.known.workers if uid not in reported]
-        deliver = self._deliver() if self._deliver is not None else None
-        for uid in stale:
-            # Recorded and logged together: the record counts the log's items.
-            event = self.known.drop(uid)
-            if deliver is not None and event is not None:
-                deliver(event)
+        if self._settling is scope and not scope.cancel_called:
+            self._settled()
 
-    def _translate(self, event: Any) -> Any:
-        """Record ``event``; after a restart, turn the new stream's report
-        into a diff (``None``: re-reported unchanged, nothing to log)."""
-        if type(event) is Synced:
-            self._listed()
-            return None
-        reported = self._reported
-        if reported is None or not isinstance(event, DiscoveryEvent):
-            self.known.record(event)
-            return event
-        uid = event.metadata.uid
-        if event.type == "worker-dropped":
-            reported.discard(uid)
-        else:
-            reported.add(uid)
-        return self.known.apply(event)
+    def _settled(self) -> None:
+        """End the relisting: log what the view gives, through
+        :meth:`deliver_to`'s target if any, else from the next pulls."""
+        self._settling = None
+        items = self.view.settled()
+        deliver = self._deliver() if self._deliver is not None else None
+        if deliver is None:
+            self._pending.extend(items)
+            return
+        for item in items:
+            self.count += 1
+            deliver(item)
 
     def _listed(self) -> None:
-        """The stream yielded :class:`~wool_pooling.Synced`: its listing is
-        complete. The first one marks the end of the first listing; after a
-        restart it also ends the settle time, dropping at once the workers
-        the new stream has not reported."""
-        self.known.mark_listed()
-        settling = self._settling
-        if self._reported is None or settling is None:
-            return
-        settling.cancel()
-        self._settling = None
-        reported = self._reported
-        self._reported = None
-        deliver = self._deliver() if self._deliver is not None else None
-        for uid in [uid for uid in self.known.workers if uid not in reported]:
-            # Recorded and logged together, ahead of the next item.
-            event = self.known.drop(uid)
-            if deliver is not None and event is not None:
-                deliver(event)
+        """The stream yielded :class:`~wool_pooling.Synced`: the first marks
+        the end of the first listing; one after a restart ends the relisting."""
+        if self.listed_at is None:
+            self.listed_at = self.count + len(self._pending)
+            waiters, self._listed_waiters = self._listed_waiters, None
+            for event in waiters or ():
+                event.set()
+        if self._settling is not None:
+            self._settling.cancel()
+            self._settled()
 
     async def aclose(self) -> None:
-        """Stop the settle timer; close the raw iterator, if started and closable."""
+        """Stop the settle timer; close the stream's iterator, if started."""
         if self._settling is not None:
             self._settling.cancel()
             self._settling = None

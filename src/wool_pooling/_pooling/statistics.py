@@ -9,8 +9,6 @@ plus what the consumers that left had moved, less what they skipped.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-from typing import TYPE_CHECKING
 from typing import Any
 from typing import final
 
@@ -18,16 +16,9 @@ import attrs
 
 from .._core.fanout import Fanout
 from .._core.fanout import FanoutConsumer
-from .._core.fanout import logged
 from .._core.fanout import position
 from .._core.fanout import positions_total
-from .._core.fanout import source_failed
-from .lifecycle import EntryState
 from .restart import RestartingSource
-
-if TYPE_CHECKING:
-    from .pool import Entry
-    from .pool import SubscriptionPool
 
 __all__ = [
     "EntryCounters",
@@ -36,7 +27,7 @@ __all__ = [
     "count_lag",
     "count_leave",
     "count_resync",
-    "entry_statistics",
+    "snapshot",
 ]
 
 
@@ -68,9 +59,6 @@ class SubscriptionStatistics:
     resyncs: int = 0
     #: Restarts of the raw stream under its ``RestartPolicy``.
     restarts: int = 0
-    #: Fresh scans of the inner discovery started for joining consumers
-    #: (:class:`~wool_pooling.SharedDiscovery` only; 0 for other classes).
-    rescans: int = 0
     #: Errors raised by the raw stream: each one a restart followed, and the
     #: one that ended the consumers.
     source_errors: int = 0
@@ -105,7 +93,7 @@ def count_leave(
     """``consumer`` of ``fanout`` is about to end: count its position. One
     that has ended already read the source's end, so every item logged."""
     here = position(consumer)
-    counters.moved += logged(fanout) if here < 0 else here
+    counters.moved += fanout.statistics().pulled if here < 0 else here
 
 
 def count_lag(counters: EntryCounters, skipped: int) -> None:
@@ -121,37 +109,20 @@ def count_resync(counters: EntryCounters, skipped: int) -> None:
     counters.moved -= skipped
 
 
-def entry_statistics(
-    pool: SubscriptionPool, key: tuple[type, Hashable]
+def snapshot(
+    counters: EntryCounters,
+    consumers: int,
+    fanout: Fanout[Any],
+    source: RestartingSource[Any],
 ) -> SubscriptionStatistics:
-    """The statistics of the entry of ``key`` in ``pool`` (a
-    :class:`~wool_pooling.SubscriptionPool`): the one consumers join, else
-    the newest whose source ended while consumers remain; zeros without
-    one."""
-    entry: Entry | None = pool._entries.get(key)
-    if entry is None:
-        for each in reversed(pool._live):
-            if each.key == key and each.state is EntryState.ENDED:
-                entry = each
-                break
-    if entry is None:
-        return SubscriptionStatistics()
-    counters = entry.counters
-    fanout = entry.fanout
-    source = entry.source
-    raw: object = entry.raw
-    rescans = getattr(type(raw), "__wool_pooling_rescans__", None)
-    if isinstance(source, RestartingSource):
-        restarts, errors = source.restarts, source.errors
-    else:
-        restarts, errors = 0, int(source_failed(fanout))
+    """The statistics of an entry: its ``counters``, its ``consumers``, and
+    what its ``fanout`` and ``source`` say now."""
     return SubscriptionStatistics(
-        consumers=entry.refs,
+        consumers=consumers,
         delivered=counters.moved + positions_total(fanout),
         replays=counters.replays,
         lagged=counters.lagged,
         resyncs=counters.resyncs,
-        restarts=restarts,
-        rescans=0 if rescans is None else rescans(raw),
-        source_errors=errors,
+        restarts=source.restarts,
+        source_errors=source.errors,
     )

@@ -20,14 +20,9 @@ from typing import final
 import anyio
 import anyio.lowlevel
 import cloudpickle
-from wool import DiscoveryEvent
-from wool import WorkerMetadata
 
 from .._core.fanout import FanoutConsumer
 from .._core.fanout import Lagged
-from .._wool.tracking import KnownWorkers
-from .._wool.workers import WorkerMap
-from .._wool.workers import Workers
 from .construction import CONFIG_ATTRIBUTE
 from .construction import SubscriptionConfig
 from .construction import build_raw
@@ -37,13 +32,15 @@ from .pool import Entry
 from .pool import SubscriptionPool
 from .pool import attach
 from .pool import current_pool
+from .pool import find_entry
 from .restart import RestartPolicy
 from .statistics import SubscriptionStatistics
 from .statistics import count_join
 from .statistics import count_lag
 from .statistics import count_leave
 from .statistics import count_resync
-from .statistics import entry_statistics
+from .statistics import snapshot
+from .view import View
 
 __all__ = ["SharedSubscription", "SubscriptionConsumer"]
 
@@ -53,26 +50,16 @@ T_co = TypeVar("T_co", covariant=True)
 
 @final
 class SharedSubscription(Generic[T_co]):
-    """What ``Cls(*args, **kwargs)`` returns for a decorated class.
+    """What ``Cls(*args, **kwargs)`` returns for a decorated class: its
+    class, key and arguments, nothing built.
 
-    Generic in the item type ``T_co`` of the class's ``__aiter__``: a type
-    checker sees ``Cls(...)`` as a ``SharedSubscription[T_co]`` (see
-    :func:`~wool_pooling.shared_subscription`), as it is at run time.
-
-    Holds only the class, the key and the constructor arguments; it needs no
-    event loop and builds nothing. Each ``__aiter__()`` returns an independent
-    :class:`SubscriptionConsumer`; all consumers of the same (class, key) in
-    the same :class:`SubscriptionPool` share one raw instance and one
-    iteration of it. Equality and hash follow (class, key).
-
-    Pickles (plain ``pickle`` when the class is importable, cloudpickle
-    otherwise) by calling the class again with the same arguments, so the
-    copy attaches to the pool of the process and context that iterates it.
-    When that fails, the :exc:`TypeError` names the class and, where one is
-    at fault, the argument (``name=value``), and says what to do: pickle
-    with cloudpickle (a local class or function under plain ``pickle``),
-    or build the unpicklable object in ``__init__`` (a lock in an argument
-    or in the body of a class cloudpickle copies by value).
+    Each ``__aiter__()`` returns an independent :class:`SubscriptionConsumer`;
+    all consumers of the same (class, key) in the same
+    :class:`SubscriptionPool` share one raw instance and one iteration of it.
+    Equality and hash follow (class, key). Pickles by calling the class again
+    with the same arguments (plain ``pickle`` when the class is importable,
+    cloudpickle otherwise); a :exc:`TypeError` then names the class and the
+    argument at fault, and what to do. See :doc:`guarantees`.
     """
 
     __slots__ = ("__weakref__", "_args", "_checked", "_cls", "_key", "_kwargs")
@@ -126,52 +113,48 @@ class SharedSubscription(Generic[T_co]):
     def _config(self) -> SubscriptionConfig:
         return getattr(self._cls, CONFIG_ATTRIBUTE)
 
-    def workers(self) -> Mapping[uuid.UUID, WorkerMetadata]:
-        """The workers this subscription's shared source knows now: a snapshot.
+    def workers(self) -> Mapping[uuid.UUID, Any]:
+        """The workers this subscription's shared source knows now: a
+        read-only snapshot, taken now, of what a consumer joining now would
+        be replayed (see :ref:`synced`).
 
-        Read from the live entry of this subscription's (class, key) in the
-        current pool (see :func:`~wool_pooling.current_pool`): every worker
-        added or updated and not dropped since, with its latest metadata, in
-        the order first seen; what a consumer joining now would be replayed.
-        Empty when no entry is live (nothing iterates it, its source ended,
-        or no event loop runs here) and for streams of items that are not
-        discovery events.
-
-        The mapping is a read-only copy, taken now: it does not follow later
-        events (call again for a fresh one). Costs one dict copy of the
-        known workers, nothing else; starts and builds nothing. Use
-        :meth:`SubscriptionConsumer.wait_synced` first to read the view once
-        the source's first listing is complete.
+        Read from the live entry in the current pool; empty when none is
+        live (nothing iterates it, its source ended, or no event loop runs
+        here), and for a view that holds no workers. Starts nothing.
         """
         pool = _current_pool_if_any()
-        if pool is not None:
-            entry = pool._entries.get((self._cls, self._key))
-            if entry is not None and not entry.fanout.finished:
-                return types.MappingProxyType(dict(entry.source.known.workers))
-        return _NO_WORKERS
+        view = None if pool is None else self.view(pool)
+        return _NO_WORKERS if view is None else view.snapshot()  # type: ignore[return-value]
 
-    def statistics(
-        self, pool: SubscriptionPool | None = None
-    ) -> SubscriptionStatistics:
-        """Return a snapshot of what the entry iterating this subscription in
-        ``pool`` has counted: consumers, items delivered, replays, lags,
-        resyncs, restarts, rescans and source errors.
-
-        All zeros when nothing iterates this subscription's (class, key) in
-        the pool; the counts start again with each new entry. Nothing is
-        counted per delivered item: ``delivered`` is derived from the
-        consumers' places in the shared log, in O(consumers).
-
-        Call it from the pool's event loop (its thread): an exporter that
-        runs in another thread reads snapshots taken there.
+    def view(self, pool: SubscriptionPool | None = None) -> View[Any] | None:
+        """The view of the live entry of this subscription in ``pool``
+        (by default the current pool), or ``None`` if no entry is live.
 
         :param pool: The pool to look in; by default :func:`~wool_pooling.current_pool`.
         :raises RuntimeError: if ``pool`` is omitted and no pool is current
             and no event loop is running.
         """
-        if pool is None:
-            pool = current_pool()
-        return entry_statistics(pool, (self._cls, self._key))
+        entry = (pool or current_pool())._entries.get((self._cls, self._key))
+        if entry is None or entry.fanout.finished:
+            return None
+        return entry.source.view
+
+    def statistics(
+        self, pool: SubscriptionPool | None = None
+    ) -> SubscriptionStatistics:
+        """Return a snapshot of what the entry iterating this subscription in
+        ``pool`` counted (all zeros without one); see :doc:`metrics`.
+
+        Call it from the pool's event loop. O(consumers).
+
+        :param pool: The pool to look in; by default :func:`~wool_pooling.current_pool`.
+        :raises RuntimeError: if ``pool`` is omitted and no pool is current
+            and no event loop is running.
+        """
+        entry = find_entry(pool or current_pool(), (self._cls, self._key))
+        if entry is None:
+            return SubscriptionStatistics()
+        return snapshot(entry.counters, entry.refs, entry.fanout, entry.source)
 
     def __aiter__(self) -> SubscriptionConsumer[T_co]:
         return SubscriptionConsumer(self)
@@ -308,7 +291,7 @@ def _check_picklable(
 
 
 #: The view where no entry is live.
-_NO_WORKERS: Mapping[uuid.UUID, WorkerMetadata] = types.MappingProxyType({})
+_NO_WORKERS: Mapping[uuid.UUID, Any] = types.MappingProxyType({})
 
 
 def _current_pool_if_any() -> SubscriptionPool | None:
@@ -329,54 +312,21 @@ def _construct(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 class SubscriptionConsumer(Generic[T_co]):
     """One consumer of a :class:`SharedSubscription`, from its ``__aiter__()``.
 
-    Joins at its first ``__anext__`` (not at ``__aiter__()``): it looks up the
-    current pool, attaches to the entry of its key (building the raw instance
-    if needed) and registers with the entry's fan-out. It then yields one
-    ``worker-added`` event per worker the shared source already knows, then
-    the live events after its join point: no gap, no duplicate.
-
-    A consumer that falls more than the class's ``max_lag`` events behind
-    the fastest one is resynchronised instead of holding the log: its next
-    ``__anext__`` returns, in place of the events it missed, the difference
-    between the workers it last saw and the current ones (``worker-added``,
-    ``worker-updated``, ``worker-dropped``), then the live events. Its view
-    of the workers always ends equal to the source's. A stream that has
-    carried items that are not ``DiscoveryEvent`` cannot be resynchronised
-    so: there the lagging consumer's ``__anext__`` raises
-    :exc:`~wool_pooling.Lagged` (with the number of items it missed)
-    instead of losing them silently, and its next ``__anext__`` returns the
-    oldest item still held (``max_lag=None`` never lags).
-
-    **Memory.** A consumer keeps no view of the workers of its own: what it
-    has seen is the shared known workers as they stood at its place in the
-    log, and the entry keeps undo records of the last ``max_lag + 1``
-    events to rebuild that view when the consumer falls behind. A delivery
-    costs no bookkeeping; a consumer that fell behind holds the view it had
-    seen (shared with those that fell behind at the same event) until its
-    resync.
-
-    **Cancellation.** Cancelling a pending ``__anext__`` (a timeout around
-    ``async for event in consumer``, say) ends this consumer and releases its
-    reference at once, so an abandoned iteration never keeps the shared
-    subscription open; the other consumers and the shared source are not
-    disturbed (unlike a :class:`~wool_pooling.FanoutConsumer`, which stays
-    where it was). Start a new consumer (``aiter(subscription)``) to go on:
-    it is replayed the known workers. One task at a time may wait on a
-    consumer: a second gets :exc:`~anyio.BusyResourceError`.
-
-    **Release.** It ends, and its reference is released, when the source is
-    exhausted or fails (after delivering the error), when a pending
-    ``__anext__`` is cancelled, on :meth:`aclose` or ``async with`` exit, or
-    when it is garbage collected (in any thread: the
-    release is handed to its event loop). Releasing the last reference of an
-    entry with ``ttl == 0`` in :meth:`aclose` finalises the entry before
-    ``aclose()`` returns. Ending a consumer never disturbs the other
-    consumers or the shared source.
+    Joins at its first ``__anext__``: it attaches to the entry of its key in
+    the current pool (building the raw instance if needed), receives the
+    entry view's replay (one ``worker-added`` per known worker), then the
+    live items: no gap, no duplicate. A consumer more than ``max_lag`` items
+    behind is caught up by the view (:ref:`lag`). Cancelling a pending
+    ``__anext__`` ends this consumer and releases its reference; so do the
+    source's end or error, :meth:`aclose`, and garbage collection (in any
+    thread). One task at a time may wait on it. See :doc:`guarantees`.
 
     :raises RuntimeError: from ``__anext__`` if the current pool is closed,
         or if the consumer joined under another event loop.
-    :raises Lagged: from ``__anext__``, when it fell behind a stream of
-        items that are not all discovery events.
+    :raises ~anyio.BusyResourceError: from ``__anext__`` if another task
+        waits on it.
+    :raises Lagged: from ``__anext__``, when it fell behind and its view
+        cannot catch it up.
     """
 
     __slots__ = (
@@ -394,12 +344,11 @@ class SubscriptionConsumer(Generic[T_co]):
         self._subscription = subscription
         self._entry: Entry | None = None
         self._consumer: FanoutConsumer[Any] | None = None
-        # Events to return before reading the log: the join's replay, or a
-        # resync's diff.
-        self._replay: deque[DiscoveryEvent] | None = None
-        # Where the view this consumer has seen is rebuilt when it falls
-        # behind, for its resync (only with a lag bound: without one, it is
-        # never resynchronised).
+        # Items to return before reading the log: the join's replay, or a
+        # catch-up.
+        self._replay: deque[Any] | None = None
+        # What this consumer had seen when it fell behind, for its catch-up
+        # (only with a lag bound).
         self._seen: _Seen | None = None
         self._ended = False
         # Whether it was found synced (it stays so), and what wait_synced()
@@ -418,13 +367,13 @@ class SubscriptionConsumer(Generic[T_co]):
     async def __anext__(self) -> T_co:
         consumer = self._consumer
         if consumer is not None and self._replay is None and self._sync_event is None:
-            # The common case, the next item of a batch: taken as the fan-out
-            # consumer's own __anext__ takes it, without awaiting that per item.
-            node = consumer._node  # pyright: ignore[reportPrivateUsage]
-            following = node[1]
-            if following is not None:
-                consumer._node = following  # pyright: ignore[reportPrivateUsage]
-                return node[0]
+            # The common case, the next item of a batch.
+            try:
+                return consumer.receive_nowait()
+            except anyio.WouldBlock:
+                pass
+            except Exception as error:
+                return await self._failed(consumer, error)
         if consumer is None:
             if self._ended:
                 raise StopAsyncIteration
@@ -434,49 +383,51 @@ class SubscriptionConsumer(Generic[T_co]):
         while True:
             replay = self._replay
             if replay is not None and not consumer.closed:
-                event = replay.popleft()
+                item = replay.popleft()
                 if not replay:
                     self._replay = None
                     if self._sync_event is not None:
                         self._wake_if_synced()
-                return cast(T_co, event)
-            try:
-                item = await consumer.__anext__()
-                if self._sync_event is not None:
-                    self._wake_if_synced()
                 return item
-            except Lagged as lag:
-                assert self._entry is not None
-                count_lag(self._entry.counters, lag.skipped)
-                if not self._resync(consumer):
-                    raise  # items that are not discovery events were skipped
-            except anyio.BusyResourceError:
-                raise  # another task waits: not ours to end
-            except RuntimeError:
-                if not consumer.closed:
-                    raise  # another event loop: not ours to end
-                await self._release()  # the source's error
-                raise
+            try:
+                try:
+                    item = consumer.receive_nowait()
+                except anyio.WouldBlock:
+                    await consumer.wait_readable()
+                    continue
+            except Exception as error:
+                return await self._failed(consumer, error)
             except BaseException:
-                # The end, the source's error, or a cancellation: this
-                # consumer ends (released meanwhile, it ends all the same).
-                await self._release()
+                await self._release()  # a cancellation: this consumer ends
                 raise
+            if self._sync_event is not None:
+                self._wake_if_synced()
+            return item
+
+    async def _failed(self, consumer: FanoutConsumer[Any], error: Exception) -> T_co:
+        """What ``consumer``'s read raised: a lag (caught up, or raised), or
+        an end, this consumer's."""
+        if isinstance(error, Lagged):
+            assert self._entry is not None
+            count_lag(self._entry.counters, error.skipped)
+            if self._catch_up(consumer):
+                return await self.__anext__()
+            raise error
+        if isinstance(error, anyio.BusyResourceError):
+            raise error  # another task waits: not ours to end
+        if isinstance(error, RuntimeError) and not consumer.closed:
+            raise error  # another event loop: not ours to end
+        await self._release()  # the end, or the source's error
+        if isinstance(error, anyio.EndOfStream):
+            raise StopAsyncIteration from None
+        raise error
 
     @property
     def synced(self) -> bool:
-        """Whether this consumer has been handed the whole first listing.
-
-        True once it has been handed every worker its entry knew when it
-        joined (the replay of a consumer that joins a running source) and,
-        if the source had not finished its first listing then, every item
-        up to the end of that listing, which the source marks by yielding
-        :class:`~wool_pooling.Synced`. Once true it stays true: through
-        restarts, reconnections and a resync by diff (a later
-        :class:`~wool_pooling.Synced` changes nothing). False before this
-        consumer joins (its first ``__anext__``), and for as long as its
-        source has not yielded :class:`~wool_pooling.Synced`: a source that
-        never yields it never makes a consumer synced. Constant time.
+        """Whether this consumer has been handed the whole first listing (its
+        replay and, if the source's first :class:`~wool_pooling.Synced` had
+        not come when it joined, every item up to it); once true, it stays
+        true. See :ref:`synced`. Constant time.
         """
         if self._synced:
             return True
@@ -484,9 +435,9 @@ class SubscriptionConsumer(Generic[T_co]):
         entry = self._entry
         if consumer is None or entry is None or self._replay is not None:
             return False
-        known = entry.source.known
-        listed = known.listed_at
-        if listed is None or known.count - consumer.buffered < listed:
+        source = entry.source
+        listed = source.listed_at
+        if listed is None or source.count - consumer.buffered < listed:
             return False
         self._synced = True
         return True
@@ -494,14 +445,8 @@ class SubscriptionConsumer(Generic[T_co]):
     async def wait_synced(self) -> None:
         """Wait until :attr:`synced` is true, or this consumer has ended.
 
-        Reads nothing itself: the consumer's own iteration (``async for``,
-        in another task, or in this one between the waits) is handed the
-        events, and this returns once it has been handed the last one of
-        the first listing. So call it from a task other than the one
-        iterating, or check :attr:`synced` between events in that one.
-        Returns at once (after a checkpoint) if :attr:`synced` is already
-        true. Cancel-safe: cancelling it loses no event and changes nothing
-        of the consumer. Any number of tasks may wait.
+        Reads nothing itself: call it from a task other than the one
+        iterating. Cancel-safe; any number of tasks may wait. See :ref:`synced`.
         """
         await anyio.lowlevel.checkpoint_if_cancelled()
         while not self.synced and not self._ended:
@@ -509,8 +454,8 @@ class SubscriptionConsumer(Generic[T_co]):
             if event is None or event.is_set():
                 event = self._sync_event = anyio.Event()
             entry = self._entry
-            if entry is not None and entry.source.known.listed_at is None:
-                entry.source.known.notify_listed(event)
+            if entry is not None and entry.source.listed_at is None:
+                entry.source.notify_listed(event)
             await event.wait()
         await anyio.lowlevel.cancel_shielded_checkpoint()
 
@@ -525,30 +470,24 @@ class SubscriptionConsumer(Generic[T_co]):
             self._sync_event = None
             event.set()
             if entry is not None:
-                entry.source.known.forget_listed(event)
+                entry.source.forget_listed(event)
             return
-        if entry is not None and entry.source.known.listed_at is None:
-            entry.source.known.notify_listed(event)  # woken at the listing's end
+        if entry is not None and entry.source.listed_at is None:
+            entry.source.notify_listed(event)  # woken at the listing's end
 
-    def _resync(self, consumer: FanoutConsumer[Any]) -> bool:
-        """Replace the events this consumer missed by a diff to the current state.
-
-        The entry's known workers describe the log's end, so the consumer
-        moves there and first receives, for each worker, what changed
-        between what it has seen and that state. Returns ``False`` when the
-        stream carried items that are not discovery events: no diff can
-        stand for those, and the consumer stays where it is.
-        """
+    def _catch_up(self, consumer: FanoutConsumer[Any]) -> bool:
+        """Replace the items this consumer missed by its view's catch-up to
+        the log's end, if the view has one (see :ref:`lag`)."""
         entry = self._entry
         seen = self._seen
         assert entry is not None
-        assert seen is not None
-        assert seen.workers is not None  # see _Seen
-        known = entry.source.known
-        workers, seen.workers = seen.workers, None
-        if known.untracked:
+        if seen is None:
             return False
-        self._replay = WorkerMap(workers).diff(known) or None
+        catch_up = entry.source.view.catch_up(seen.state)
+        seen.state = None
+        if catch_up is None:
+            return False
+        self._replay = deque(catch_up) or None
         count_resync(entry.counters, consumer.skip_buffered())
         return True
 
@@ -562,19 +501,15 @@ class SubscriptionConsumer(Generic[T_co]):
             repr(subscription),
         )
         self._entry = entry
-        known = entry.source.known
+        view = entry.source.view
         seen = None
         if subscription.max_lag is not None:
-            seen = self._seen = _Seen(known)
+            seen = self._seen = _Seen(view)
         # Registered and replayed in one step: no gap, no duplicate.
         consumer = self._consumer = entry.fanout.consumer(on_skip=seen)
-        self._replay = known.replay() or None
+        self._replay = deque(view.replay()) or None
         count_join(entry.counters, consumer, self._replay is not None)
-        # A raw instance may want to know (SharedDiscovery's upstream rescans).
-        raw: object = entry.raw
-        joined = getattr(type(raw), "__wool_pooling_joined__", None)
-        if joined is not None:
-            joined(raw)
+        view.joined()
         return consumer
 
     async def aclose(self) -> None:
@@ -634,26 +569,14 @@ def _count_leave(entry: Entry | None, consumer: FanoutConsumer[Any]) -> None:
 
 @final
 class _Seen:
-    """What a :class:`SubscriptionConsumer` has been told of the workers, kept
-    only from the moment it falls behind the lag bound until its resync.
+    """Takes what a :class:`SubscriptionConsumer` had seen from its view, as
+    it falls behind (the fan-out's ``on_skip``), until its catch-up."""
 
-    Otherwise nothing is kept (a delivery costs no bookkeeping): what a
-    consumer has seen, its replay (the join's, or a resync's diff) and the
-    log up to its position, is exactly the entry's known workers as they
-    stood at that position. When the consumer falls behind, the fan-out
-    calls this object with that position, while the entry's undo records
-    still reach it, and the view there is rebuilt
-    (:meth:`~wool_pooling._wool.tracking.KnownWorkers.at`, shared by the
-    consumers left behind at the same item, read only). Memory held: that
-    view, while lagging; else nothing.
-    """
+    __slots__ = ("state", "view")
 
-    __slots__ = ("known", "workers")
-
-    def __init__(self, known: KnownWorkers) -> None:
-        self.known = known
-        #: The view it has seen, from its fall behind the bound to its resync.
-        self.workers: Workers | None = None
+    def __init__(self, view: View[Any]) -> None:
+        self.view = view
+        self.state: object = None
 
     def __call__(self, position: int) -> None:
-        self.workers = self.known.at(position)
+        self.state = self.view.seen_at(position)

@@ -20,7 +20,7 @@ import redis.exceptions as redis_errors
 from wool import DiscoveryEvent
 
 from .._core.synced import Synced
-from .._pooling.decorator import shared_subscription
+from .._wool.view import shared_subscription
 from ._cluster import ClusterSession
 from ._connection import Connection
 from ._connection import Target

@@ -25,8 +25,8 @@ from wool.runtime.discovery import __subscriber_pool__
 from ..._core.backend import current_loop
 from ..._core.iterators import aclose_iterator
 from ..._core.synced import Synced
-from ..._pooling.decorator import shared_subscription
 from ..._pooling.subscription import SubscriptionConsumer
+from ..view import shared_subscription
 from ..workers import WorkerMap
 from .portable import BY_CONSTRUCTOR
 from .portable import Options
