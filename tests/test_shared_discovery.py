@@ -32,8 +32,10 @@ from wool import DiscoverySubscriberLike
 from wool import WorkerMetadata
 
 from wool_pooling import SharedDiscovery
+from wool_pooling import SharedDiscoveryStatistics
 from wool_pooling import SharedSubscription
 from wool_pooling import SubscriptionPool
+from wool_pooling import SubscriptionStatistics
 from wool_pooling import SyncSharedDiscovery
 from wool_pooling import afilter
 from wool_pooling._wool.shared_discovery import merge
@@ -680,6 +682,29 @@ async def test_a_joiner_sees_a_worker_the_upstream_never_reported() -> None:
             await late.aclose()
             await early.aclose()
     assert inner.built[0].finally_runs == 1
+
+
+async def test_statistics_count_the_rescans_of_joiners() -> None:
+    """``statistics()`` is a ``SharedDiscoveryStatistics``: the upstream's
+    counters, filtered consumers included, and the fresh scans joins started."""
+    inner = FakeDiscovery()
+    shared = SharedDiscovery(inner)
+    with anyio.fail_after(5):
+        async with SubscriptionPool() as pool:
+            assert shared.statistics() == SharedDiscoveryStatistics()
+            early, late = await early_and_late(shared, inner)
+            await anyio.wait_all_tasks_blocked()  # the late one's scan started
+            filtered = aiter(shared.subscribe(even_pid))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(step, filtered)
+                await anyio.wait_all_tasks_blocked()
+                inner.built[0].push(ev("worker-added", meta(pid=2)))
+            counted = shared.statistics(pool)
+            assert isinstance(counted, SubscriptionStatistics)
+            assert (counted.consumers, counted.replays, counted.rescans) == (3, 2, 2)
+            assert len(inner.built) == 3
+            for iterator in (filtered, late, early):
+                await iterator.aclose()
 
 
 async def test_joiners_before_a_rescan_starts_share_it() -> None:

@@ -18,6 +18,7 @@ from typing import overload
 from typing import runtime_checkable
 
 import anyio
+import attrs
 from wool import DiscoveryEvent
 from wool import DiscoveryLike
 from wool import DiscoveryPublisherLike
@@ -29,9 +30,19 @@ from ..._pooling.statistics import SubscriptionStatistics
 from ..._pooling.subscription import SharedSubscription
 from ..afilter import afilter
 from .merge import Upstream
+from .merge import UpstreamView
 from .portable import Portable
 
-__all__ = ["SharedDiscovery", "SyncSharedDiscovery"]
+__all__ = ["SharedDiscovery", "SharedDiscoveryStatistics", "SyncSharedDiscovery"]
+
+
+@attrs.frozen
+class SharedDiscoveryStatistics(SubscriptionStatistics):
+    """What :meth:`SharedDiscovery.statistics` returns: the
+    :class:`~wool_pooling.SubscriptionStatistics` of its upstream, and:"""
+
+    #: Fresh scans of the inner discovery started for joining consumers.
+    rescans: int = 0
 
 
 @runtime_checkable
@@ -180,7 +191,7 @@ class SharedDiscovery:
 
     def statistics(
         self, pool: SubscriptionPool | None = None
-    ) -> SubscriptionStatistics:
+    ) -> SharedDiscoveryStatistics:
         """The shared upstream's counters in ``pool``, filtered consumers
         included, as :meth:`SharedSubscription.statistics
         <wool_pooling.SharedSubscription.statistics>` gives them.
@@ -189,7 +200,12 @@ class SharedDiscovery:
         :raises RuntimeError: if ``pool`` is omitted and no pool is current
             and no event loop is running.
         """
-        return self.subscribe().statistics(pool)
+        upstream = self.subscribe()
+        view = upstream.view(pool)
+        return SharedDiscoveryStatistics(
+            **attrs.asdict(upstream.statistics(pool), recurse=False),
+            rescans=view.rescans if isinstance(view, UpstreamView) else 0,
+        )
 
     async def __aenter__(self) -> SharedDiscovery:
         inner = self.inner

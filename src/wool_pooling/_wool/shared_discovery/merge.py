@@ -26,6 +26,7 @@ from ..._core.backend import current_loop
 from ..._core.iterators import aclose_iterator
 from ..._core.synced import Synced
 from ..._pooling.subscription import SubscriptionConsumer
+from ..view import WorkerView
 from ..view import shared_subscription
 from ..workers import WorkerMap
 from .portable import BY_CONSTRUCTOR
@@ -52,7 +53,25 @@ def _key(cls: type, portable: Portable, options: Options) -> object:
     return portable.key
 
 
-@shared_subscription(key=_key, read_ahead=BUFFER)
+@final
+class UpstreamView(WorkerView):
+    """The worker view of an upstream's pool entry: a consumer's join has the
+    inner discovery scanned afresh."""
+
+    __slots__ = ("rescans", "upstream")
+
+    def __init__(self, raw: Any) -> None:
+        super().__init__(raw)
+        self.upstream = raw
+        #: Fresh scans started for joiners.
+        self.rescans = 0
+
+    def joined(self) -> None:
+        if self.upstream.rescan():
+            self.rescans += 1
+
+
+@shared_subscription(key=_key, read_ahead=BUFFER, view=UpstreamView)
 class Upstream:
     """The unfiltered subscription to one inner discovery with given options.
 
@@ -70,21 +89,17 @@ class Upstream:
     def __init__(self, portable: Portable, options: Options) -> None:
         self.inner: Any = portable.discovery
         self.options = options
-        self.rescans = 0
         self.send: MemoryObjectSendStream[Any] | None = None  # while iterating
         self.readers: set[_Reader] = set()
         self.pending = False  # a reader has not started its scan yet
 
-    def __wool_pooling_rescans__(self) -> int:
-        """Fresh scans started for joiners so far."""
-        return self.rescans
-
-    def __wool_pooling_joined__(self) -> None:
-        """A consumer has joined: scan afresh, unless a scan yet to start
-        covers it."""
-        if self.send is not None and not self.pending:
-            self.rescans += 1
-            self._start(_Reader(main=False))
+    def rescan(self) -> bool:
+        """Scan afresh, unless not iterating or a scan yet to start covers
+        this moment; whether a scan started."""
+        if self.send is None or self.pending:
+            return False
+        self._start(_Reader(main=False))
+        return True
 
     def __aiter__(self) -> AsyncGenerator[DiscoveryEvent, None]:
         return self._events()
