@@ -75,10 +75,7 @@ class afilter:
     def __reduce__(self) -> tuple[Any, ...]:
         return (afilter, (self._predicate, self._inner))
 
-    def __aiter__(self) -> AsyncGenerator[DiscoveryEvent, None]:
-        return self._filter()
-
-    async def _filter(self) -> AsyncGenerator[DiscoveryEvent, None]:
+    async def __aiter__(self) -> AsyncGenerator[DiscoveryEvent, None]:
         predicate = self._predicate
         passing = WorkerMap()
         iterator = aiter(self._inner)

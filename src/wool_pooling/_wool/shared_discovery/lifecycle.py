@@ -15,7 +15,6 @@ from typing import Protocol
 from typing import cast
 from typing import final
 from typing import overload
-from typing import runtime_checkable
 
 import anyio
 import attrs
@@ -45,7 +44,6 @@ class SharedDiscoveryStatistics(SubscriptionStatistics):
     rescans: int = 0
 
 
-@runtime_checkable
 class _SyncContextDiscovery(DiscoveryLike, Protocol):
     """A discovery that is also a synchronous context manager (``LocalDiscovery``)."""
 
@@ -89,8 +87,14 @@ class SharedDiscovery:
     ) -> SharedDiscovery: ...
 
     def __new__(cls, inner: Any, /, **subscribe_options: Hashable) -> SharedDiscovery:
-        if cls is SharedDiscovery and isinstance(inner, AbstractContextManager):
+        sync = isinstance(inner, AbstractContextManager)
+        if cls is SharedDiscovery and sync:
             cls = SyncSharedDiscovery
+        elif cls is SyncSharedDiscovery and not sync:
+            raise TypeError(
+                "SyncSharedDiscovery needs a discovery that is a synchronous "
+                f"context manager, got {type(inner).__name__}"
+            )
         return object.__new__(cls)
 
     def __init__(self, inner: DiscoveryLike, /, **subscribe_options: Hashable) -> None:
@@ -118,7 +122,6 @@ class SharedDiscovery:
         self._portable = portable
         self._entered = 0
         self._lock = threading.Lock()
-        # Set while an asynchronous inner is being entered or exited.
         self._transition: anyio.Event | None = None
 
     @property
@@ -160,13 +163,10 @@ class SharedDiscovery:
     def subscribe(
         self, filter: Callable[[WorkerMetadata], bool] | None = None
     ) -> SharedSubscription[DiscoveryEvent] | afilter:
-        """Return a pooled subscription to the shared upstream, filtered by
-        ``filter`` if given. Builds nothing and needs no event loop.
+        """The upstream's :class:`~wool_pooling.SharedSubscription`, or an
+        :class:`~wool_pooling.afilter` over it; needs no event loop.
 
-        :param filter: Predicate a worker must satisfy to appear in this
-            subscriber's stream; ``None`` for every worker.
-        :returns: The upstream's :class:`~wool_pooling.SharedSubscription`,
-            or an :class:`~wool_pooling.afilter` over it.
+        :param filter: Whether a worker appears in this stream; ``None``: all.
         """
         portable = self._portable
         upstream: SharedSubscription[DiscoveryEvent]
@@ -193,8 +193,7 @@ class SharedDiscovery:
         self, pool: SubscriptionPool | None = None
     ) -> SharedDiscoveryStatistics:
         """The shared upstream's counters in ``pool``, filtered consumers
-        included, as :meth:`SharedSubscription.statistics
-        <wool_pooling.SharedSubscription.statistics>` gives them.
+        included, and its fresh scans.
 
         :param pool: The pool to look in; by default :func:`~wool_pooling.current_pool`.
         :raises RuntimeError: if ``pool`` is omitted and no pool is current
@@ -292,14 +291,6 @@ class SyncSharedDiscovery(SharedDiscovery):
     """
 
     __slots__ = ()
-
-    def __init__(self, inner: DiscoveryLike, /, **subscribe_options: Hashable) -> None:
-        if not isinstance(inner, AbstractContextManager):
-            raise TypeError(
-                "SyncSharedDiscovery needs a discovery that is a synchronous "
-                f"context manager, got {type(inner).__name__}"
-            )
-        super().__init__(inner, **subscribe_options)
 
     def __enter__(self) -> SyncSharedDiscovery:
         self._enter_sync()

@@ -36,16 +36,14 @@ from .portable import Portable
 logger = logging.getLogger("wool_pooling")
 
 #: Seconds a joiner's fresh scan stays open after it started or last changed
-#: the known workers (a scan of shared memory, or a snapshot, takes less).
+#: the known workers.
 RESCAN_SETTLE = 0.25
 
-#: Seconds the upstream of wool's ``LocalDiscovery`` or ``LanDiscovery``
-#: (which never mark a listing's end) has to find nothing new, from its
-#: start or its last change, for its first listing to count as complete.
+#: Seconds the upstream of wool's discoveries, which never mark a listing's
+#: end, has to find nothing new for its first listing to count as complete.
 LISTING_QUIET = RESCAN_SETTLE
 
-#: Events a reader may hand on past what the iteration has taken (the
-#: fan-out's default read-ahead): the inner discovery is read no further ahead.
+#: Events readers may hand on past what the iteration took (the read-ahead).
 BUFFER = 64
 
 
@@ -55,8 +53,8 @@ def _key(cls: type, portable: Portable, options: Options) -> object:
 
 @final
 class UpstreamView(WorkerView):
-    """The worker view of an upstream's pool entry: a consumer's join has the
-    inner discovery scanned afresh."""
+    """The worker view of an upstream's entry: a join starts a fresh scan,
+    unless one yet to start covers it."""
 
     __slots__ = ("rescans", "upstream")
 
@@ -67,23 +65,19 @@ class UpstreamView(WorkerView):
         self.rescans = 0
 
     def joined(self) -> None:
-        if self.upstream.rescan():
+        upstream = self.upstream
+        if upstream.send is not None and not upstream.pending:
             self.rescans += 1
+            upstream.start(_Reader(main=False))
 
 
 @shared_subscription(key=_key, read_ahead=BUFFER, view=UpstreamView)
 class Upstream:
-    """The unfiltered subscription to one inner discovery with given options.
-
-    Its iteration runs ``inner.subscribe(**options)`` in a reader task. A
-    consumer joining once that reader has started has the inner discovery
-    scanned afresh by another reader, closed :data:`RESCAN_SETTLE` seconds
-    after it started or last changed something; joiners arriving before it
-    starts share it. Readers merge what they read into one
-    :class:`~wool_pooling._wool.workers.WorkerMap` and hand on only what
-    changed it. The first reader's end or failure ends the iteration; a
-    rescan's failure is logged. Closing the iteration closes every reader
-    and waits for it, shielded.
+    """The unfiltered subscription to one inner discovery with given options:
+    ``inner.subscribe(**options)`` iterated by a reader task, and by one more
+    for each fresh scan. Readers merge what they read into one ``WorkerMap``
+    and hand on only what changed it; the first reader's end or failure ends
+    the iteration, a fresh scan's is logged. See docs/wool.rst.
     """
 
     def __init__(self, portable: Portable, options: Options) -> None:
@@ -93,26 +87,13 @@ class Upstream:
         self.readers: set[_Reader] = set()
         self.pending = False  # a reader has not started its scan yet
 
-    def rescan(self) -> bool:
-        """Scan afresh, unless not iterating or a scan yet to start covers
-        this moment; whether a scan started."""
-        if self.send is None or self.pending:
-            return False
-        self._start(_Reader(main=False))
-        return True
-
-    def __aiter__(self) -> AsyncGenerator[DiscoveryEvent, None]:
-        return self._events()
-
-    async def _events(self) -> AsyncGenerator[Any, None]:
+    async def __aiter__(self) -> AsyncGenerator[Any, None]:
         self.send, receive = anyio.create_memory_object_stream[Any](BUFFER)
         self.known = WorkerMap()
         self.loop = current_loop()
         self.context = contextvars.copy_context()
-        self._start(_Reader(main=True))
+        self.start(_Reader(main=True))
         listed = False
-        # wool's discoveries never mark their first listing: it is taken to
-        # be complete once nothing new came for a quiet time.
         quiet = type(self.inner) in BY_CONSTRUCTOR
         until = anyio.current_time() + LISTING_QUIET if quiet else math.inf
         try:
@@ -145,7 +126,7 @@ class Upstream:
                 for reader in readers:
                     await reader.done.wait()
 
-    def _start(self, reader: _Reader) -> None:
+    def start(self, reader: _Reader) -> None:
         self.pending = True
         self.readers.add(reader)
         # In a wool subscriber pool of its own, a reader scans afresh.

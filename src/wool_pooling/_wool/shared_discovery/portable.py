@@ -51,8 +51,7 @@ class Portable:
     def of(cls, discovery: object, options: Options) -> Portable:
         """Settle how ``discovery`` travels.
 
-        :raises TypeError: if neither the discovery nor what its
-            ``subscribe(**options)`` returns pickles.
+        :raises TypeError: if neither it nor what its ``subscribe`` returns pickles.
         """
         kind = type(discovery)
         if kind in BY_CONSTRUCTOR:
@@ -91,9 +90,6 @@ class Portable:
         if self.recipe is None:
             return (Portable, (self.discovery, self.options))
         return (rebuild, (self.options, *self.recipe))
-
-    def __repr__(self) -> str:
-        return repr(self.discovery)
 
 
 def rebuild(
