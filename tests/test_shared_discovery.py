@@ -773,6 +773,27 @@ async def test_a_failing_rescan_disturbs_no_consumer() -> None:
             await early.aclose()
 
 
+async def test_closing_while_a_rescan_waits_logs_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A rescan waiting to hand on a change when the upstream closes ends
+    quietly: only a failure while the upstream runs is logged."""
+    inner = FakeDiscovery()
+    shared = SharedDiscovery(inner)
+    with anyio.fail_after(5):
+        async with SubscriptionPool():
+            early, late = await early_and_late(shared, inner)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(step, early)
+                await anyio.wait_all_tasks_blocked()
+                inner.built[1].push(*(ev("worker-added", meta()) for _ in range(200)))
+                await anyio.wait_all_tasks_blocked()
+            await late.aclose()
+            await early.aclose()
+    assert inner.built[1].finally_runs == 1
+    assert caplog.records == []
+
+
 class RepeatingDiscovery(FakeDiscovery):
     """Its one scan reports a worker, then repeats it unchanged ``REPEATS``
     times, as ``LocalDiscovery`` repeats every known worker at every scan,

@@ -162,7 +162,7 @@ class Upstream:
         if reader.main:  # the iteration may be closed, its stream with it
             with contextlib.suppress(anyio.BrokenResourceError):
                 await send.send(reader)
-        elif reader.error is not None:
+        elif reader.error is not None and self.send is send:  # still running
             logger.warning("a rescan of %r failed: %r", self.inner, reader.error)
 
     async def _forward(
