@@ -57,21 +57,14 @@ class SubscriptionConfig:
 
 
 def derive_key(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable:
-    """Compute the subscription key of ``cls(*args, **kwargs)``.
+    """Compute the subscription key of ``cls(*args, **kwargs)``: the key
+    function's result, else the arguments bound to ``__init__`` with
+    defaults applied.
 
-    With a key function, its result. An exception it raises (a wrong arity
-    included) propagates as it is, same object and type, so code that
-    catches its own exception still catches it; a note
-    (:meth:`BaseException.add_note`) names the class, the key function and
-    the call. Without one, the arguments bound to the signature of
-    ``cls.__init__`` with defaults applied, so positional and keyword
-    spellings of the same call share a key.
-
-    :raises Exception: whatever the key function raises, with the note.
-    :raises TypeError: if the arguments do not fit ``__init__`` (checked
-        before a key function is called: the raw instance is built from
-        them later), or the key is not hashable; the message names the
-        class.
+    :raises Exception: whatever the key function raises, as it is, with a
+        note naming the class, the function and the call.
+    :raises TypeError: if the arguments do not fit ``__init__``, or the key
+        is not hashable; the message names the class.
     """
     config: SubscriptionConfig = getattr(cls, CONFIG_ATTRIBUTE)
     if config.key is not None:
@@ -96,16 +89,9 @@ def derive_key(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hash
 
 
 def check_key(cls: type, key: KeyFunction) -> None:
-    """At decoration: check that ``key`` can be called as ``key(cls, ...)``
-    with the arguments some call of ``cls`` would pass it.
-
-    Only what no call could mend is refused: whichever of the required
-    parameters of ``cls.__init__`` are passed by position (the first ones,
-    in order) and which by name, the key cannot take them (it has no
-    parameter for ``cls``, too few positional ones, or none of a name the
-    call passes); adding optional arguments cannot mend that. A key whose
-    signature, or a class whose ``__init__`` signature, cannot be read is
-    checked as far as it can be.
+    """At decoration: refuse a ``key`` that no call of ``cls`` could be
+    passed to, whichever required arguments it passes by position or by
+    name (a signature that cannot be read is checked as far as it can be).
 
     :raises TypeError: naming the class, the key function, the call it
         cannot take and Python's reason.
@@ -270,13 +256,9 @@ def _bound_arguments(
 
 
 def build_raw(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Build the instance ``cls(*args, **kwargs)`` would be without pooling.
-
-    Uses the ``__new__`` the class would have without pooling, bypassing the
-    one this library installs and any pooling ``__new__`` a metaclass
-    injected (wool's ``SubscriberMeta``), then runs ``cls.__init__``.
-    Exceptions from either propagate.
-    """
+    """Build the instance ``cls(*args, **kwargs)`` would be without pooling:
+    the class's own ``__new__`` (not this library's, nor the pooling one
+    wool's ``SubscriberMeta`` injects), then ``__init__``."""
     new = _unpooled_new(cls)
     if new is object.__new__:
         instance = cast(object, object.__new__(cls))

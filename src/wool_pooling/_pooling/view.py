@@ -36,6 +36,8 @@ class View(Generic[T]):
     See :ref:`views` in docs/custom-subscribers.rst.
     """
 
+    __slots__ = ()
+
     def remember(self, items: int | None) -> None:
         """Be ready for :meth:`seen_at` up to ``items`` items back (``None``:
         never called). Called once, before any :meth:`record`."""

@@ -39,7 +39,8 @@ class WorkerView(WorkerMap, View[Any]):
     stand for what a consumer missed: it gets :exc:`~wool_pooling.Lagged`.
     Memory held: one metadata per known worker and the undo records.
 
-    :param raw: The entry's raw instance (the view reads nothing of it).
+    :param raw: The entry's raw instance: a join calls its class's
+        ``__wool_pooling_joined__(raw)``, if it has one.
     """
 
     __slots__ = ("_at", "_raw", "_reported", "_undo", "count", "untracked")
