@@ -9,10 +9,12 @@ are exercised by ``test_wool_e2e.py``).
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import uuid
 from collections.abc import AsyncIterator
 from collections.abc import Callable
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 from typing import ClassVar
@@ -30,11 +32,13 @@ from wool import DiscoverySubscriberLike
 from wool import WorkerMetadata
 
 from wool_pooling import SharedDiscovery
+from wool_pooling import SharedDiscoveryStatistics
 from wool_pooling import SharedSubscription
 from wool_pooling import SubscriptionPool
+from wool_pooling import SubscriptionStatistics
 from wool_pooling import SyncSharedDiscovery
 from wool_pooling import afilter
-from wool_pooling._wool import shared_discovery
+from wool_pooling._wool.shared_discovery import merge
 
 pytestmark = pytest.mark.anyio
 
@@ -127,6 +131,27 @@ class FactorySubscriberDiscovery(FakeDiscovery):
 
     def _make(self, upstream: StreamStub) -> Any:
         return lambda: FakeDiscovery._make(self, upstream)
+
+
+class SyncContextSubscriberDiscovery(FakeDiscovery):
+    """``subscribe()`` returns a synchronous context manager yielding the stream."""
+
+    def _make(self, upstream: StreamStub) -> Any:
+        @contextlib.contextmanager
+        def context() -> Iterator[StreamStub]:
+            yield FakeDiscovery._make(self, upstream)
+
+        return context()
+
+
+class AwaitableSubscriberDiscovery(FakeDiscovery):
+    """``subscribe()`` returns a coroutine resolving to the stream."""
+
+    def _make(self, upstream: StreamStub) -> Any:
+        async def resolve() -> StreamStub:
+            return FakeDiscovery._make(self, upstream)
+
+        return resolve()
 
 
 class SyncContextDiscovery(FakeDiscovery):
@@ -291,7 +316,13 @@ async def test_upstream_is_closed_after_the_last_subscriber() -> None:
 
 
 @pytest.mark.parametrize(
-    "kind", [AsyncContextSubscriberDiscovery, FactorySubscriberDiscovery]
+    "kind",
+    [
+        AsyncContextSubscriberDiscovery,
+        SyncContextSubscriberDiscovery,
+        FactorySubscriberDiscovery,
+        AwaitableSubscriberDiscovery,
+    ],
 )
 async def test_inner_subscriber_is_resolved_like_wool_does(
     kind: type[FakeDiscovery],
@@ -525,6 +556,53 @@ async def test_unhashable_inner_is_shared_by_identity() -> None:
     assert len(first.built) == 2
 
 
+def test_equality_is_by_upstream_and_class() -> None:
+    """Wrappers of equal discoveries with equal options are equal and hash
+    alike; other options, or anything else, are not equal."""
+    name = uuid.uuid4().hex
+    shared = SharedDiscovery(FakeDiscovery(name), poll_interval=0.5)
+    twin = SharedDiscovery(FakeDiscovery(name), poll_interval=0.5)
+    assert shared == twin
+    assert hash(shared) == hash(twin)
+    assert shared != SharedDiscovery(FakeDiscovery(name), poll_interval=1.0)
+    assert shared != object()
+    assert shared.subscribe(even_pid) != object()
+
+
+def test_a_local_discovery_whose_arguments_cannot_be_read_is_refused() -> None:
+    """A wool discovery whose constructor arguments cannot be read back (a
+    wool version storing them elsewhere) is a TypeError at construction."""
+    inner = wool.LocalDiscovery(f"unread-{uuid.uuid4().hex[:8]}")
+    del inner._capacity  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match="cannot read 'capacity' back from"):
+        SharedDiscovery(inner)
+
+
+async def test_a_fresh_scan_passes_on_only_changes() -> None:
+    """What the first iteration yields besides discovery events is passed on
+    as it is; a joiner's fresh scan passes on only what changes the known
+    workers."""
+    inner = FakeDiscovery()
+    shared = SharedDiscovery(inner)
+    worker = meta(pid=2)
+    with anyio.fail_after(5):
+        async with SubscriptionPool():
+            early, late = await early_and_late(shared, inner)
+            got: dict[str, list[DiscoveryEvent]] = {}
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(read, late, got, "late")
+                tg.start_soon(read, early, got, "early")
+                await anyio.wait_all_tasks_blocked()
+                inner.built[1].push("from the scan", ev("worker-added", worker))  # type: ignore[arg-type]
+            assert (
+                pairs(got["late"]) == pairs(got["early"]) == [("worker-added", worker)]
+            )
+            inner.built[0].push("from the upstream")  # type: ignore[arg-type]
+            assert await anext(late) == await anext(early) == "from the upstream"
+            await late.aclose()
+            await early.aclose()
+
+
 def test_repr_shows_inner_options_and_enters() -> None:
     """The repr names the inner discovery, the options and the enter count."""
     inner = SyncContextDiscovery()
@@ -606,6 +684,29 @@ async def test_a_joiner_sees_a_worker_the_upstream_never_reported() -> None:
     assert inner.built[0].finally_runs == 1
 
 
+async def test_statistics_count_the_rescans_of_joiners() -> None:
+    """``statistics()`` is a ``SharedDiscoveryStatistics``: the upstream's
+    counters, filtered consumers included, and the fresh scans joins started."""
+    inner = FakeDiscovery()
+    shared = SharedDiscovery(inner)
+    with anyio.fail_after(5):
+        async with SubscriptionPool() as pool:
+            assert shared.statistics() == SharedDiscoveryStatistics()
+            early, late = await early_and_late(shared, inner)
+            await anyio.wait_all_tasks_blocked()  # the late one's scan started
+            filtered = aiter(shared.subscribe(even_pid))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(step, filtered)
+                await anyio.wait_all_tasks_blocked()
+                inner.built[0].push(ev("worker-added", meta(pid=2)))
+            counted = shared.statistics(pool)
+            assert isinstance(counted, SubscriptionStatistics)
+            assert (counted.consumers, counted.replays, counted.rescans) == (3, 2, 2)
+            assert len(inner.built) == 3
+            for iterator in (filtered, late, early):
+                await iterator.aclose()
+
+
 async def test_joiners_before_a_rescan_starts_share_it() -> None:
     """Consumers joining together, once the upstream runs, share one rescan."""
     inner = FakeDiscovery()
@@ -672,6 +773,27 @@ async def test_a_failing_rescan_disturbs_no_consumer() -> None:
             await early.aclose()
 
 
+async def test_closing_while_a_rescan_waits_logs_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A rescan waiting to hand on a change when the upstream closes ends
+    quietly: only a failure while the upstream runs is logged."""
+    inner = FakeDiscovery()
+    shared = SharedDiscovery(inner)
+    with anyio.fail_after(5):
+        async with SubscriptionPool():
+            early, late = await early_and_late(shared, inner)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(step, early)
+                await anyio.wait_all_tasks_blocked()
+                inner.built[1].push(*(ev("worker-added", meta()) for _ in range(200)))
+                await anyio.wait_all_tasks_blocked()
+            await late.aclose()
+            await early.aclose()
+    assert inner.built[1].finally_runs == 1
+    assert caplog.records == []
+
+
 class RepeatingDiscovery(FakeDiscovery):
     """Its one scan reports a worker, then repeats it unchanged ``REPEATS``
     times, as ``LocalDiscovery`` repeats every known worker at every scan,
@@ -720,17 +842,16 @@ async def test_a_change_a_closing_rescan_merged_still_reaches_every_consumer(
     change is handed on all the same, so when the first reader repeats those
     workers unchanged, as its next scan does, no consumer is left without
     one of them."""
-    # The rescan is closed on cue, once it waits on the full buffer (its
-    # settle time counted as usual from then on).
-    cue, closed = anyio.Event(), anyio.Event()
-    close_when_settled = shared_discovery._close_when_settled
+    # The rescan stays open until closed on cue, once it waits on the buffer.
+    monkeypatch.setattr(merge, "RESCAN_SETTLE", 60.0)
+    readers: list[Any] = []
+    reader = merge._Reader
 
-    async def close_on_cue(reader: Any, rescans: dict[Any, float]) -> None:
-        await cue.wait()
-        await close_when_settled(reader, rescans)
-        closed.set()
+    def recorded(main: bool) -> Any:
+        readers.append(reader(main))
+        return readers[-1]
 
-    monkeypatch.setattr(shared_discovery, "_close_when_settled", close_on_cue)
+    monkeypatch.setattr(merge, "_Reader", recorded)
     inner = FakeDiscovery()
     shared = SharedDiscovery(inner)
     found = [meta(pid=index) for index in range(200)]
@@ -746,8 +867,7 @@ async def test_a_change_a_closing_rescan_merged_still_reaches_every_consumer(
                 assert len(inner.built) == 2
                 inner.built[1].push(*(ev("worker-added", w) for w in found))
             await anyio.wait_all_tasks_blocked()
-            cue.set()  # the rescan waits to hand on a change: close it
-            await closed.wait()
+            readers[1].scope.cancel()  # it waits to hand on a change: close it
             await anyio.wait_all_tasks_blocked()
             inner.built[0].push(
                 *(ev("worker-updated", worker) for worker in found),
@@ -764,3 +884,42 @@ async def test_a_change_a_closing_rescan_merged_still_reaches_every_consumer(
                 assert {worker.uid for worker in found} <= seen
                 await iterator.aclose()
             assert inner.built[1].finally_runs == 1
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        RuntimeError("scan failed"),
+        anyio.BrokenResourceError("inner stream broken"),
+        anyio.ClosedResourceError("inner stream closed"),
+        anyio.BusyResourceError("receiving from"),
+    ],
+    ids=lambda error: type(error).__name__,
+)
+async def test_a_failing_upstream_fails_every_consumer(error: Exception) -> None:
+    """The inner subscriber's failure reaches every consumer, filtered or not,
+    whatever its type (anyio's own exceptions included): never a clean end."""
+    inner = FakeDiscovery()
+    shared = SharedDiscovery(inner)
+    worker = meta(pid=2)
+    failures: dict[str, BaseException] = {}
+    seen: dict[str, list[DiscoveryEvent]] = {}
+
+    async def consume(name: str, subscription: Any) -> None:
+        seen[name] = []
+        try:
+            async for event in subscription:
+                seen[name].append(event)
+        except Exception as failure:
+            failures[name] = failure
+
+    with anyio.fail_after(5):
+        async with SubscriptionPool(), anyio.create_task_group() as tg:
+            tg.start_soon(consume, "all", shared.subscriber)
+            tg.start_soon(consume, "even", shared.subscribe(even_pid))
+            await anyio.wait_all_tasks_blocked()
+            inner.built[0].push(ev("worker-added", worker))
+            inner.built[0].fail(error)
+    assert pairs(seen["all"]) == pairs(seen["even"]) == [("worker-added", worker)]
+    assert failures == {"all": error, "even": error}
+    assert inner.built[0].finally_runs == 1

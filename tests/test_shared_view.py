@@ -489,7 +489,7 @@ async def test_around_local_discovery_the_first_scan_is_estimated(
     consumers are synced once the upstream has found nothing new for a
     quiet time (lengthened here, so a loaded machine's slow first scan fits
     in it), with the workers published before it started."""
-    monkeypatch.setattr(shared_discovery, "LISTING_QUIET", 1.0)
+    monkeypatch.setattr(shared_discovery.merge, "LISTING_QUIET", 1.0)
     workers = [meta(uuid.uuid4(), pid=0) for _ in range(3)]
     with wool.LocalDiscovery(f"view-{uuid.uuid4().hex[:8]}") as inner:
         for worker in workers:

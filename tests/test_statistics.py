@@ -28,6 +28,7 @@ from wool import DiscoveryEvent
 from wool_pooling import Lagged
 from wool_pooling import RestartPolicy
 from wool_pooling import SharedDiscovery
+from wool_pooling import SharedDiscoveryStatistics
 from wool_pooling import SharedSubscription
 from wool_pooling import SubscriptionPool
 from wool_pooling import SubscriptionStatistics
@@ -262,7 +263,7 @@ async def test_shared_discovery_counts_the_rescans_of_its_joiners() -> None:
     shared = SharedDiscovery(inner)
     one = meta(pid=1)
     async with SubscriptionPool():
-        assert shared.statistics() == SubscriptionStatistics()
+        assert shared.statistics() == SharedDiscoveryStatistics()
         early = aiter(shared.subscriber)
         async with anyio.create_task_group() as tg:
             tg.start_soon(anext, early)

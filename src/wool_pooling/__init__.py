@@ -63,6 +63,7 @@ from ._pooling.subscription import SubscriptionConsumer
 from ._pooling.view import View
 from ._wool.afilter import afilter
 from ._wool.shared_discovery import SharedDiscovery
+from ._wool.shared_discovery import SharedDiscoveryStatistics
 from ._wool.shared_discovery import SyncSharedDiscovery
 from ._wool.view import shared_subscription
 
@@ -78,6 +79,7 @@ __all__ = [
     "PoolStatistics",
     "RestartPolicy",
     "SharedDiscovery",
+    "SharedDiscoveryStatistics",
     "SharedSubscription",
     "SubscriptionConsumer",
     "SubscriptionPool",

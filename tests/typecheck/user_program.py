@@ -28,6 +28,7 @@ from wool_pooling import LagPolicy
 from wool_pooling import PoolStatistics
 from wool_pooling import RestartPolicy
 from wool_pooling import SharedDiscovery
+from wool_pooling import SharedDiscoveryStatistics
 from wool_pooling import SharedSubscription
 from wool_pooling import SubscriptionConsumer
 from wool_pooling import SubscriptionPool
@@ -171,8 +172,8 @@ async def use_discovery() -> None:
     some = discovery.workers(filter=running)
     print(len(known), len(some))
     async with wool.WorkerPool(spawn=1, discovery=discovery):
-        upstream: SubscriptionStatistics = discovery.statistics()
-        print(upstream.restarts)
+        upstream: SharedDiscoveryStatistics = discovery.statistics()
+        print(upstream.restarts, upstream.rescans)
 
 
 async def main() -> None:

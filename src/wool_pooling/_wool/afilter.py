@@ -1,9 +1,10 @@
+"""``afilter``: one consumer's view of a discovery stream, filtered."""
+
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from collections.abc import Callable
 from typing import Any
-from typing import Final
 
 import anyio
 from wool import DiscoveryEvent
@@ -16,50 +17,25 @@ from .workers import WorkerMap
 
 
 class afilter:
-    """Transition-tracking filter over a wool discovery stream.
+    """The part of ``inner``'s discovery stream that concerns the workers
+    ``predicate`` accepts, as a consistent lifecycle per worker.
 
-    Yields only the part of ``inner``'s stream that concerns workers
-    satisfying ``predicate``, rewriting events so that consumers see a
-    consistent lifecycle for every worker that passes:
+    A worker that starts to pass is added, one that passes with new
+    metadata updated, one that stops passing dropped with the metadata it
+    was last passed with; every other event is left out, and the order is
+    ``inner``'s. Each iteration
+    keeps its own view (one metadata per worker passing) and closes
+    ``inner``'s iterator when it ends, is closed or is cancelled. Two are
+    equal, hash alike and pickle as their arguments. See "What it does" in
+    docs/wool.rst.
 
-    - a worker entering the predicate yields ``worker-added``;
-    - an add or update of a tracked worker that still passes yields
-      ``worker-updated`` with the new metadata, if its metadata changed;
-    - a tracked worker that stops passing yields ``worker-dropped``
-      with its *previous* (tracked) metadata;
-    - a ``worker-dropped`` of a tracked worker passes through, with the
-      tracked metadata;
-    - any other event (non-passing or dropped untracked worker, or an
-      add or update with unchanged metadata) is suppressed.
-
-    These are the rules :class:`~wool_pooling.SharedDiscovery` applies to
-    the whole stream, applied to the workers that pass.
-
-    Guarantees:
-
-    - each ``__aiter__`` call is an independent iteration with its own
-      tracking state, so one ``afilter`` may be iterated many times,
-      sequentially or concurrently;
-    - the relative order of the inner events is preserved;
-    - memory held is one :class:`WorkerMetadata` per tracked worker per
-      iteration;
-    - when an iteration ends, is closed (``aclose()``) or is cancelled,
-      the inner iterator is closed too (if it has ``aclose``);
-    - two are equal (and hash alike) when their predicates and inners are,
-      and a pickled copy (``predicate`` and ``inner`` pickled) is equal to
-      the original.
-
-    :param predicate: Callable deciding whether a worker passes.
-    :param inner: Upstream discovery subscriber to filter.
-    :raises TypeError: If ``predicate`` is not callable or cannot be
-        called with one argument (a worker's metadata), or ``inner`` is not
-        async-iterable.
+    :param predicate: Called with a worker's metadata: whether it passes.
+    :param inner: The discovery subscriber to filter.
+    :raises TypeError: if ``predicate`` is not callable with one argument,
+        or ``inner`` is not async-iterable.
     """
 
     __slots__ = ("_inner", "_predicate")
-
-    _predicate: Final[Callable[[WorkerMetadata], bool]]
-    _inner: Final[DiscoverySubscriberLike]
 
     def __init__(
         self,
@@ -88,38 +64,27 @@ class afilter:
     def __repr__(self) -> str:
         return f"afilter({self._predicate!r}, {self._inner!r})"
 
-    def _arguments(
-        self,
-    ) -> tuple[Callable[[WorkerMetadata], bool], DiscoverySubscriberLike]:
-        """The one record of the constructor arguments: pickling, equality
-        and hash all read it."""
-        return (self._predicate, self._inner)
-
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, afilter):
             return NotImplemented
-        return self._arguments() == other._arguments()
+        return self.__reduce__() == other.__reduce__()
 
     def __hash__(self) -> int:
-        return hash(self._arguments())
+        return hash(self.__reduce__())
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (afilter, self._arguments())
+        return (afilter, (self._predicate, self._inner))
 
-    def __aiter__(self) -> AsyncGenerator[DiscoveryEvent, None]:
-        return self._filter()
-
-    async def _filter(self) -> AsyncGenerator[DiscoveryEvent, None]:
-        """Iterate the inner subscriber, applying the transition rules."""
+    async def __aiter__(self) -> AsyncGenerator[DiscoveryEvent, None]:
         predicate = self._predicate
-        tracked = WorkerMap()
+        passing = WorkerMap()
         iterator = aiter(self._inner)
         try:
             async for event in iterator:
                 if event.type == "worker-dropped" or predicate(event.metadata):
-                    passed = tracked.apply(event)
+                    passed = passing.apply(event)
                 else:  # it does not pass (any longer)
-                    passed = tracked.drop(event.metadata.uid)
+                    passed = passing.drop(event.metadata.uid)
                 if passed is not None:
                     yield passed
         finally:

@@ -1,0 +1,308 @@
+"""``SharedDiscovery`` and its counted context manager; see docs/wool.rst."""
+
+from __future__ import annotations
+
+import threading
+import types
+import uuid
+from collections.abc import Callable
+from collections.abc import Hashable
+from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractContextManager
+from typing import Any
+from typing import Protocol
+from typing import cast
+from typing import final
+from typing import overload
+
+import anyio
+import attrs
+from wool import DiscoveryEvent
+from wool import DiscoveryLike
+from wool import DiscoveryPublisherLike
+from wool import WorkerMetadata
+
+from ..._core.signatures import check_keywords
+from ..._pooling.pool import SubscriptionPool
+from ..._pooling.statistics import SubscriptionStatistics
+from ..._pooling.subscription import SharedSubscription
+from ..afilter import afilter
+from .merge import Upstream
+from .merge import UpstreamView
+from .portable import Portable
+
+__all__ = ["SharedDiscovery", "SharedDiscoveryStatistics", "SyncSharedDiscovery"]
+
+
+@attrs.frozen
+class SharedDiscoveryStatistics(SubscriptionStatistics):
+    """What :meth:`SharedDiscovery.statistics` returns: the
+    :class:`~wool_pooling.SubscriptionStatistics` of its upstream, and:"""
+
+    #: Fresh scans of the inner discovery started for joining consumers.
+    rescans: int = 0
+
+
+class _SyncContextDiscovery(DiscoveryLike, Protocol):
+    """A discovery that is also a synchronous context manager (``LocalDiscovery``)."""
+
+    def __enter__(self) -> object: ...
+
+    def __exit__(self, *exc_info: object) -> bool | None: ...
+
+
+class SharedDiscovery:
+    """A wool ``DiscoveryLike`` whose subscribers share one upstream per process.
+
+    In one :class:`~wool_pooling.SubscriptionPool`, every subscription it
+    hands out shares one unfiltered upstream per (inner discovery, options),
+    with the guarantees of :func:`~wool_pooling.shared_subscription`; a
+    joiner has ``inner`` scanned afresh, and only what changes the known
+    workers is passed on. Entering is counted: the first enter enters
+    ``inner``, the last exit exits it. Over a synchronous context manager
+    the constructor returns a :class:`SyncSharedDiscovery`. A pickled copy
+    starts unentered; two are equal when their upstreams would be shared.
+    See docs/wool.rst.
+
+    :param inner: The wool discovery to wrap.
+    :param subscribe_options: Keyword arguments for ``inner.subscribe``,
+        hashable: they are part of the upstream's key.
+    :raises TypeError: if ``inner`` has no callable ``subscribe``, if the
+        options do not bind to its signature (a misspelt one is named, with
+        the closest parameter) or do not hash, or if nothing of ``inner``
+        can travel to another process (see docs/wool.rst).
+    """
+
+    __slots__ = ("__weakref__", "_entered", "_lock", "_portable", "_transition")
+
+    @overload
+    def __new__(
+        cls, inner: _SyncContextDiscovery, /, **subscribe_options: Hashable
+    ) -> SyncSharedDiscovery: ...
+
+    @overload
+    def __new__(
+        cls, inner: DiscoveryLike, /, **subscribe_options: Hashable
+    ) -> SharedDiscovery: ...
+
+    def __new__(cls, inner: Any, /, **subscribe_options: Hashable) -> SharedDiscovery:
+        sync = isinstance(inner, AbstractContextManager)
+        if cls is SharedDiscovery and sync:
+            cls = SyncSharedDiscovery
+        elif cls is SyncSharedDiscovery and not sync:
+            raise TypeError(
+                "SyncSharedDiscovery needs a discovery that is a synchronous "
+                f"context manager, got {type(inner).__name__}"
+            )
+        return object.__new__(cls)
+
+    def __init__(self, inner: DiscoveryLike, /, **subscribe_options: Hashable) -> None:
+        if not callable(getattr(inner, "subscribe", None)):
+            raise TypeError(
+                "SharedDiscovery wraps a wool discovery (with publisher and "
+                f"subscribe), got {type(inner).__name__}: {inner!r}"
+            )
+        # Before anything calls subscribe (shipping a subscriber does).
+        check_keywords(
+            cast(Any, inner).subscribe,
+            subscribe_options,
+            f"SharedDiscovery: {type(inner).__qualname__}.subscribe()",
+        )
+        options = tuple(sorted(subscribe_options.items()))
+        try:
+            hash(options)
+        except TypeError as error:
+            raise TypeError(
+                f"SharedDiscovery subscribe options must be hashable, got {options!r}"
+            ) from error
+        self._start(Portable.of(inner, options))
+
+    def _start(self, portable: Portable) -> None:
+        self._portable = portable
+        self._entered = 0
+        self._lock = threading.Lock()
+        self._transition: anyio.Event | None = None
+
+    @property
+    def inner(self) -> DiscoveryLike:
+        """The wrapped discovery."""
+        return self._portable.discovery
+
+    @property
+    def subscribe_options(self) -> dict[str, Hashable]:
+        """The keyword arguments passed to ``inner.subscribe`` (a copy)."""
+        return dict(self._portable.options)
+
+    @property
+    def entered(self) -> int:
+        """How many enters are not yet matched by an exit."""
+        return self._entered
+
+    @property
+    def publisher(self) -> DiscoveryPublisherLike:
+        """``inner.publisher``, read anew on each access."""
+        return self.inner.publisher
+
+    @property
+    def subscriber(self) -> SharedSubscription[DiscoveryEvent]:
+        """The unfiltered pooled subscription; same as ``subscribe()``."""
+        return self.subscribe()
+
+    @overload
+    def subscribe(self, filter: None = None) -> SharedSubscription[DiscoveryEvent]: ...
+
+    @overload
+    def subscribe(self, filter: Callable[[WorkerMetadata], bool]) -> afilter: ...
+
+    @overload
+    def subscribe(
+        self, filter: Callable[[WorkerMetadata], bool] | None = None
+    ) -> SharedSubscription[DiscoveryEvent] | afilter: ...
+
+    def subscribe(
+        self, filter: Callable[[WorkerMetadata], bool] | None = None
+    ) -> SharedSubscription[DiscoveryEvent] | afilter:
+        """The upstream's :class:`~wool_pooling.SharedSubscription`, or an
+        :class:`~wool_pooling.afilter` over it; needs no event loop.
+
+        :param filter: Whether a worker appears in this stream; ``None``: all.
+        """
+        portable = self._portable
+        upstream: SharedSubscription[DiscoveryEvent]
+        upstream = Upstream(portable, portable.options)  # pyright: ignore[reportAssignmentType]
+        return upstream if filter is None else afilter(filter, upstream)
+
+    def workers(
+        self, *, filter: Callable[[WorkerMetadata], bool] | None = None
+    ) -> Mapping[uuid.UUID, WorkerMetadata]:
+        """The workers the shared upstream knows now in the current pool: a
+        read-only snapshot, empty while nothing iterates it. See
+        :meth:`SharedSubscription.workers <wool_pooling.SharedSubscription.workers>`.
+
+        :param filter: As for :meth:`subscribe`: only the workers it accepts.
+        """
+        view = self.subscribe().workers()
+        if filter is None:
+            return view
+        return types.MappingProxyType(
+            {uid: metadata for uid, metadata in view.items() if filter(metadata)}
+        )
+
+    def statistics(
+        self, pool: SubscriptionPool | None = None
+    ) -> SharedDiscoveryStatistics:
+        """The shared upstream's counters in ``pool``, filtered consumers
+        included, and its fresh scans.
+
+        :param pool: The pool to look in; by default :func:`~wool_pooling.current_pool`.
+        :raises RuntimeError: if ``pool`` is omitted and no pool is current
+            and no event loop is running.
+        """
+        upstream = self.subscribe()
+        view = upstream.view(pool)
+        return SharedDiscoveryStatistics(
+            **attrs.asdict(upstream.statistics(pool), recurse=False),
+            rescans=view.rescans if isinstance(view, UpstreamView) else 0,
+        )
+
+    async def __aenter__(self) -> SharedDiscovery:
+        inner = self.inner
+        if isinstance(inner, AbstractContextManager):
+            self._enter_sync()
+            return self
+        while self._transition is not None:  # entering or exiting ``inner``
+            await self._transition.wait()
+        if not self._entered and isinstance(inner, AbstractAsyncContextManager):
+            transition = self._transition = anyio.Event()
+            try:
+                await cast(AbstractAsyncContextManager[object], inner).__aenter__()
+            finally:
+                self._transition = None
+                transition.set()
+        self._entered += 1
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        inner = self.inner
+        if isinstance(inner, AbstractContextManager):
+            self._exit_sync(*exc_info)
+            return
+        if self._entered <= 0:
+            raise RuntimeError(f"{self!r} was exited more often than entered")
+        self._entered -= 1
+        if not self._entered and isinstance(inner, AbstractAsyncContextManager):
+            transition = self._transition = anyio.Event()
+            try:
+                with anyio.CancelScope(shield=True):
+                    await cast(AbstractAsyncContextManager[Any], inner).__aexit__(
+                        *exc_info
+                    )
+            finally:
+                self._transition = None
+                transition.set()
+
+    def _enter_sync(self) -> None:
+        with self._lock:
+            if self._entered == 0:
+                cast(AbstractContextManager[object], self.inner).__enter__()
+            self._entered += 1
+
+    def _exit_sync(self, *exc_info: Any) -> None:
+        with self._lock:
+            if self._entered <= 0:
+                raise RuntimeError(f"{self!r} was exited more often than entered")
+            self._entered -= 1
+            if self._entered == 0:
+                cast(AbstractContextManager[object], self.inner).__exit__(*exc_info)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self._portable.shipped is not None:
+            name = type(self.inner).__qualname__
+            raise TypeError(
+                f"cannot pickle a SharedDiscovery of a {name}: only what its "
+                "subscribe() returns travels, in the subscriptions it hands "
+                f"out; add a __reduce__ to {name} that rebuilds it, unentered"
+            )
+        return (_restore, (self._portable,))
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when of the same class, with equal upstream keys."""
+        if not isinstance(other, SharedDiscovery):
+            return NotImplemented
+        return type(self) is type(other) and self._portable == other._portable
+
+    def __hash__(self) -> int:
+        return hash((type(self), self._portable))
+
+    def __repr__(self) -> str:
+        options = "".join(f", {k}={v!r}" for k, v in self._portable.options)
+        name = type(self).__name__
+        return f"<{name}({self.inner!r}{options}) [entered: {self._entered}]>"
+
+
+@final
+class SyncSharedDiscovery(SharedDiscovery):
+    """A :class:`SharedDiscovery` over a synchronous context manager, such as
+    ``wool.LocalDiscovery``: a synchronous context manager too, sharing one
+    count with the asynchronous protocol. Built by :class:`SharedDiscovery`.
+
+    :raises TypeError: if ``inner`` is not a synchronous context manager.
+    """
+
+    __slots__ = ()
+
+    def __enter__(self) -> SyncSharedDiscovery:
+        self._enter_sync()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._exit_sync(*exc_info)
+
+
+def _restore(portable: Portable) -> SharedDiscovery:
+    """Unpickle a :class:`SharedDiscovery`: a fresh, unentered wrapper, its
+    arguments checked where it was made."""
+    shared = SharedDiscovery.__new__(SharedDiscovery, portable.discovery)
+    shared._start(portable)
+    return shared
