@@ -13,6 +13,7 @@ import redis.exceptions as redis_errors
 
 from ._connection import Connection
 from ._connection import Target
+from ._connection import address
 from ._connection import node_url
 from ._connection import open_client
 from ._connection import parse_url
@@ -95,9 +96,8 @@ class Session:
             raise redis_errors.ConnectionError(str(error)) from error
         self.opened.remove(layout)
         await layout.aclose()
-        host, port = str(node.host), int(node.port)
-        self.node = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        return parse_url(node_url(self.target.url, (host, port)))
+        self.node = address(str(node.host), int(node.port))
+        return parse_url(node_url(self.target.url, self.node))
 
     async def open(self) -> tuple[int, bytes, list[bytes]]:
         """Subscribe, wait for the server's confirmation, then take the
