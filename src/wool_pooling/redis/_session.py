@@ -23,7 +23,7 @@ from ._scripts import SNAPSHOT
 from ._scripts import Keys
 from ._scripts import idle_expiry_ms
 from ._scripts import sharded
-from ._settings import SubscriberOptions
+from ._settings import DiscoverySettings
 from ._state import Resync
 
 #: ``RedisCluster`` options that a single node's client does not take.
@@ -52,13 +52,10 @@ class Session:
     and the stream takes a new session.
     """
 
-    def __init__(
-        self, target: Target, namespace: str, options: SubscriberOptions
-    ) -> None:
+    def __init__(self, target: Target, settings: DiscoverySettings) -> None:
         self.target = target
-        self.namespace = namespace
-        self.options = options
-        self.keys = Keys.of(namespace, target.db, options.key_prefix)
+        self.settings = settings
+        self.keys = Keys.of(settings.namespace, target.db, settings.key_prefix)
         #: What :meth:`open` is doing, for error messages.
         self.stage = "connecting"
         self.node = "the cluster"
@@ -72,11 +69,11 @@ class Session:
         connection = open_client(
             target,
             role,
-            self.namespace,
-            self.options.connect_timeout,
+            self.settings.namespace,
+            self.settings.connect_timeout,
             retries=0,
             client_options=client_options,
-            named=self.options.name_connections,
+            named=self.settings.name_connections,
         )
         self.opened.append(connection)
         return connection
@@ -84,7 +81,7 @@ class Session:
     async def _owner(self) -> Target:
         """The master owning the namespace's slot, as the cluster says now."""
         layout = self._client(
-            self.target, "subscriber-cmd", self.options.client_options
+            self.target, "subscriber-cmd", self.settings.client_options
         )
         self.stage = "reading the cluster's layout"
         try:
@@ -106,7 +103,7 @@ class Session:
         Subscribing first is what makes the snapshot and the announcements
         after it meet with no gap.
         """
-        target, options = self.target, self.options.client_options
+        target, options = self.target, self.settings.client_options
         cluster = target.cluster
         if cluster:
             target = await self._owner()
@@ -135,7 +132,7 @@ class Session:
         return int(version), cast(bytes, epoch), cast(list[bytes], flat)
 
     async def _run(self, script: str) -> Any:
-        keep = idle_expiry_ms(self.options.settle, self.options.reap_interval)
+        keep = idle_expiry_ms(self.settings.lease, self.settings.reap_interval)
         args = [self.keys.channel, uuid.uuid4().hex, keep]
         return await watched(self.scripts[script](keys=self.keys.keys, args=args))
 

@@ -30,8 +30,7 @@ from ._errors import failed
 from ._errors import require_asyncio
 from ._errors import within
 from ._session import Session
-from ._settings import SubscriberOptions
-from ._settings import SubscriberSettings
+from ._settings import DiscoverySettings
 from ._state import Gap
 from ._state import SubscriptionState
 from ._statistics import Counters
@@ -61,11 +60,10 @@ class RedisStream:
     #: see it).
     _marks_listing: bool = False
 
-    def __init__(self, settings: SubscriberSettings) -> None:
+    def __init__(self, settings: DiscoverySettings) -> None:
         self.settings = settings
         self.url = settings.url
         self.namespace = settings.namespace
-        self.options = settings.options
         self.target = parse_url(settings.url)
         #: The counts of the subscription's key, held while it lives.
         self.counted: Counters = counters(settings.key())
@@ -95,7 +93,7 @@ class RedisStream:
                 yield event
             if self._marks_listing:
                 yield cast(DiscoveryEvent, Synced())  # the first listing is complete
-            source = RestartingSource(sessions, self.options.reconnect)
+            source = RestartingSource(sessions, self.settings.reconnect)
             async for event in source:
                 yield event
         finally:
@@ -111,7 +109,7 @@ class RedisStream:
 
         :raises RedisDiscoveryError: for any failure of the first session.
         """
-        timeout = self.options.connect_timeout
+        timeout = self.settings.connect_timeout
         try:
             with within(timeout, f"no answer within {timeout:g}s"):
                 return await session.open()
@@ -135,12 +133,12 @@ class RedisStream:
             (a ``PING`` sent at half of it), time suspended at a ``yield``
             not counted (docs/redis.rst, *Dead connections*).
         """
-        options = self.options
+        settings = self.settings
         counted = self.counted
-        liveness = options.liveness_timeout
+        liveness = settings.liveness_timeout
         silent = f"within {liveness:g}s (liveness_timeout)"
         heard = time.monotonic()
-        next_reap = heard + options.reap_interval
+        next_reap = heard + settings.reap_interval
         pinged = False
         while True:
             now = time.monotonic()
@@ -155,7 +153,7 @@ class RedisStream:
             if now >= next_reap:
                 with within(deadline - now, f"no answer to a reap {silent}"):
                     state.reaped(await session.reap())
-                next_reap = time.monotonic() + options.reap_interval
+                next_reap = time.monotonic() + settings.reap_interval
                 continue
             if not pinged and now >= heard + liveness / 2:
                 with within(deadline - now, f"no answer to a PING {silent}"):
@@ -188,7 +186,7 @@ class RedisStream:
             "reconnected to %s (namespace %s): resynchronising%s",
             redact(self.url),
             self.namespace,
-            f" (the server lost its data: waiting {self.options.settle:.1f}s "
+            f" (the server lost its data: waiting {self.settings.lease:.1f}s "
             "for publishers to renew their workers)"
             if lost
             else "",
@@ -217,7 +215,7 @@ class _Sessions:
 
     def __init__(self, stream: RedisStream) -> None:
         self.stream = stream
-        self.state = SubscriptionState(stream.options.settle, stream.invalid)
+        self.state = SubscriptionState(stream.settings.lease, stream.invalid)
         self.session: Session | None = None
 
     async def connect(self) -> list[DiscoveryEvent]:
@@ -228,11 +226,7 @@ class _Sessions:
         stream, state = self.stream, self.state
         counted = stream.counted
         reconnecting = state.connected_before
-        session = self.session = Session(
-            stream.target,
-            stream.namespace,
-            stream.options,
-        )
+        session = self.session = Session(stream.target, stream.settings)
         counted.connections += 2
         snapshot = await stream.open_session(session, state)
         events, lost = state.snapshot(*snapshot, now=time.monotonic())
@@ -284,7 +278,7 @@ class _Sessions:
         return repr(self.stream)
 
 
-def _subscriber_key(cls: type, settings: SubscriberSettings) -> Hashable:
+def _subscriber_key(cls: type, settings: DiscoverySettings) -> Hashable:
     """Subscriptions are shared by normalised connection, prefix and namespace."""
     return settings.key()
 
@@ -300,11 +294,11 @@ class SharedRedisStream(RedisStream):
 #: The options of the live shared subscribers, by key: a subscriber with
 #: other options than an earlier live one of its key is warned about. An
 #: entry goes with its subscriber, a key with its last one.
-_live: dict[Hashable, list[tuple[weakref.ref[Any], SubscriberOptions]]] = {}
+_live: dict[Hashable, list[tuple[weakref.ref[Any], tuple[object, ...]]]] = {}
 
 
 def note_options(
-    key: Hashable, subscription: object, options: SubscriberOptions
+    key: Hashable, subscription: object, options: tuple[object, ...]
 ) -> None:
     entries = _live.setdefault(key, [])
     if any(each != options for _, each in entries):
