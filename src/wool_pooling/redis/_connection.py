@@ -11,6 +11,7 @@ import socket
 import ssl
 import urllib.parse
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 from typing import Any
 
 import attrs
@@ -29,6 +30,9 @@ from redis.backoff import EqualJitterBackoff
 from redis.backoff import NoBackoff
 
 from ._client_keywords import check_client_option_names
+
+if TYPE_CHECKING:
+    from ._settings import PublisherSettings
 
 #: What Redis appends to an error raised in a script.
 _SCRIPT_SUFFIX = re.compile(r"\s*script: [0-9a-f]+, on @user_script:\d+\.?$")
@@ -426,21 +430,22 @@ def _retry(timeout: float, retries: int) -> Retry:
 def open_client(
     target: Target,
     role: str,
-    namespace: str,
-    timeout: float,
+    settings: PublisherSettings,
     *,
     retries: int,
-    client_options: Mapping[str, Any],
-    named: bool = True,
+    client_options: Mapping[str, Any] | None = None,
 ) -> Connection:
-    """A client for ``target`` whose connections name themselves (with
-    ``named=False``: send no ``CLIENT`` command at all).
+    """A client for ``target`` with the namespace, timeout and client options
+    of ``settings`` (``client_options`` in place of its own if given), whose
+    connections name themselves (unless ``settings.name_connections`` is
+    false: then it sends no ``CLIENT`` command at all).
 
     The url's parts win over ``client_options``, which win over the
     defaults (docs/redis.rst, *Options and their precedence*). A cluster's
     client fails only the commands of a slot no reachable master holds
     (``require_full_coverage=False`` by default).
     """
+    timeout, named = settings.connect_timeout, settings.name_connections
     options: dict[str, Any] = {
         "socket_connect_timeout": timeout,
         "socket_timeout": timeout,
@@ -449,7 +454,9 @@ def open_client(
         options["socket_keepalive"] = True
     if target.cluster:
         options["require_full_coverage"] = False
-    options.update(client_options)
+    options.update(
+        settings.client_options if client_options is None else client_options
+    )
     given = options.pop("ssl_context", None)
     if given is not None:
         options["given_ssl_context"] = given
@@ -459,7 +466,7 @@ def open_client(
             else _GivenContextSSLConnection
         )
     options.update(
-        client_name=client_name(role, namespace) if named else None,
+        client_name=client_name(role, settings.namespace) if named else None,
         retry=_retry(timeout, retries),
         retry_on_error=[redis_errors.ConnectionError, redis_errors.TimeoutError],
     )

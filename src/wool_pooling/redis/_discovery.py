@@ -140,7 +140,6 @@ class RedisDiscovery:
             liveness_timeout=liveness_timeout,
             name_connections=name_connections,
         )
-        self._target = target
 
     url: str = argument("url")
     namespace: str = argument("namespace")

@@ -64,25 +64,17 @@ class Session:
         self.scripts: dict[str, Any] = {}
 
     def _client(
-        self, target: Target, role: str, client_options: Mapping[str, Any]
+        self, target: Target, role: str, options: Mapping[str, Any] | None = None
     ) -> Connection:
         connection = open_client(
-            target,
-            role,
-            self.settings.namespace,
-            self.settings.connect_timeout,
-            retries=0,
-            client_options=client_options,
-            named=self.settings.name_connections,
+            target, role, self.settings, retries=0, client_options=options
         )
         self.opened.append(connection)
         return connection
 
     async def _owner(self) -> Target:
         """The master owning the namespace's slot, as the cluster says now."""
-        layout = self._client(
-            self.target, "subscriber-cmd", self.settings.client_options
-        )
+        layout = self._client(self.target, "subscriber-cmd")
         self.stage = "reading the cluster's layout"
         try:
             await watched(layout.client.initialize())

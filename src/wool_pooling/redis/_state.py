@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from typing import cast
 from typing import final
+from typing import get_args
 
 from wool import DiscoveryEvent
 from wool import DiscoveryEventType
@@ -14,11 +16,7 @@ from wool import protocol
 
 from .._wool.workers import WorkerMap
 
-_TYPES: dict[str, DiscoveryEventType] = {
-    "worker-added": "worker-added",
-    "worker-updated": "worker-updated",
-    "worker-dropped": "worker-dropped",
-}
+_TYPES: tuple[str, ...] = get_args(DiscoveryEventType)
 
 
 class Resync(Exception):
@@ -111,12 +109,11 @@ class SubscriptionState:
         :raises Resync: on a gap, another epoch, or an announcement that does
             not parse (reported through ``invalid``).
         """
-        if not isinstance(data, bytes):
-            self._invalid(b"?", _malformed())
-            raise Resync("an announcement did not parse")
-        parts = data.split(b" ", 4)
+        raw = data if isinstance(data, bytes) else b"?"
+        parts = raw.split(b" ", 4)
         if len(parts) != 5 or not parts[0].isdigit():
-            self._invalid(data[:60], _malformed())
+            malformed = "not '<version> <epoch> <type> <uid> <metadata>'"
+            self._invalid(raw[:60], ValueError(malformed))
             raise Resync("an announcement did not parse")
         number, epoch, kind, uid, payload = parts
         version = int(number)
@@ -138,10 +135,10 @@ class SubscriptionState:
                 raise ValueError(f"unknown event type {text!r}")
             metadata = decode(uid, payload)
         except Exception as error:
-            self._invalid(data[:60], error)
+            self._invalid(raw[:60], error)
             raise Resync("an announcement did not parse") from error
         self.version = version
-        return self._apply(_TYPES[text], metadata, payload)
+        return self._apply(cast(DiscoveryEventType, text), metadata, payload)
 
     def settle(self) -> list[DiscoveryEvent]:
         """Drop the held workers that were not announced again."""
@@ -174,7 +171,3 @@ class SubscriptionState:
         else:
             self.payloads[uid] = payload
         return self.workers.apply(DiscoveryEvent(kind, metadata=metadata))
-
-
-def _malformed() -> ValueError:
-    return ValueError("not '<version> <epoch> <type> <uid> <metadata>'")

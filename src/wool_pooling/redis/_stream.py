@@ -109,9 +109,8 @@ class RedisStream:
 
         :raises RedisDiscoveryError: for any failure of the first session.
         """
-        timeout = self.settings.connect_timeout
         try:
-            with within(timeout, f"no answer within {timeout:g}s"):
+            with within(self.settings.connect_timeout):
                 return await session.open()
         except Exception as error:
             if state.connected_before:
