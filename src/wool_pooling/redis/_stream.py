@@ -102,27 +102,6 @@ class RedisStream:
                     await source.aclose()
                 await sessions.close()
 
-    async def open_session(
-        self, session: Session, state: SubscriptionState
-    ) -> tuple[int, bytes, list[bytes]]:
-        """Subscribe and snapshot.
-
-        :raises RedisDiscoveryError: for any failure of the first session.
-        """
-        try:
-            with within(self.settings.connect_timeout):
-                return await session.open()
-        except Exception as error:
-            if state.connected_before:
-                raise
-            if isinstance(error, redis_errors.AuthenticationError):
-                action = "authenticating"
-            elif isinstance(error, redis_errors.ResponseError):
-                action = session.stage
-            else:
-                action = "connecting"
-            raise failed(self.url, action, error) from error
-
     async def follow(
         self, session: Session, state: SubscriptionState
     ) -> AsyncGenerator[DiscoveryEvent, None]:
@@ -179,18 +158,6 @@ class RedisStream:
                 yield event
                 heard = max(heard, time.monotonic())
 
-    def reconnected(self, lost: bool) -> None:
-        self.counted.reconnects += 1
-        logger.warning(
-            "reconnected to %s (namespace %s): resynchronising%s",
-            redact(self.url),
-            self.namespace,
-            f" (the server lost its data: waiting {self.settings.lease:.1f}s "
-            "for publishers to renew their workers)"
-            if lost
-            else "",
-        )
-
     def invalid(self, what: bytes, error: BaseException) -> None:
         self.counted.invalid_records += 1
         logger.warning(
@@ -223,16 +190,36 @@ class _Sessions:
         :raises RedisDiscoveryError: if this is the first session and it fails.
         """
         stream, state = self.stream, self.state
-        counted = stream.counted
         reconnecting = state.connected_before
         session = self.session = Session(stream.target, stream.settings)
-        counted.connections += 2
-        snapshot = await stream.open_session(session, state)
+        stream.counted.connections += 2
+        try:
+            with within(stream.settings.connect_timeout):
+                snapshot = await session.open()
+        except Exception as error:
+            if reconnecting:
+                raise
+            if isinstance(error, redis_errors.AuthenticationError):
+                action = "authenticating"
+            elif isinstance(error, redis_errors.ResponseError):
+                action = session.stage
+            else:
+                action = "connecting"
+            raise failed(stream.url, action, error) from error
         events, lost = state.snapshot(*snapshot, now=time.monotonic())
-        counted.snapshots += 1
-        counted.epoch_changes += lost
+        stream.counted.snapshots += 1
+        stream.counted.epoch_changes += lost
         if reconnecting:
-            stream.reconnected(lost)
+            stream.counted.reconnects += 1
+            logger.warning(
+                "reconnected to %s (namespace %s): resynchronising%s",
+                redact(stream.url),
+                stream.namespace,
+                f" (the server lost its data: waiting {stream.settings.lease:.1f}s "
+                "for publishers to renew their workers)"
+                if lost
+                else "",
+            )
         return events
 
     def __aiter__(self) -> AsyncIterator[Any]:
