@@ -44,7 +44,7 @@ def decode(uid: bytes, payload: bytes) -> WorkerMetadata:
 class SubscriptionState:
     """The workers a subscription has yielded, and where its sequence stands.
 
-    Memory held: one metadata and one payload per known worker, and the
+    Memory held: one metadata per known worker, and the
     invalid records of the last snapshot (each warned about once).
     """
 
@@ -55,9 +55,6 @@ class SubscriptionState:
         self._invalid = invalid
         #: The workers yielded: the events passed on are what changes them.
         self.workers = WorkerMap()
-        #: Each known worker's record as announced: an announcement of the
-        #: same bytes changes nothing, and is not decoded into a comparison.
-        self.payloads: dict[uuid.UUID, bytes] = {}
         self.held: set[uuid.UUID] = set()
         self.settle_until = 0.0
         self.epoch: bytes | None = None
@@ -77,7 +74,6 @@ class SubscriptionState:
         lost = self.epoch is not None and epoch != self.epoch
         self.epoch, self.version = epoch, version
         current: dict[uuid.UUID, WorkerMetadata] = {}
-        payloads: dict[uuid.UUID, bytes] = {}
         invalid: set[tuple[bytes, bytes]] = set()
         for index in range(0, len(flat) - 1, 2):
             uid, payload = flat[index], flat[index + 1]
@@ -89,16 +85,14 @@ class SubscriptionState:
                     self._invalid(uid, error)
                 continue
             current[metadata.uid] = metadata
-            payloads[metadata.uid] = payload
         self._invalid_records = invalid
         missing = [uid for uid in self.workers.workers if uid not in current]
         if lost:  # held: not dropped before the settle time
             for uid in missing:
                 current[uid] = self.workers.workers[uid]
-                payloads[uid] = self.payloads[uid]
         target = WorkerMap(current)
         events = list(self.workers.diff(target))
-        self.workers, self.payloads = target, payloads
+        self.workers = target
         self.held = set(missing) if lost else set()
         self.settle_until = now + self.settle_seconds
         return events, lost
@@ -138,7 +132,9 @@ class SubscriptionState:
             self._invalid(raw[:60], error)
             raise Resync("an announcement did not parse") from error
         self.version = version
-        return self._apply(cast(DiscoveryEventType, text), metadata, payload)
+        self.held.discard(metadata.uid)
+        event = DiscoveryEvent(cast(DiscoveryEventType, text), metadata=metadata)
+        return self.workers.apply(event)  # never a second add, nor an unknown drop
 
     def settle(self) -> list[DiscoveryEvent]:
         """Drop the held workers that were not announced again."""
@@ -146,7 +142,6 @@ class SubscriptionState:
         for uid in self.held:
             event = self.workers.drop(uid)
             if event is not None:
-                del self.payloads[uid]
                 events.append(event)
         self.held.clear()
         return events
@@ -157,17 +152,3 @@ class SubscriptionState:
             raise Resync(
                 "the server's epoch changed (its data was flushed, evicted or lost)"
             )
-
-    def _apply(
-        self, kind: DiscoveryEventType, metadata: WorkerMetadata, payload: bytes
-    ) -> DiscoveryEvent | None:
-        """The event for consumers (never a second add, never an unknown drop)."""
-        uid = metadata.uid
-        self.held.discard(uid)
-        if kind == "worker-dropped":
-            self.payloads.pop(uid, None)
-        elif self.payloads.get(uid) == payload:
-            return None  # announced again as it stands
-        else:
-            self.payloads[uid] = payload
-        return self.workers.apply(DiscoveryEvent(kind, metadata=metadata))
