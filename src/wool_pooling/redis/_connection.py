@@ -435,16 +435,10 @@ def open_client(
     retries: int,
     client_options: Mapping[str, Any] | None = None,
 ) -> Connection:
-    """A client for ``target`` with the namespace, timeout and client options
-    of ``settings`` (``client_options`` in place of its own if given), whose
-    connections name themselves (unless ``settings.name_connections`` is
-    false: then it sends no ``CLIENT`` command at all).
-
-    The url's parts win over ``client_options``, which win over the
-    defaults (docs/redis.rst, *Options and their precedence*). A cluster's
-    client fails only the commands of a slot no reachable master holds
-    (``require_full_coverage=False`` by default).
-    """
+    """A client for ``target`` with the namespace, timeout, naming and client
+    options of ``settings`` (``client_options`` in place of its own if given);
+    the url wins over them, they over the defaults (docs/redis.rst, *Options
+    and their precedence*)."""
     timeout, named = settings.connect_timeout, settings.name_connections
     options: dict[str, Any] = {
         "socket_connect_timeout": timeout,
@@ -482,15 +476,11 @@ def open_client(
         nodes = [ClusterNode(host, port) for host, port in target.hosts]
         return Connection(RedisCluster(startup_nodes=nodes, **options))
     if not target.sentinel:
-        if given is None:
-            return Connection(
-                aioredis.Redis.from_url(target.url, **options)  # pyright: ignore[reportUnknownMemberType]
-            )
-        # from_url would let the url's scheme pick the connection class.
+        # The url wins over the options; a given context's class over the url's.
         arguments: dict[str, Any] = {**options, **parse_redis_url(target.url)}
-        arguments["connection_class"] = _GivenContextSSLConnection
-        pool = ConnectionPool(**arguments)
-        return Connection(aioredis.Redis.from_pool(pool))
+        if given is not None:
+            arguments["connection_class"] = _GivenContextSSLConnection
+        return Connection(aioredis.Redis.from_pool(ConnectionPool(**arguments)))
     seed = parse_redis_url(node_url(target.url, address(*target.hosts[0])))
     password = seed.get("password")
     if target.username is not None:

@@ -43,14 +43,9 @@ _CLUSTER_ONLY_OPTIONS = frozenset(
 
 @final
 class Session:
-    """A pub/sub connection and a command connection to the namespace's server.
-
-    On a cluster both are on the master owning the namespace's slot, found
-    from the seed nodes at :meth:`open`, and announcements come by sharded
-    pub/sub. Neither connection retries: a lost connection, a ``MOVED``, or
-    a ``sunsubscribe`` the session did not ask for (the slot moved) raises,
-    and the stream takes a new session.
-    """
+    """A pub/sub connection and a command connection to the namespace's server
+    (on a cluster: to the master owning its slot). Neither retries: a lost
+    connection, a ``MOVED`` or an unasked ``sunsubscribe`` raises."""
 
     def __init__(self, target: Target, settings: DiscoverySettings) -> None:
         self.target = target

@@ -1,9 +1,5 @@
-"""The constructor arguments: their checks, and the frozen records that hold them.
-
-Each object wool may ship to another process (the discovery, the publisher,
-the subscribers) holds one record of what it was made of; pickling,
-equality, the pool key and the objects built from it read that record.
-"""
+"""The constructor arguments: their checks, and the frozen records that hold
+them (what pickling, equality and the pool key read)."""
 
 from __future__ import annotations
 

@@ -40,16 +40,9 @@ logger = logging.getLogger("wool_pooling.redis")
 
 
 class RedisStream:
-    """The raw subscription: connect, snapshot, yield, mark the listing, follow.
-
-    The first session subscribes, takes the snapshot and yields it (the
-    first listing); each announcement in version order follows, with a reap
-    every ``reap_interval``. A lost connection, a gap, another epoch or an
-    announcement that does not parse ends the session with an error, and
-    the restart engine (``RestartingSource``, under the ``reconnect``
-    policy) starts the next one, which yields the difference
-    between what was yielded and its snapshot (docs/redis.rst,
-    *Reconnects*).
+    """The raw subscription: connect, snapshot, yield, mark the listing,
+    follow; each later session is started by the restart engine under the
+    ``reconnect`` policy (docs/redis.rst, *Reconnects*).
 
     :raises RedisDiscoveryError: if the first session fails, and once the
         policy allows no more reconnects.
