@@ -482,11 +482,10 @@ def open_client(
             arguments["connection_class"] = _GivenContextSSLConnection
         return Connection(aioredis.Redis.from_pool(ConnectionPool(**arguments)))
     seed = parse_redis_url(node_url(target.url, address(*target.hosts[0])))
-    password = seed.get("password")
-    if target.username is not None:
-        options["username"] = target.username
-    if password is not None:
-        options["password"] = password
+    credentials = {
+        key: value for key, value in seed.items() if key in ("username", "password")
+    }
+    options.update(credentials)
     if target.scheme.startswith("rediss"):
         options["ssl"] = True
     sentinel_options = options.pop("sentinel_kwargs", None)
@@ -495,10 +494,7 @@ def open_client(
             name: value for name, value in options.items() if name.startswith("socket_")
         }
         # The url names the sentinels: its credentials are theirs too.
-        if target.username is not None:
-            sentinel_options["username"] = target.username
-        if password is not None:
-            sentinel_options["password"] = password
+        sentinel_options.update(credentials)
         if not named:
             sentinel_options.update(_no_client_commands())
     # One attempt per sentinel: the next sentinel is the retry (redis-py's
