@@ -276,14 +276,14 @@ def test_a_redis_subscriber_pickles_with_every_setting(
     settings = _subscriber_settings(copy)
     assert settings == _subscriber_settings(subscriber)
     assert (settings.url, settings.namespace) == (url, namespace)
-    assert settings.options.key_prefix == kept["key_prefix"]
-    assert settings.options.client_options == kept["client_options"]
-    assert settings.options.connect_timeout == kept["connect_timeout"]
-    assert settings.options.reap_interval == kept["reap_interval"]
-    assert settings.options.reconnect == kept["reconnect"]
-    assert settings.options.settle == kept["lease"]
-    assert settings.options.liveness_timeout == kept["liveness_timeout"]
-    assert settings.options.name_connections == kept["name_connections"]
+    assert settings.key_prefix == kept["key_prefix"]
+    assert settings.client_options == kept["client_options"]
+    assert settings.connect_timeout == kept["connect_timeout"]
+    assert settings.reap_interval == kept["reap_interval"]
+    assert settings.reconnect == kept["reconnect"]
+    assert settings.lease == kept["lease"]
+    assert settings.liveness_timeout == kept["liveness_timeout"]
+    assert settings.name_connections == kept["name_connections"]
 
     filtered = discovery.subscribe(accept_every_worker)
     assert isinstance(filtered, afilter)

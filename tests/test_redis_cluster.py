@@ -348,9 +348,9 @@ def test_cluster_urls_are_parsed_redacted_and_keyed_by_their_seeds() -> None:
     for url, message in [
         ("redis+cluster://127.0.0.1:7000/1", "database 0 only"),
         ("redis+cluster://127.0.0.1:7000?db=2", "database 0 only"),
-        ("redis+cluster://127.0.0.1:7000?socket_timeout=soon", "invalid option"),
+        ("redis+cluster://127.0.0.1:7000?socket_timeout=soon", "socket_timeout"),
         ("redis+cluster://", "needs a host"),
-        ("redis+cluster://127.0.0.1:99999", "invalid port"),
+        ("redis+cluster://127.0.0.1:99999", "[Pp]ort"),
     ]:
         with pytest.raises(ValueError, match=message):
             RedisDiscovery(url, "ns")

@@ -52,6 +52,8 @@ ROOT = Path(__file__).resolve().parent.parent
         ("redis://:6379/0", ValueError),
         ("redis://127.0.0.1:notaport/0", ValueError),
         ("redis://127.0.0.1:6379/zero", ValueError),
+        ("redis://127.0.0.1:6379/0?socket_timeout=soon", ValueError),
+        ("unix:///tmp/redis.sock?db=first", ValueError),
         ("unix://relative.sock", ValueError),
         ("redis+sentinel://127.0.0.1:26379", ValueError),
         (6379, TypeError),
@@ -59,8 +61,9 @@ ROOT = Path(__file__).resolve().parent.parent
     ],
 )
 def test_a_malformed_url_is_refused_at_construction(url: object, error: type) -> None:
-    """The url's scheme, host (or socket path, or Sentinel service), port and
-    database are checked by the constructors, never first by ``repr``."""
+    """The url's scheme, host (or socket path, or Sentinel service), port,
+    database and query options are checked by the constructors, never first
+    by ``repr`` or at the first connection."""
     with pytest.raises(error, match="url"):
         RedisDiscovery(url, "ns")  # type: ignore[arg-type]
     with pytest.raises(error, match="url"):

@@ -11,6 +11,7 @@ import socket
 import ssl
 import urllib.parse
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 from typing import Any
 
 import attrs
@@ -30,13 +31,21 @@ from redis.backoff import NoBackoff
 
 from ._client_keywords import check_client_option_names
 
+if TYPE_CHECKING:
+    from ._settings import PublisherSettings
+
 #: What Redis appends to an error raised in a script.
 _SCRIPT_SUFFIX = re.compile(r"\s*script: [0-9a-f]+, on @user_script:\d+\.?$")
 
-_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
-
-#: Redis Cluster: seed nodes; commands through redis-py's ``RedisCluster``.
-_CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+_SCHEMES = (
+    "redis",
+    "rediss",
+    "unix",
+    "redis+sentinel",
+    "rediss+sentinel",
+    "redis+cluster",
+    "rediss+cluster",
+)
 
 #: ``client_options`` the discovery sets itself: each connection must name
 #: itself, read bytes, and end (not silently reconnect) when it is lost.
@@ -110,32 +119,6 @@ def _resolved(host: str) -> str:
     return addresses[0][1] if addresses else host.lower()
 
 
-def _port(text: str, url: str, default: int) -> int:
-    if not text:
-        return default
-    if not text.isdigit() or not 0 < int(text) < 65536:
-        raise ValueError(f"invalid port {text!r} in Redis url {redact(url)!r}")
-    return int(text)
-
-
-def _split_host(text: str, url: str, default_port: int) -> tuple[str, int]:
-    if text.startswith("["):
-        host, bracket, rest = text[1:].partition("]")
-        if not bracket or (rest and not rest.startswith(":")):
-            raise ValueError(f"invalid host {text!r} in Redis url {redact(url)!r}")
-        return host, _port(rest[1:], url, default_port)
-    host, _, port = text.partition(":")
-    if not host or ":" in port:
-        raise ValueError(f"a Redis url needs a host, got {text!r} in {redact(url)!r}")
-    return host, _port(port, url, default_port)
-
-
-def _db(text: str, url: str) -> int:
-    if not text.isdigit():
-        raise ValueError(f"invalid database {text!r} in Redis url {redact(url)!r}")
-    return int(text)
-
-
 def parse_url(url: object) -> Target:
     """Check ``url`` and return what it names (the forms: docs/redis.rst, *Urls*).
 
@@ -144,90 +127,67 @@ def parse_url(url: object) -> Target:
     """
     if not isinstance(url, str):
         raise TypeError(f"a Redis url must be a str, got {type(url).__name__}")
-    scheme, sep, rest = url.partition("://")
-    if not sep or scheme.lower() not in (*_SCHEMES, *_CLUSTER_SCHEMES):
+    scheme, sep, _ = url.partition("://")
+    scheme = scheme.lower()
+    if not sep or scheme not in _SCHEMES:
         raise ValueError(
             f"a Redis url starts with redis://, rediss://, unix://, redis+sentinel://, "
             f"rediss+sentinel://, redis+cluster:// or rediss+cluster://, "
             f"got {redact(url)!r}"
         )
-    scheme = scheme.lower()
-    rest, _, query = rest.partition("?")
-    rest = rest.partition("#")[0]
-    userinfo, at, location = rest.rpartition("@")
-    if not at:
-        userinfo, location = "", rest
-    username = urllib.parse.unquote(userinfo.partition(":")[0]) or None
     try:
-        options = dict(urllib.parse.parse_qsl(query, keep_blank_values=True))
+        return _parse(url, scheme)
     except ValueError as error:
-        raise ValueError(f"invalid query in Redis url {redact(url)!r}") from error
-    db = 0
-    if "db" in options:
-        db = _db(options["db"], url)
+        raise ValueError(f"invalid Redis url {redact(url)!r}: {error}") from None
+
+
+def _parse(url: str, scheme: str) -> Target:
+    """What ``url`` names; each node's part is read by redis-py's ``parse_url``."""
     if scheme == "unix":
-        path = urllib.parse.unquote(location)
+        found = parse_redis_url(url)
+        path = found.get("path", "")
         if not path.startswith("/"):
-            raise ValueError(
-                f"a unix:// Redis url needs an absolute socket path "
-                f"(unix:///path/to/redis.sock), got {redact(url)!r}"
-            )
-        return Target(url, scheme, (), path, db, username, None)
-    netloc, slash, path = location.partition("/")
-    if scheme in _CLUSTER_SCHEMES:
-        return _parse_cluster_url(url, scheme, netloc, path, username, db)
+            raise ValueError("a unix:// url needs an absolute socket path")
+        db = found.get("db", 0)
+        return Target(url, scheme, (), path, db, found.get("username"), None)
+    location = url.partition("://")[2].partition("#")[0].partition("?")[0]
+    netloc, _, path = location.rpartition("@")[2].partition("/")
+    service = None
     if scheme.endswith("+sentinel"):
-        if query:
-            raise ValueError(
-                "a Sentinel url takes no query parameters (pass them in "
-                f"client_options), got {redact(url)!r}"
-            )
-        hosts = tuple(_split_host(part, url, 26379) for part in netloc.split(","))
-        service, _, db_text = path.partition("/")
+        if "?" in url:
+            raise ValueError("a Sentinel url takes no query (give client_options)")
+        service, _, path = path.partition("/")
         if not service:
             raise ValueError(
                 "a Sentinel url names the monitored master: "
-                "redis+sentinel://host:port[,host:port...]/service_name[/db], "
-                f"got {redact(url)!r}"
+                "redis+sentinel://host:port[,host:port...]/service_name[/db]"
             )
-        db = _db(db_text, url) if db_text else 0
-        return Target(url, scheme, hosts, None, db, username, service)
-    host = _split_host(netloc, url, 6379)
-    if slash and path and "db" not in options:
-        db = _db(path, url)
-    return Target(url, scheme, (host,), None, db, username, None)
+    if path and not path.isdigit():
+        raise ValueError(f"invalid database {path!r}")
+    default = 6379 if service is None else 26379
+    nodes = [parse_redis_url(node_url(url, node, path)) for node in netloc.split(",")]
+    hosts = tuple((node.get("host", ""), node.get("port", default)) for node in nodes)
+    if not all(host for host, _ in hosts):
+        raise ValueError(f"a Redis url needs a host, got {netloc!r}")
+    db, username = nodes[0].get("db", 0), nodes[0].get("username")
+    if scheme.endswith("+cluster") and db:
+        raise ValueError(f"a Redis Cluster has database 0 only, got {db}")
+    return Target(url, scheme, hosts, None, db, username, service)
 
 
-def _parse_cluster_url(
-    url: str, scheme: str, netloc: str, path: str, username: str | None, db: int
-) -> Target:
-    """A ``redis+cluster://`` url: seed nodes, database 0, redis-py's options."""
-    if path and not db:
-        db = _db(path, url)
-    if db:
-        raise ValueError(
-            f"a Redis Cluster has database 0 only, got {db} in {redact(url)!r}"
-        )
-    hosts = tuple(_split_host(part, url, 6379) for part in netloc.split(","))
-    try:
-        parse_redis_url(node_url(url, hosts[0]))
-    except ValueError as error:
-        raise ValueError(
-            f"invalid option in Redis url {redact(url)!r}: {error}"
-        ) from None
-    return Target(url, scheme, hosts, None, 0, username, None)
+def address(host: str, port: int) -> str:
+    """``host:port``, an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def node_url(url: str, node: tuple[str, int]) -> str:
-    """The ``redis://`` url of one node of the cluster ``url`` names."""
+def node_url(url: str, node: str, db: str = "0") -> str:
+    """The ``redis://`` (or ``rediss://``) url of one ``host:port`` the url
+    ``url`` names, with its user, password and query."""
     scheme, _, rest = url.partition("://")
     rest, qmark, query = rest.partition("#")[0].partition("?")
     userinfo, at, _ = rest.rpartition("@")
-    host, port = node
-    if ":" in host:
-        host = f"[{host}]"
     plain = scheme.lower().partition("+")[0]
-    return f"{plain}://{userinfo}{at}{host}:{port}/0{qmark}{query}"
+    return f"{plain}://{userinfo}{at}{node}/{db}{qmark}{query}"
 
 
 def _without_passwords(query: str) -> str:
@@ -470,21 +430,16 @@ def _retry(timeout: float, retries: int) -> Retry:
 def open_client(
     target: Target,
     role: str,
-    namespace: str,
-    timeout: float,
+    settings: PublisherSettings,
     *,
     retries: int,
-    client_options: Mapping[str, Any],
-    named: bool = True,
+    client_options: Mapping[str, Any] | None = None,
 ) -> Connection:
-    """A client for ``target`` whose connections name themselves (with
-    ``named=False``: send no ``CLIENT`` command at all).
-
-    The url's parts win over ``client_options``, which win over the
-    defaults (docs/redis.rst, *Options and their precedence*). A cluster's
-    client fails only the commands of a slot no reachable master holds
-    (``require_full_coverage=False`` by default).
-    """
+    """A client for ``target`` with the namespace, timeout, naming and client
+    options of ``settings`` (``client_options`` in place of its own if given);
+    the url wins over them, they over the defaults (docs/redis.rst, *Options
+    and their precedence*)."""
+    timeout, named = settings.connect_timeout, settings.name_connections
     options: dict[str, Any] = {
         "socket_connect_timeout": timeout,
         "socket_timeout": timeout,
@@ -493,7 +448,9 @@ def open_client(
         options["socket_keepalive"] = True
     if target.cluster:
         options["require_full_coverage"] = False
-    options.update(client_options)
+    options.update(
+        settings.client_options if client_options is None else client_options
+    )
     given = options.pop("ssl_context", None)
     if given is not None:
         options["given_ssl_context"] = given
@@ -503,7 +460,7 @@ def open_client(
             else _GivenContextSSLConnection
         )
     options.update(
-        client_name=client_name(role, namespace) if named else None,
+        client_name=client_name(role, settings.namespace) if named else None,
         retry=_retry(timeout, retries),
         retry_on_error=[redis_errors.ConnectionError, redis_errors.TimeoutError],
     )
@@ -511,7 +468,7 @@ def open_client(
         options.update(_no_client_commands())
     if target.cluster:
         # The seeds' user, password and query options, from the url.
-        options.update(parse_redis_url(node_url(target.url, target.hosts[0])))
+        options.update(parse_redis_url(node_url(target.url, address(*target.hosts[0]))))
         for name in ("host", "port", "db"):
             options.pop(name, None)
         if options.pop("connection_class", None) is SSLConnection:
@@ -519,21 +476,16 @@ def open_client(
         nodes = [ClusterNode(host, port) for host, port in target.hosts]
         return Connection(RedisCluster(startup_nodes=nodes, **options))
     if not target.sentinel:
-        if given is None:
-            return Connection(
-                aioredis.Redis.from_url(target.url, **options)  # pyright: ignore[reportUnknownMemberType]
-            )
-        # from_url would let the url's scheme pick the connection class.
+        # The url wins over the options; a given context's class over the url's.
         arguments: dict[str, Any] = {**options, **parse_redis_url(target.url)}
-        arguments["connection_class"] = _GivenContextSSLConnection
-        pool = ConnectionPool(**arguments)
-        return Connection(aioredis.Redis.from_pool(pool))
-    userinfo = target.url.partition("://")[2].rpartition("@")[0]
-    password = urllib.parse.unquote(userinfo.partition(":")[2]) or None
-    if target.username is not None:
-        options["username"] = target.username
-    if password is not None:
-        options["password"] = password
+        if given is not None:
+            arguments["connection_class"] = _GivenContextSSLConnection
+        return Connection(aioredis.Redis.from_pool(ConnectionPool(**arguments)))
+    seed = parse_redis_url(node_url(target.url, address(*target.hosts[0])))
+    credentials = {
+        key: value for key, value in seed.items() if key in ("username", "password")
+    }
+    options.update(credentials)
     if target.scheme.startswith("rediss"):
         options["ssl"] = True
     sentinel_options = options.pop("sentinel_kwargs", None)
@@ -542,10 +494,7 @@ def open_client(
             name: value for name, value in options.items() if name.startswith("socket_")
         }
         # The url names the sentinels: its credentials are theirs too.
-        if target.username is not None:
-            sentinel_options["username"] = target.username
-        if password is not None:
-            sentinel_options["password"] = password
+        sentinel_options.update(credentials)
         if not named:
             sentinel_options.update(_no_client_commands())
     # One attempt per sentinel: the next sentinel is the retry (redis-py's

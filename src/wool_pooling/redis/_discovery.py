@@ -140,8 +140,6 @@ class RedisDiscovery:
             liveness_timeout=liveness_timeout,
             name_connections=name_connections,
         )
-        self._subscriber = self._settings.subscriber()
-        self._target = target
 
     url: str = argument("url")
     namespace: str = argument("namespace")
@@ -162,7 +160,7 @@ class RedisDiscovery:
     @functools.cached_property
     def _key(self) -> Hashable:
         """The pool's key, resolved (DNS) when first needed."""
-        return self._subscriber.key()
+        return self._settings.key()
 
     @functools.cached_property
     def _counters(self) -> Counters:
@@ -191,11 +189,11 @@ class RedisDiscovery:
         subscriber given other options than a live one of its key warns
         (:exc:`RuntimeWarning`).
         """
-        settings = self._subscriber
+        settings = self._settings
         self._counters  # noqa: B018  (held from the first subscriber on)
         if self.shared:
             stream: Any = SharedRedisStream(settings)
-            note_options(self._key, stream, settings.options)
+            note_options(self._key, stream, settings.options())
         else:
             stream = RedisStream(settings)
         if filter is None:

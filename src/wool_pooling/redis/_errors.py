@@ -88,16 +88,17 @@ async def watched(awaitable: Awaitable[T]) -> T:
 
 
 @contextlib.contextmanager
-def within(seconds: float, message: str) -> Generator[None]:
+def within(seconds: float, message: str = "") -> Generator[None]:
     """Cut the block short after ``seconds`` with a :exc:`TimeoutError` of
-    ``message`` (redis-py's own timeouts pass as they are)."""
+    ``message`` (by default: no answer within ``seconds``); redis-py's own
+    timeouts pass as they are."""
     try:
         with anyio.fail_after(max(seconds, MIN_WAIT)):
             yield
     except TimeoutError as error:
         if str(error):
             raise
-        raise TimeoutError(message) from None
+        raise TimeoutError(message or f"no answer within {seconds:g}s") from None
 
 
 #: How a server that refuses ``CLIENT SETNAME`` says so: an ACL's ``NOPERM

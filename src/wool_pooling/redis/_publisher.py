@@ -181,16 +181,9 @@ class RedisPublisher:
         connection: Connection | None = None
         try:
             connection = open_client(
-                self._target,
-                "publisher",
-                self.namespace,
-                self.connect_timeout,
-                retries=3,
-                client_options=self.client_options,
-                named=self.name_connections,
+                self._target, "publisher", self._settings, retries=3
             )
-            timeout = self.connect_timeout
-            with within(timeout, f"no answer within {timeout:g}s"):
+            with within(self.connect_timeout):
                 await connection.client.ping()
         except Exception as error:
             if connection is not None:

@@ -13,6 +13,7 @@ import redis.exceptions as redis_errors
 
 from ._connection import Connection
 from ._connection import Target
+from ._connection import address
 from ._connection import node_url
 from ._connection import open_client
 from ._connection import parse_url
@@ -22,7 +23,7 @@ from ._scripts import SNAPSHOT
 from ._scripts import Keys
 from ._scripts import idle_expiry_ms
 from ._scripts import sharded
-from ._settings import SubscriberOptions
+from ._settings import DiscoverySettings
 from ._state import Resync
 
 #: ``RedisCluster`` options that a single node's client does not take.
@@ -42,22 +43,14 @@ _CLUSTER_ONLY_OPTIONS = frozenset(
 
 @final
 class Session:
-    """A pub/sub connection and a command connection to the namespace's server.
+    """A pub/sub connection and a command connection to the namespace's server
+    (on a cluster: to the master owning its slot). Neither retries: a lost
+    connection, a ``MOVED`` or an unasked ``sunsubscribe`` raises."""
 
-    On a cluster both are on the master owning the namespace's slot, found
-    from the seed nodes at :meth:`open`, and announcements come by sharded
-    pub/sub. Neither connection retries: a lost connection, a ``MOVED``, or
-    a ``sunsubscribe`` the session did not ask for (the slot moved) raises,
-    and the stream takes a new session.
-    """
-
-    def __init__(
-        self, target: Target, namespace: str, options: SubscriberOptions
-    ) -> None:
+    def __init__(self, target: Target, settings: DiscoverySettings) -> None:
         self.target = target
-        self.namespace = namespace
-        self.options = options
-        self.keys = Keys.of(namespace, target.db, options.key_prefix)
+        self.settings = settings
+        self.keys = Keys.of(settings.namespace, target.db, settings.key_prefix)
         #: What :meth:`open` is doing, for error messages.
         self.stage = "connecting"
         self.node = "the cluster"
@@ -66,25 +59,17 @@ class Session:
         self.scripts: dict[str, Any] = {}
 
     def _client(
-        self, target: Target, role: str, client_options: Mapping[str, Any]
+        self, target: Target, role: str, options: Mapping[str, Any] | None = None
     ) -> Connection:
         connection = open_client(
-            target,
-            role,
-            self.namespace,
-            self.options.connect_timeout,
-            retries=0,
-            client_options=client_options,
-            named=self.options.name_connections,
+            target, role, self.settings, retries=0, client_options=options
         )
         self.opened.append(connection)
         return connection
 
     async def _owner(self) -> Target:
         """The master owning the namespace's slot, as the cluster says now."""
-        layout = self._client(
-            self.target, "subscriber-cmd", self.options.client_options
-        )
+        layout = self._client(self.target, "subscriber-cmd")
         self.stage = "reading the cluster's layout"
         try:
             await watched(layout.client.initialize())
@@ -95,9 +80,8 @@ class Session:
             raise redis_errors.ConnectionError(str(error)) from error
         self.opened.remove(layout)
         await layout.aclose()
-        host, port = str(node.host), int(node.port)
-        self.node = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        return parse_url(node_url(self.target.url, (host, port)))
+        self.node = address(str(node.host), int(node.port))
+        return parse_url(node_url(self.target.url, self.node))
 
     async def open(self) -> tuple[int, bytes, list[bytes]]:
         """Subscribe, wait for the server's confirmation, then take the
@@ -106,7 +90,7 @@ class Session:
         Subscribing first is what makes the snapshot and the announcements
         after it meet with no gap.
         """
-        target, options = self.target, self.options.client_options
+        target, options = self.target, self.settings.client_options
         cluster = target.cluster
         if cluster:
             target = await self._owner()
@@ -135,7 +119,7 @@ class Session:
         return int(version), cast(bytes, epoch), cast(list[bytes], flat)
 
     async def _run(self, script: str) -> Any:
-        keep = idle_expiry_ms(self.options.settle, self.options.reap_interval)
+        keep = idle_expiry_ms(self.settings.lease, self.settings.reap_interval)
         args = [self.keys.channel, uuid.uuid4().hex, keep]
         return await watched(self.scripts[script](keys=self.keys.keys, args=args))
 

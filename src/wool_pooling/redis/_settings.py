@@ -1,9 +1,5 @@
-"""The constructor arguments: their checks, and the frozen records that hold them.
-
-Each object wool may ship to another process (the discovery, the publisher,
-the subscribers) holds one record of what it was made of; pickling,
-equality, the pool key and the objects built from it read that record.
-"""
+"""The constructor arguments: their checks, and the frozen records that hold
+them (what pickling, equality and the pool key read)."""
 
 from __future__ import annotations
 
@@ -101,40 +97,6 @@ def check_flag(name: str, value: object) -> bool:
 
 
 @attrs.frozen
-class SubscriberOptions:
-    """The subscriber's settings (picklable if ``client_options`` are)."""
-
-    connect_timeout: float
-    reap_interval: float
-    reconnect: RestartPolicy
-    #: After the server lost its data: seconds to wait for publishers to add
-    #: their workers again before dropping the ones they do not.
-    settle: float
-    key_prefix: str
-    client_options: Mapping[str, Any] = attrs.field(hash=False)
-    liveness_timeout: float
-    name_connections: bool
-
-
-@attrs.frozen
-class SubscriberSettings:
-    """What a subscriber is made of: its url, namespace and options.
-
-    Equal records make equal subscribers; :meth:`key` is what the process's
-    subscriptions are shared by.
-    """
-
-    url: str
-    namespace: str
-    options: SubscriberOptions
-
-    def key(self) -> Hashable:
-        """The normalised connection (resolving host names), key prefix and
-        namespace."""
-        return (parse_url(self.url).key, self.options.key_prefix, self.namespace)
-
-
-@attrs.frozen
 class PublisherSettings:
     """The arguments of :class:`RedisPublisher`, checked, one field each."""
 
@@ -153,7 +115,8 @@ class PublisherSettings:
 @attrs.frozen
 class DiscoverySettings(PublisherSettings):
     """The arguments of :class:`RedisDiscovery`, checked, one field each
-    (``reap_interval`` resolved: ``lease / 4`` when not given)."""
+    (``reap_interval`` resolved: ``lease / 4`` when not given); what its
+    subscribers are made of, and equal for equal subscribers."""
 
     reap_interval: float
     reconnect: RestartPolicy
@@ -165,21 +128,21 @@ class DiscoverySettings(PublisherSettings):
         names = (field.name for field in attrs.fields(PublisherSettings))
         return PublisherSettings(**{name: getattr(self, name) for name in names})
 
-    def subscriber(self) -> SubscriberSettings:
-        """The subscriber's settings (``settle``: the lease)."""
-        return SubscriberSettings(
-            self.url,
-            self.namespace,
-            SubscriberOptions(
-                connect_timeout=self.connect_timeout,
-                reap_interval=self.reap_interval,
-                reconnect=self.reconnect,
-                settle=self.lease,
-                key_prefix=self.key_prefix,
-                client_options=self.client_options,
-                liveness_timeout=self.liveness_timeout,
-                name_connections=self.name_connections,
-            ),
+    def key(self) -> Hashable:
+        """What subscriptions are shared by: the normalised connection
+        (resolving host names), key prefix and namespace."""
+        return (parse_url(self.url).key, self.key_prefix, self.namespace)
+
+    def options(self) -> tuple[object, ...]:
+        """What a shared subscription runs with, beyond its key."""
+        return (
+            self.connect_timeout,
+            self.reap_interval,
+            self.reconnect,
+            self.lease,
+            self.client_options,
+            self.liveness_timeout,
+            self.name_connections,
         )
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from typing import cast
 from typing import final
+from typing import get_args
 
 from wool import DiscoveryEvent
 from wool import DiscoveryEventType
@@ -14,11 +16,7 @@ from wool import protocol
 
 from .._wool.workers import WorkerMap
 
-_TYPES: dict[str, DiscoveryEventType] = {
-    "worker-added": "worker-added",
-    "worker-updated": "worker-updated",
-    "worker-dropped": "worker-dropped",
-}
+_TYPES: tuple[str, ...] = get_args(DiscoveryEventType)
 
 
 class Resync(Exception):
@@ -46,7 +44,7 @@ def decode(uid: bytes, payload: bytes) -> WorkerMetadata:
 class SubscriptionState:
     """The workers a subscription has yielded, and where its sequence stands.
 
-    Memory held: one metadata and one payload per known worker, and the
+    Memory held: one metadata per known worker, and the
     invalid records of the last snapshot (each warned about once).
     """
 
@@ -57,9 +55,6 @@ class SubscriptionState:
         self._invalid = invalid
         #: The workers yielded: the events passed on are what changes them.
         self.workers = WorkerMap()
-        #: Each known worker's record as announced: an announcement of the
-        #: same bytes changes nothing, and is not decoded into a comparison.
-        self.payloads: dict[uuid.UUID, bytes] = {}
         self.held: set[uuid.UUID] = set()
         self.settle_until = 0.0
         self.epoch: bytes | None = None
@@ -79,7 +74,6 @@ class SubscriptionState:
         lost = self.epoch is not None and epoch != self.epoch
         self.epoch, self.version = epoch, version
         current: dict[uuid.UUID, WorkerMetadata] = {}
-        payloads: dict[uuid.UUID, bytes] = {}
         invalid: set[tuple[bytes, bytes]] = set()
         for index in range(0, len(flat) - 1, 2):
             uid, payload = flat[index], flat[index + 1]
@@ -91,16 +85,14 @@ class SubscriptionState:
                     self._invalid(uid, error)
                 continue
             current[metadata.uid] = metadata
-            payloads[metadata.uid] = payload
         self._invalid_records = invalid
         missing = [uid for uid in self.workers.workers if uid not in current]
         if lost:  # held: not dropped before the settle time
             for uid in missing:
                 current[uid] = self.workers.workers[uid]
-                payloads[uid] = self.payloads[uid]
         target = WorkerMap(current)
         events = list(self.workers.diff(target))
-        self.workers, self.payloads = target, payloads
+        self.workers = target
         self.held = set(missing) if lost else set()
         self.settle_until = now + self.settle_seconds
         return events, lost
@@ -111,12 +103,11 @@ class SubscriptionState:
         :raises Resync: on a gap, another epoch, or an announcement that does
             not parse (reported through ``invalid``).
         """
-        if not isinstance(data, bytes):
-            self._invalid(b"?", _malformed())
-            raise Resync("an announcement did not parse")
-        parts = data.split(b" ", 4)
+        raw = data if isinstance(data, bytes) else b"?"
+        parts = raw.split(b" ", 4)
         if len(parts) != 5 or not parts[0].isdigit():
-            self._invalid(data[:60], _malformed())
+            malformed = "not '<version> <epoch> <type> <uid> <metadata>'"
+            self._invalid(raw[:60], ValueError(malformed))
             raise Resync("an announcement did not parse")
         number, epoch, kind, uid, payload = parts
         version = int(number)
@@ -138,10 +129,12 @@ class SubscriptionState:
                 raise ValueError(f"unknown event type {text!r}")
             metadata = decode(uid, payload)
         except Exception as error:
-            self._invalid(data[:60], error)
+            self._invalid(raw[:60], error)
             raise Resync("an announcement did not parse") from error
         self.version = version
-        return self._apply(_TYPES[text], metadata, payload)
+        self.held.discard(metadata.uid)
+        event = DiscoveryEvent(cast(DiscoveryEventType, text), metadata=metadata)
+        return self.workers.apply(event)  # never a second add, nor an unknown drop
 
     def settle(self) -> list[DiscoveryEvent]:
         """Drop the held workers that were not announced again."""
@@ -149,7 +142,6 @@ class SubscriptionState:
         for uid in self.held:
             event = self.workers.drop(uid)
             if event is not None:
-                del self.payloads[uid]
                 events.append(event)
         self.held.clear()
         return events
@@ -160,21 +152,3 @@ class SubscriptionState:
             raise Resync(
                 "the server's epoch changed (its data was flushed, evicted or lost)"
             )
-
-    def _apply(
-        self, kind: DiscoveryEventType, metadata: WorkerMetadata, payload: bytes
-    ) -> DiscoveryEvent | None:
-        """The event for consumers (never a second add, never an unknown drop)."""
-        uid = metadata.uid
-        self.held.discard(uid)
-        if kind == "worker-dropped":
-            self.payloads.pop(uid, None)
-        elif self.payloads.get(uid) == payload:
-            return None  # announced again as it stands
-        else:
-            self.payloads[uid] = payload
-        return self.workers.apply(DiscoveryEvent(kind, metadata=metadata))
-
-
-def _malformed() -> ValueError:
-    return ValueError("not '<version> <epoch> <type> <uid> <metadata>'")

@@ -30,8 +30,7 @@ from ._errors import failed
 from ._errors import require_asyncio
 from ._errors import within
 from ._session import Session
-from ._settings import SubscriberOptions
-from ._settings import SubscriberSettings
+from ._settings import DiscoverySettings
 from ._state import Gap
 from ._state import SubscriptionState
 from ._statistics import Counters
@@ -41,16 +40,9 @@ logger = logging.getLogger("wool_pooling.redis")
 
 
 class RedisStream:
-    """The raw subscription: connect, snapshot, yield, mark the listing, follow.
-
-    The first session subscribes, takes the snapshot and yields it (the
-    first listing); each announcement in version order follows, with a reap
-    every ``reap_interval``. A lost connection, a gap, another epoch or an
-    announcement that does not parse ends the session with an error, and
-    the restart engine (``RestartingSource``, under the ``reconnect``
-    policy) starts the next one, which yields the difference
-    between what was yielded and its snapshot (docs/redis.rst,
-    *Reconnects*).
+    """The raw subscription: connect, snapshot, yield, mark the listing,
+    follow; each later session is started by the restart engine under the
+    ``reconnect`` policy (docs/redis.rst, *Reconnects*).
 
     :raises RedisDiscoveryError: if the first session fails, and once the
         policy allows no more reconnects.
@@ -61,11 +53,10 @@ class RedisStream:
     #: see it).
     _marks_listing: bool = False
 
-    def __init__(self, settings: SubscriberSettings) -> None:
+    def __init__(self, settings: DiscoverySettings) -> None:
         self.settings = settings
         self.url = settings.url
         self.namespace = settings.namespace
-        self.options = settings.options
         self.target = parse_url(settings.url)
         #: The counts of the subscription's key, held while it lives.
         self.counted: Counters = counters(settings.key())
@@ -95,7 +86,7 @@ class RedisStream:
                 yield event
             if self._marks_listing:
                 yield cast(DiscoveryEvent, Synced())  # the first listing is complete
-            source = RestartingSource(sessions, self.options.reconnect)
+            source = RestartingSource(sessions, self.settings.reconnect)
             async for event in source:
                 yield event
         finally:
@@ -103,28 +94,6 @@ class RedisStream:
                 if source is not None:
                     await source.aclose()
                 await sessions.close()
-
-    async def open_session(
-        self, session: Session, state: SubscriptionState
-    ) -> tuple[int, bytes, list[bytes]]:
-        """Subscribe and snapshot.
-
-        :raises RedisDiscoveryError: for any failure of the first session.
-        """
-        timeout = self.options.connect_timeout
-        try:
-            with within(timeout, f"no answer within {timeout:g}s"):
-                return await session.open()
-        except Exception as error:
-            if state.connected_before:
-                raise
-            if isinstance(error, redis_errors.AuthenticationError):
-                action = "authenticating"
-            elif isinstance(error, redis_errors.ResponseError):
-                action = session.stage
-            else:
-                action = "connecting"
-            raise failed(self.url, action, error) from error
 
     async def follow(
         self, session: Session, state: SubscriptionState
@@ -135,12 +104,12 @@ class RedisStream:
             (a ``PING`` sent at half of it), time suspended at a ``yield``
             not counted (docs/redis.rst, *Dead connections*).
         """
-        options = self.options
+        settings = self.settings
         counted = self.counted
-        liveness = options.liveness_timeout
+        liveness = settings.liveness_timeout
         silent = f"within {liveness:g}s (liveness_timeout)"
         heard = time.monotonic()
-        next_reap = heard + options.reap_interval
+        next_reap = heard + settings.reap_interval
         pinged = False
         while True:
             now = time.monotonic()
@@ -155,7 +124,7 @@ class RedisStream:
             if now >= next_reap:
                 with within(deadline - now, f"no answer to a reap {silent}"):
                     state.reaped(await session.reap())
-                next_reap = time.monotonic() + options.reap_interval
+                next_reap = time.monotonic() + settings.reap_interval
                 continue
             if not pinged and now >= heard + liveness / 2:
                 with within(deadline - now, f"no answer to a PING {silent}"):
@@ -182,18 +151,6 @@ class RedisStream:
                 yield event
                 heard = max(heard, time.monotonic())
 
-    def reconnected(self, lost: bool) -> None:
-        self.counted.reconnects += 1
-        logger.warning(
-            "reconnected to %s (namespace %s): resynchronising%s",
-            redact(self.url),
-            self.namespace,
-            f" (the server lost its data: waiting {self.options.settle:.1f}s "
-            "for publishers to renew their workers)"
-            if lost
-            else "",
-        )
-
     def invalid(self, what: bytes, error: BaseException) -> None:
         self.counted.invalid_records += 1
         logger.warning(
@@ -217,7 +174,7 @@ class _Sessions:
 
     def __init__(self, stream: RedisStream) -> None:
         self.stream = stream
-        self.state = SubscriptionState(stream.options.settle, stream.invalid)
+        self.state = SubscriptionState(stream.settings.lease, stream.invalid)
         self.session: Session | None = None
 
     async def connect(self) -> list[DiscoveryEvent]:
@@ -226,20 +183,36 @@ class _Sessions:
         :raises RedisDiscoveryError: if this is the first session and it fails.
         """
         stream, state = self.stream, self.state
-        counted = stream.counted
         reconnecting = state.connected_before
-        session = self.session = Session(
-            stream.target,
-            stream.namespace,
-            stream.options,
-        )
-        counted.connections += 2
-        snapshot = await stream.open_session(session, state)
+        session = self.session = Session(stream.target, stream.settings)
+        stream.counted.connections += 2
+        try:
+            with within(stream.settings.connect_timeout):
+                snapshot = await session.open()
+        except Exception as error:
+            if reconnecting:
+                raise
+            if isinstance(error, redis_errors.AuthenticationError):
+                action = "authenticating"
+            elif isinstance(error, redis_errors.ResponseError):
+                action = session.stage
+            else:
+                action = "connecting"
+            raise failed(stream.url, action, error) from error
         events, lost = state.snapshot(*snapshot, now=time.monotonic())
-        counted.snapshots += 1
-        counted.epoch_changes += lost
+        stream.counted.snapshots += 1
+        stream.counted.epoch_changes += lost
         if reconnecting:
-            stream.reconnected(lost)
+            stream.counted.reconnects += 1
+            logger.warning(
+                "reconnected to %s (namespace %s): resynchronising%s",
+                redact(stream.url),
+                stream.namespace,
+                f" (the server lost its data: waiting {stream.settings.lease:.1f}s "
+                "for publishers to renew their workers)"
+                if lost
+                else "",
+            )
         return events
 
     def __aiter__(self) -> AsyncIterator[Any]:
@@ -284,7 +257,7 @@ class _Sessions:
         return repr(self.stream)
 
 
-def _subscriber_key(cls: type, settings: SubscriberSettings) -> Hashable:
+def _subscriber_key(cls: type, settings: DiscoverySettings) -> Hashable:
     """Subscriptions are shared by normalised connection, prefix and namespace."""
     return settings.key()
 
@@ -300,11 +273,11 @@ class SharedRedisStream(RedisStream):
 #: The options of the live shared subscribers, by key: a subscriber with
 #: other options than an earlier live one of its key is warned about. An
 #: entry goes with its subscriber, a key with its last one.
-_live: dict[Hashable, list[tuple[weakref.ref[Any], SubscriberOptions]]] = {}
+_live: dict[Hashable, list[tuple[weakref.ref[Any], tuple[object, ...]]]] = {}
 
 
 def note_options(
-    key: Hashable, subscription: object, options: SubscriberOptions
+    key: Hashable, subscription: object, options: tuple[object, ...]
 ) -> None:
     entries = _live.setdefault(key, [])
     if any(each != options for _, each in entries):
