@@ -33,8 +33,9 @@ from ._state import decode
 #: leases): records, leases, version, epoch, and its time in ms.
 _READ = """
 local t = redis.call('TIME')
-return {redis.call('HGETALL', KEYS[1]), redis.call('ZRANGE', KEYS[2], 0, -1,
-  'WITHSCORES'), redis.call('GET', KEYS[3]), redis.call('GET', KEYS[4]),
+return {redis.call('HGETALL', KEYS[1]),
+  redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '+inf', 'WITHSCORES'),
+  redis.call('GET', KEYS[3]), redis.call('GET', KEYS[4]),
   tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
 """
 
