@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import ast
 import asyncio
+import os
 import sys
 from typing import Any
 
@@ -136,7 +137,11 @@ async def _listing(args: argparse.Namespace, options: dict[str, Any]) -> list[st
             count = await client.pubsub_shardnumsub(keys.channel, target_nodes=node)
         else:
             count = await client.pubsub_numsub(keys.channel)
-    except (redis_errors.RedisError, *CONNECTION_ERRORS) as error:
+    except (
+        redis_errors.RedisError,
+        redis_errors.RedisClusterException,  # no seed node reachable
+        *CONNECTION_ERRORS,
+    ) as error:
         raise failed(args.url, f"listing {args.namespace}", error) from error
     finally:
         await connection.aclose()
@@ -199,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(asyncio.run(_listing(args, options))))
     except KeyboardInterrupt:
         return 0 if args.watch else 130
+    except BrokenPipeError:  # the reader left (``| head``): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except RedisDiscoveryError as error:
         print(f"{_PROG}: error: {' '.join(str(error).split())}", file=sys.stderr)
         return 1
