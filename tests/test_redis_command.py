@@ -160,6 +160,23 @@ async def test_an_acl_user_of_the_documented_rule_lists(
     await assert_lists_worker(url, f"cmd-{uuid.uuid4().hex[:8]}")
 
 
+async def test_a_key_prefix_lists_the_namespace_under_it(
+    redis_server: RedisServer,
+) -> None:
+    """``--key-prefix`` reads the keys a discovery of that ``key_prefix`` wrote."""
+    found = discovery(redis_server.url, key_prefix="fleet:")
+    async with found.publisher as publisher:
+        await publisher.publish("worker-added", fake_worker(3))
+        under = await listed(
+            redis_server.url, found.namespace, "--key-prefix", "fleet:"
+        )
+        default = await listed(redis_server.url, found.namespace)
+    assert (under["workers"], default["workers"]) == (
+        ["workers", "1"],
+        ["workers", "0"],
+    )
+
+
 # -- --watch --
 
 
@@ -233,6 +250,18 @@ def test_a_malformed_url_exits_2_with_one_line(watch: tuple[str, ...]) -> None:
     assert "a Redis url starts with redis://" in line
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("--timeout", "0"), "--timeout must be a finite number > 0"),
+        (("-o", "sockt_timeout=1"), "did you mean 'socket_timeout'?"),
+        (("-o", "ssl_ca_certs"), "a client option is NAME=VALUE"),
+    ],
+)
+def test_a_bad_option_exits_2_with_one_line(args: tuple[str, ...], said: str) -> None:
+    assert said in one_line(run("redis://127.0.0.1:6379/0", "ns", *args), 2)
+
+
 @pytest.mark.parametrize("watch", [(), ("--watch",)], ids=["list", "watch"])
 def test_a_wrong_password_exits_1_with_one_line_naming_auth(
     own_redis_server: Callable[..., RedisServer], watch: tuple[str, ...]
@@ -285,7 +314,7 @@ def test_help_describes_every_option() -> None:
         "--client-option",
     ):
         assert option in done.stdout
-    assert "Exit status" in done.stdout
+    assert "Exit status: 2 for a usage error" in " ".join(done.stdout.split())
 
 
 # -- TLS, Sentinel, Cluster --

@@ -1,10 +1,11 @@
-"""``python -m wool_pooling.redis URL NAMESPACE``: what a namespace holds.
+"""List a wool-pooling Redis namespace: its version and epoch, its live
+subscribers (connections subscribed to its announcements), its workers (uid,
+address, pid, version) with how long ago each lease was renewed and how long
+it has left; with --watch, follow its events through a RedisDiscovery.
 
-Lists its version and epoch, its live subscribers and its workers with
-their leases; ``--watch`` follows its events through a
-:class:`RedisDiscovery`. Exits 2 on a usage error or a bad url, 1 when the
-server cannot be reached or refuses, with one line on stderr. See
-docs/command.rst.
+Exit status: 2 for a usage error or a bad url, 1 when the server cannot be
+reached or refuses (a wrong password, an ACL), each with one line on stderr.
+See docs/command.rst.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ._errors import failed
 from ._scripts import DEFAULT_KEY_PREFIX
 from ._scripts import Keys
 from ._settings import check_namespace
+from ._settings import check_seconds
 from ._state import decode
 
 #: One atomic read on the node holding the namespace (whose clock set the
@@ -42,15 +44,9 @@ return {redis.call('HGETALL', KEYS[1]),
 
 _PROG = "python -m wool_pooling.redis"
 
-_DESCRIPTION = """List a wool-pooling Redis namespace: its version and epoch, its
-live subscribers (connections subscribed to its announcements), its workers
-(uid, address, pid, version) with how long ago each lease was renewed and how
-long it has left. Exit status: 2 for a usage error or a bad url, 1 when the
-server cannot be reached or refuses (a wrong password, an ACL)."""
-
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=_PROG, description=_DESCRIPTION)
+    parser = argparse.ArgumentParser(prog=_PROG, description=__doc__)
     parser.add_argument(
         "url",
         help="as RedisDiscovery takes: redis://, rediss://, "
@@ -192,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         check_namespace(args.namespace)
+        check_seconds("--timeout", args.timeout)
+        check_seconds("--lease", args.lease)
         options = dict(map(_option, args.client_option))
         check_client_options(options, parse_url(args.url))
     except (TypeError, ValueError) as error:
