@@ -19,7 +19,6 @@ from typing import Any
 
 import redis.exceptions as redis_errors
 
-from ._connection import check_client_options
 from ._connection import open_client
 from ._connection import parse_url
 from ._discovery import RedisDiscovery
@@ -28,7 +27,6 @@ from ._errors import RedisDiscoveryError
 from ._errors import failed
 from ._scripts import DEFAULT_KEY_PREFIX
 from ._scripts import Keys
-from ._settings import check_namespace
 from ._settings import check_seconds
 from ._state import decode
 
@@ -108,20 +106,20 @@ def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
     ]
 
 
-async def _listing(args: argparse.Namespace, options: dict[str, Any]) -> list[str]:
+async def _listing(discovery: RedisDiscovery, lease: float) -> list[str]:
     """The namespace's lines: version, epoch, subscribers, workers.
 
     :raises RedisDiscoveryError: if the server cannot be reached or refuses.
     """
-    target = parse_url(args.url)
-    keys = Keys.of(args.namespace, target.db, args.key_prefix)
+    target = parse_url(discovery.url)
+    keys = Keys.of(discovery.namespace, target.db, discovery.key_prefix)
     connection = open_client(
         target,
         "operator",
-        args.namespace,
-        args.timeout,
+        discovery.namespace,
+        discovery.connect_timeout,
         retries=0,
-        client_options=options,
+        client_options=discovery.client_options,
         named=False,
     )
     try:
@@ -138,7 +136,7 @@ async def _listing(args: argparse.Namespace, options: dict[str, Any]) -> list[st
         redis_errors.RedisClusterException,  # no seed node reachable
         *CONNECTION_ERRORS,
     ) as error:
-        raise failed(args.url, f"listing {args.namespace}", error) from error
+        raise failed(discovery.url, f"listing {discovery.namespace}", error) from error
     finally:
         await connection.aclose()
     expiries = dict(zip(leases[::2], leases[1::2], strict=True))
@@ -150,10 +148,10 @@ async def _listing(args: argparse.Namespace, options: dict[str, Any]) -> list[st
             cells = (worker.address, str(worker.pid), worker.version)
         except Exception:
             cells = ("(not a worker's record)", "-", "-")
-        age = f"{args.lease - left:.1f}s" if left <= args.lease else "?"
+        age = f"{lease - left:.1f}s" if left <= lease else "?"
         rows.append((uid.decode(), *cells, age, f"{left:.1f}s" if left > 0 else "-"))
     return [
-        f"namespace    {args.namespace}",
+        f"namespace    {discovery.namespace}",
         f"version      {int(version or 0)}",
         f"epoch        {epoch.decode() if epoch else '-'}",
         f"subscribers  {int(count[0][1])}",
@@ -167,16 +165,8 @@ async def _listing(args: argparse.Namespace, options: dict[str, Any]) -> list[st
     ]
 
 
-async def _watch(args: argparse.Namespace, options: dict[str, Any]) -> None:
+async def _watch(discovery: RedisDiscovery) -> None:
     """Print one line per event of the namespace's shared subscription."""
-    discovery = RedisDiscovery(
-        args.url,
-        args.namespace,
-        connect_timeout=args.timeout,
-        client_options=options,
-        key_prefix=args.key_prefix,
-        name_connections=False,
-    )
     async for event in discovery.subscriber:
         worker = event.metadata
         line = f"{worker.uid} {worker.address} {worker.pid} {worker.version}"
@@ -187,19 +177,24 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command on ``argv`` (default: ``sys.argv[1:]``); its exit status."""
     args = _parser().parse_args(argv)
     try:
-        check_namespace(args.namespace)
         check_seconds("--timeout", args.timeout)
         check_seconds("--lease", args.lease)
-        options = dict(map(_option, args.client_option))
-        check_client_options(options, parse_url(args.url))
+        discovery = RedisDiscovery(
+            args.url,
+            args.namespace,
+            connect_timeout=args.timeout,
+            client_options=dict(map(_option, args.client_option)),
+            key_prefix=args.key_prefix,
+            name_connections=False,
+        )
     except (TypeError, ValueError) as error:
         print(f"{_PROG}: error: {error}", file=sys.stderr)
         return 2
     try:
         if args.watch:
-            asyncio.run(_watch(args, options))
+            asyncio.run(_watch(discovery))
         else:
-            print("\n".join(asyncio.run(_listing(args, options))))
+            print("\n".join(asyncio.run(_listing(discovery, args.lease))))
     except KeyboardInterrupt:
         return 0 if args.watch else 130
     except BrokenPipeError:  # the reader left (``| head``): stop quietly
