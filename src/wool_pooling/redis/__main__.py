@@ -27,6 +27,7 @@ from ._errors import RedisDiscoveryError
 from ._errors import failed
 from ._scripts import DEFAULT_KEY_PREFIX
 from ._scripts import Keys
+from ._settings import PublisherSettings
 from ._settings import check_seconds
 from ._state import decode
 
@@ -113,15 +114,18 @@ async def _listing(discovery: RedisDiscovery, lease: float) -> list[str]:
     """
     target = parse_url(discovery.url)
     keys = Keys.of(discovery.namespace, target.db, discovery.key_prefix)
-    connection = open_client(
-        target,
-        "operator",
-        discovery.namespace,
-        discovery.connect_timeout,
-        retries=0,
+    settings = PublisherSettings(
+        url=discovery.url,
+        namespace=discovery.namespace,
+        bind_host=discovery.bind_host,
+        advertise_host=discovery.advertise_host,
+        lease=discovery.lease,
+        connect_timeout=discovery.connect_timeout,
         client_options=discovery.client_options,
-        named=False,
+        key_prefix=discovery.key_prefix,
+        name_connections=False,
     )
+    connection = open_client(target, "operator", settings, retries=0)
     try:
         client = connection.client
         read = client.register_script(_READ)
