@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
-import inspect
-import pickle
 import types
 import uuid
-import weakref
 from collections import deque
 from collections.abc import Hashable
 from collections.abc import Mapping
@@ -26,8 +22,6 @@ from .._core.fanout import Lagged
 from .construction import CONFIG_ATTRIBUTE
 from .construction import SubscriptionConfig
 from .construction import build_raw
-from .construction import named_arguments
-from .construction import short_repr
 from .pool import Entry
 from .pool import SubscriptionPool
 from .pool import attach
@@ -61,8 +55,8 @@ class SharedSubscription(Generic[T_co]):
     :class:`SubscriptionPool` share one raw instance and one iteration of it.
     Equality and hash follow (class, key). Pickles by calling the class again
     with the same arguments (plain ``pickle`` when the class is importable,
-    cloudpickle otherwise); a :exc:`TypeError` then names the class and the
-    argument at fault, and what to do. See :doc:`guarantees`.
+    cloudpickle otherwise); a :exc:`TypeError` then names the class, caused
+    by the pickler's own error. See :doc:`guarantees`.
     """
 
     __slots__ = ("__weakref__", "_args", "_checked", "_cls", "_key", "_kwargs")
@@ -74,9 +68,7 @@ class SharedSubscription(Generic[T_co]):
         self._key = key
         self._args = args
         self._kwargs = kwargs
-        # The picklers (cloudpickle: True, plain pickle: False) this
-        # subscription was checked to pickle with: checked once each.
-        self._checked: set[bool] = set()
+        self._checked = False  # whether cloudpickle was found to pickle it
 
     @property
     def cls(self) -> type:
@@ -172,19 +164,14 @@ class SharedSubscription(Generic[T_co]):
         return hash((self._cls, self._key))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        checked = self._checked
-        if len(checked) < 2:  # once checked with both, which one runs is moot
-            cloud = _pickling_with_cloudpickle()
-            if cloud not in checked:
-                _check_picklable(self._cls, self._args, self._kwargs, cloud)
-                checked.add(cloud)
-                if cloud and False not in checked:
-                    # Most subscriptions pickle with plain pickle too: checked
-                    # now, quietly, they skip the look at the stack above at
-                    # every later pickling (wool pickles one into every task).
-                    with contextlib.suppress(TypeError):
-                        _check_picklable(self._cls, self._args, self._kwargs, False)
-                        checked.add(False)
+        if not self._checked:  # pickled again and again by wool: checked once
+            try:
+                cloudpickle.dumps((self._cls, self._args, self._kwargs))  # pyright: ignore[reportUnknownMemberType]
+            except Exception as error:
+                raise TypeError(
+                    f"cannot pickle a {self._cls.__qualname__} subscription: {error}"
+                ) from error
+            self._checked = True
         return (_construct, (self._cls, self._args, self._kwargs))
 
     def __repr__(self) -> str:
@@ -192,105 +179,6 @@ class SharedSubscription(Generic[T_co]):
 
     def _build_raw(self) -> Any:
         return build_raw(self._cls, self._args, self._kwargs)
-
-
-# -- pickling errors that name the class and the argument --------------------
-
-# cloudpickle's Pickler.dump is Python code, on the stack while it pickles; if
-# a version makes it C, plain pickle cannot be told apart: assume cloudpickle.
-_CLOUDPICKLE_DUMP: object = getattr(
-    getattr(cloudpickle.Pickler, "dump", None), "__code__", None
-)
-_classes_pickled: dict[bool, weakref.WeakKeyDictionary[type, bool]] = {
-    True: weakref.WeakKeyDictionary(),
-    False: weakref.WeakKeyDictionary(),
-}
-
-
-def _pickling_with_cloudpickle() -> bool:
-    """Whether the pickler running now is cloudpickle's (else: plain pickle)."""
-    if _CLOUDPICKLE_DUMP is None:
-        return True
-    frame = inspect.currentframe()
-    while frame is not None:
-        if frame.f_code is _CLOUDPICKLE_DUMP:
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _dumps(value: object, cloud: bool) -> None:
-    if cloud:
-        cloudpickle.dumps(value)  # pyright: ignore[reportUnknownMemberType]
-    else:
-        pickle.dumps(value)
-
-
-def _cloudpickles(value: object) -> bool:
-    try:
-        _dumps(value, cloud=True)
-    except Exception:
-        return False
-    return True
-
-
-def _check_picklable(
-    cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], cloud: bool
-) -> None:
-    """Fail as pickling would, but naming the class, the argument and a remedy.
-
-    The arguments are pickled once more here, with the pickler in use
-    (``cloud``: cloudpickle's), so that their failure can be told from the
-    class's; a class's result is remembered, and a subscription's (see
-    :meth:`SharedSubscription.__reduce__`) too.
-    """
-    what = f"a {cls.__qualname__} subscription"
-    known = _classes_pickled[cloud]
-    if not known.get(cls, False):
-        try:
-            _dumps(cls, cloud)
-        except Exception as error:
-            if not cloud and _cloudpickles(cls):
-                raise TypeError(
-                    f"cannot pickle {what} with pickle: the class "
-                    f"{cls.__qualname__} cannot be imported by name ({error}); "
-                    "pickle it with cloudpickle (as wool does), or define the "
-                    "class at the top level of an importable module"
-                ) from error
-            raise TypeError(
-                f"cannot pickle {what}: the class {cls.__qualname__} is not "
-                "importable by name, so cloudpickle copies it by value, and "
-                f"its body holds something that does not pickle ({error}); "
-                "define the class in an importable module, or create that "
-                "object in __init__ (the raw instance is built where it is "
-                "iterated, and never pickled)"
-            ) from error
-        known[cls] = True
-    try:
-        _dumps((args, kwargs), cloud)
-    except Exception as error:
-        for name, value in named_arguments(cls, args, kwargs):
-            try:
-                _dumps(value, cloud)
-            except Exception as failure:
-                shown = f"{name}={short_repr(value)}"
-                if not cloud and _cloudpickles(value):
-                    raise TypeError(
-                        f"cannot pickle {what} with pickle: its argument "
-                        f"{shown} pickles only with cloudpickle ({failure}); "
-                        "pickle the subscription with cloudpickle (as wool "
-                        "does), or pass an object defined at the top level of "
-                        "an importable module"
-                    ) from failure
-                raise TypeError(
-                    f"cannot pickle {what}: its argument {shown} does not "
-                    f"pickle ({failure}); pass what it is made from (a name, "
-                    "an address) and build it in __init__, which runs in the "
-                    "process that iterates"
-                ) from failure
-        raise TypeError(
-            f"cannot pickle {what}: its constructor arguments do not pickle ({error})"
-        ) from error
 
 
 #: The view where no entry is live.
