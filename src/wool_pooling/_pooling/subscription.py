@@ -29,11 +29,6 @@ from .pool import current_pool
 from .pool import find_entry
 from .restart import RestartPolicy
 from .statistics import SubscriptionStatistics
-from .statistics import count_join
-from .statistics import count_lag
-from .statistics import count_leave
-from .statistics import count_resync
-from .statistics import snapshot
 from .view import View
 
 __all__ = ["SharedSubscription", "SubscriptionConsumer"]
@@ -149,7 +144,7 @@ class SharedSubscription(Generic[T_co]):
         entry = find_entry(pool or current_pool(), (self._cls, self._key))
         if entry is None:
             return SubscriptionStatistics()
-        return snapshot(entry.counters, entry.refs, entry.fanout, entry.source)
+        return entry.counters.snapshot(entry.refs, entry.source)
 
     def __aiter__(self) -> SubscriptionConsumer[T_co]:
         return SubscriptionConsumer(self)
@@ -306,7 +301,7 @@ class SubscriptionConsumer(Generic[T_co]):
         an end, this consumer's."""
         if isinstance(error, Lagged):
             assert self._entry is not None
-            count_lag(self._entry.counters, error.skipped)
+            self._entry.counters.skipped(error.skipped)
             if self._catch_up(consumer):
                 return await self.__anext__()
             raise error
@@ -385,7 +380,7 @@ class SubscriptionConsumer(Generic[T_co]):
         if catch_up is None:
             return False
         self._replay = deque(catch_up) or None
-        count_resync(entry.counters, consumer.skip_buffered())
+        entry.counters.skipped(consumer.skip_buffered(), resync=True)
         return True
 
     def _join(self) -> FanoutConsumer[Any]:
@@ -405,7 +400,7 @@ class SubscriptionConsumer(Generic[T_co]):
         # Registered and replayed in one step: no gap, no duplicate.
         consumer = self._consumer = entry.fanout.consumer(on_skip=seen)
         self._replay = deque(view.replay()) or None
-        count_join(entry.counters, consumer, self._replay is not None)
+        entry.counters.join(consumer, self._replay is not None)
         view.joined()
         return consumer
 
@@ -428,7 +423,8 @@ class SubscriptionConsumer(Generic[T_co]):
         self._replay = None
         if consumer is None:
             return
-        _count_leave(self._entry, consumer)
+        assert self._entry is not None
+        self._entry.counters.leave(consumer, self._entry.fanout)
         consumer.close()
         self._seen = None
         entry, self._entry = self._entry, None  # an ended consumer pins nothing
@@ -442,11 +438,11 @@ class SubscriptionConsumer(Generic[T_co]):
         # Dropping the fan-out consumer ends it (its own finaliser hands the
         # leave to the loop's thread if need be).
         self._consumer = None
-        _count_leave(self._entry, consumer)
-        del consumer
         entry = self._entry
-        if entry is not None:
-            entry.release_soon()
+        assert entry is not None
+        entry.counters.leave(consumer, entry.fanout)
+        del consumer
+        entry.release_soon()
 
     def __repr__(self) -> str:
         if self._ended:
@@ -456,12 +452,6 @@ class SubscriptionConsumer(Generic[T_co]):
         else:
             state = f"ACTIVE, replay: {len(self._replay or ())}"
         return f"<SubscriptionConsumer [{state}] of {self._subscription!r}>"
-
-
-def _count_leave(entry: Entry | None, consumer: FanoutConsumer[Any]) -> None:
-    """Count what ``consumer``, about to end, received from ``entry``'s log."""
-    if entry is not None:
-        count_leave(entry.counters, consumer, entry.fanout)
 
 
 @final
