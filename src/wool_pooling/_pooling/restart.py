@@ -6,6 +6,7 @@ import inspect
 import logging
 import math
 import random
+import reprlib
 import sys
 import weakref
 from collections import deque
@@ -148,23 +149,12 @@ def open_iterator(raw: object) -> AsyncIterator[Any]:
     iterator: object = method(raw)
     if callable(getattr(type(iterator), "__anext__", None)):
         return cast("AsyncIterator[Any]", iterator)
-    hint = ""
-    if inspect.iscoroutine(iterator):
-        iterator.close()
-        hint = (
-            ": an 'async def __aiter__' without 'yield' returns a coroutine; "
-            "make it an async generator (yield the items) or a plain 'def' "
-            "returning an async iterator"
-        )
-    elif inspect.isgenerator(iterator):
-        iterator.close()
-        hint = ": a generator is not async; use 'async def' with 'yield'"
-    shown = repr(iterator)
-    if len(shown) > 80:
-        shown = f"{shown[:77]}..."
+    if inspect.iscoroutine(iterator) or inspect.isgenerator(iterator):
+        iterator.close()  # no "never awaited" warning
     raise BrokenSubscriber(
         f"{cls.__qualname__}.__aiter__() returned {type(iterator).__qualname__} "
-        f"{shown}, not an async iterator{hint}"
+        f"{reprlib.repr(iterator)}, not an async iterator: make it an async "
+        "generator (async def with yield), or return an async iterator"
     )
 
 
