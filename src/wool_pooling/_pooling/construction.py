@@ -65,8 +65,8 @@ def derive_key(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hash
         is not hashable; the message names the class.
     """
     config: SubscriptionConfig = getattr(cls, CONFIG_ATTRIBUTE)
+    key = _bound_arguments(cls, args, kwargs)  # fails here if they do not fit
     if config.key is not None:
-        _check_fits(cls, args, kwargs)
         try:
             key = config.key(cls, *args, **kwargs)
         except Exception as error:
@@ -75,8 +75,6 @@ def derive_key(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hash
                 f"{_describe(config.key)} failed for {_call(cls, args, kwargs)}"
             )
             raise
-    else:
-        key = _bound_arguments(cls, args, kwargs)
     try:
         hash(key)
     except TypeError as error:
@@ -162,37 +160,20 @@ def _init_signature(cls: type) -> inspect.Signature | None:
     return signature
 
 
-def _bind(
-    cls: type,
-    signature: inspect.Signature,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> inspect.BoundArguments:
-    """``args`` and ``kwargs`` bound to ``__init__``'s ``signature``.
-
-    :raises TypeError: naming the class, if they do not fit.
-    """
-    try:
-        return signature.bind(None, *args, **kwargs)
-    except TypeError as error:
-        raise TypeError(f"{cls.__qualname__}(): {error}") from error
-
-
-def _check_fits(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """Check that ``cls(*args, **kwargs)`` fits ``__init__``, naming the
-    class: the raw instance is built from them only at the first iteration."""
-    signature = _init_signature(cls)
-    if signature is not None:
-        _bind(cls, signature, args, kwargs)
-
-
 def _bound_arguments(
     cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[Any, ...]:
+    """The arguments bound to ``__init__``, defaults applied, as a tuple.
+
+    :raises TypeError: naming the class, if they do not fit ``__init__``.
+    """
     signature = _init_signature(cls)
     if signature is None:
         return (args, tuple(sorted(kwargs.items())))
-    bound = _bind(cls, signature, args, kwargs)
+    try:
+        bound = signature.bind(None, *args, **kwargs)
+    except TypeError as error:
+        raise TypeError(f"{cls.__qualname__}(): {error}") from error
     bound.apply_defaults()
     values: list[Any] = []
     parameters = signature.parameters

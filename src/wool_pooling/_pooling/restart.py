@@ -189,6 +189,7 @@ class RestartingSource(Generic[T]):
         "_policy",
         "_raw",
         "_settling",
+        "_thrown",
         "count",
         "errors",
         "listed_at",
@@ -221,6 +222,8 @@ class RestartingSource(Generic[T]):
         self._settling: anyio.CancelScope | None = None
         # Items the view gave that are still to be returned.
         self._pending: deque[T] = deque()
+        # What athrow() raises in the stream at the next pull.
+        self._thrown: BaseException | None = None
         # Where items made outside a pull go; held weakly (the fan-out holds
         # this source: a strong reference back would keep both alive).
         self._deliver: weakref.WeakMethod[Callable[[T], None]] | None = None
@@ -249,62 +252,42 @@ class RestartingSource(Generic[T]):
         return self
 
     async def __anext__(self) -> T:
-        iterator = self._iterator
-        if iterator is None or self._pending or self._settling is not None:
-            return await self._next()
-        try:
-            item = await iterator.__anext__()
-        except Exception as error:
-            return await self._next(failed=error)
-        self._failures = 0
-        if type(item) is Synced:
-            self._listed()
-            return await self._next()
-        self.count += 1
-        self.view.record(item)
-        return item
+        while True:
+            if self._pending:  # taken in by the view already
+                self.count += 1
+                return self._pending.popleft()
+            iterator = self._iterator
+            try:
+                if self._thrown is not None:
+                    thrown, self._thrown = self._thrown, None
+                    if iterator is None:
+                        raise thrown
+                    item = await throw_into(iterator, thrown)
+                else:
+                    if iterator is None:
+                        iterator = self._iterator = open_iterator(self._raw)
+                    item = await iterator.__anext__()
+            except Exception as error:
+                await self._restart_after(error)
+                continue
+            self._failures = 0
+            if type(item) is Synced:
+                self._listed()
+                continue
+            if self._settling is None:
+                self.view.record(item)
+            else:
+                item = self.view.relist(item)
+                if item is None:
+                    continue
+            self.count += 1
+            return item
 
     async def athrow(self, error: BaseException) -> T:
         """Raise ``error`` in the stream where it is suspended; what it raises
         then is handled as a failure of ``__anext__`` is."""
-        return await self._next(thrown=error)
-
-    async def _next(
-        self, thrown: BaseException | None = None, failed: Exception | None = None
-    ) -> T:
-        while True:
-            if failed is None:
-                if self._pending:  # taken in by the view already
-                    self.count += 1
-                    return self._pending.popleft()
-                try:
-                    iterator = self._iterator
-                    if thrown is not None:
-                        error, thrown = thrown, None
-                        if iterator is None:
-                            raise error
-                        item = await throw_into(iterator, error)
-                    else:
-                        if iterator is None:
-                            iterator = self._iterator = open_iterator(self._raw)
-                        item = await iterator.__anext__()
-                except Exception as error:
-                    failed = error
-                else:
-                    self._failures = 0
-                    if type(item) is Synced:
-                        self._listed()
-                        continue
-                    if self._settling is None:
-                        self.view.record(item)
-                    else:
-                        item = self.view.relist(item)
-                        if item is None:
-                            continue
-                    self.count += 1
-                    return item
-            error, failed = failed, None
-            await self._restart_after(error)
+        self._thrown = error
+        return await self.__anext__()
 
     async def _restart_after(self, error: Exception) -> None:
         """Close the failed iteration and wait out the delay, or raise ``error``."""

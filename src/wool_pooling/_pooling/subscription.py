@@ -252,14 +252,6 @@ class SubscriptionConsumer(Generic[T_co]):
 
     async def __anext__(self) -> T_co:
         consumer = self._consumer
-        if consumer is not None and self._replay is None and self._sync_event is None:
-            # The common case, the next item of a batch.
-            try:
-                return consumer.receive_nowait()
-            except anyio.WouldBlock:
-                pass
-            except Exception as error:
-                return await self._failed(consumer, error)
         if consumer is None:
             if self._ended:
                 raise StopAsyncIteration
@@ -272,26 +264,25 @@ class SubscriptionConsumer(Generic[T_co]):
                 item = replay.popleft()
                 if not replay:
                     self._replay = None
-                    if self._sync_event is not None:
-                        self._wake_if_synced()
-                return item
-            try:
-                item = consumer.receive_nowait()
-            except anyio.WouldBlock:
-                # Waited for outside the handler: a cancellation raised in the
-                # wait would carry the WouldBlock's traceback, which pins the log.
-                item = _WAIT
-            except Exception as error:
-                return await self._failed(consumer, error)
-            if item is _WAIT:
+            else:
                 try:
-                    await consumer.wait_readable()
+                    item = consumer.receive_nowait()
+                except anyio.WouldBlock:
+                    # Waited for outside the handler: a cancellation raised in
+                    # the wait would carry the WouldBlock's traceback, which
+                    # pins the log.
+                    item = _WAIT
                 except Exception as error:
                     return await self._failed(consumer, error)
-                except BaseException:
-                    await self._release()  # a cancellation: this consumer ends
-                    raise
-                continue
+                if item is _WAIT:
+                    try:
+                        await consumer.wait_readable()
+                    except Exception as error:
+                        return await self._failed(consumer, error)
+                    except BaseException:
+                        await self._release()  # a cancellation: this consumer ends
+                        raise
+                    continue
             if self._sync_event is not None:
                 self._wake_if_synced()
             return item
