@@ -39,6 +39,9 @@ __all__ = [
 
 logger = logging.getLogger("wool_pooling")
 
+#: The states a joining consumer finds an entry in.
+_REACHABLE = (EntryState.ACTIVE, EntryState.IDLE)
+
 _current: ContextVar[SubscriptionPool | None] = ContextVar(
     "wool_pooling.current_pool", default=None
 )
@@ -115,10 +118,7 @@ class Entry:
         ``ttl == 0`` or its source finished (else its ttl timer starts).
         Shielded from cancellation."""
         self.refs -= 1
-        if self.refs:  # others remain: the leave cannot end a source's entry
-            self._move(EntryEvent.LEFT)
-        elif self._left():
-            await self._close()
+        await self._decide_leave()
 
     def release_soon(self) -> None:
         """:meth:`release` from a garbage-collection callback, in any thread:
@@ -136,20 +136,13 @@ class Entry:
             self.loop.run_soon(self.loop.spawn, self._decide_leave)
 
     async def _decide_leave(self) -> None:
-        if self._left():
-            await self._close()
-
-    def _left(self) -> bool:
-        """Take a leave that was the last when counted: ``SOURCE_ENDED``
-        first if the source has finished (no ttl keeps it), then ``LEFT``.
-        Returns whether the entry must now be closed."""
-        state = self.state
+        """Take a leave: the last one takes ``SOURCE_ENDED`` first if the
+        source has finished (no ttl keeps it), then ``LEFT``."""
         closing = False
-        if (
-            state is EntryState.ACTIVE or state is EntryState.IDLE
-        ) and self.fanout.finished:
+        if not self.refs and self.fanout.finished and self.state in _REACHABLE:
             closing = self._move(EntryEvent.SOURCE_ENDED)
-        return self._move(EntryEvent.LEFT) or closing
+        if self._move(EntryEvent.LEFT) or closing:
+            await self._close()
 
     def _move(self, event: EntryEvent) -> bool:
         """Take ``event``: the next state from :func:`transition`, and the

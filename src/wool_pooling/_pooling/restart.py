@@ -217,7 +217,7 @@ class RestartingSource(Generic[T]):
         #: :attr:`count` when the stream first yielded
         #: :class:`~wool_pooling.Synced`; ``None`` until it does.
         self.listed_at: int | None = None
-        self._listed_waiters: list[anyio.Event] | None = None
+        self._listed_waiters: set[anyio.Event] = set()
         # While a restarted stream relists: the timer that ends it.
         self._settling: anyio.CancelScope | None = None
         # Items the view gave that are still to be returned.
@@ -236,17 +236,11 @@ class RestartingSource(Generic[T]):
 
     def notify_listed(self, event: anyio.Event) -> None:
         """Set ``event`` once :attr:`listed_at` is set."""
-        waiters = self._listed_waiters
-        if waiters is None:
-            waiters = self._listed_waiters = []
-        if event not in waiters:
-            waiters.append(event)
+        self._listed_waiters.add(event)
 
     def forget_listed(self, event: anyio.Event) -> None:
         """Undo :meth:`notify_listed`."""
-        waiters = self._listed_waiters
-        if waiters is not None and event in waiters:
-            waiters.remove(event)
+        self._listed_waiters.discard(event)
 
     def __aiter__(self) -> RestartingSource[T]:
         return self
@@ -355,9 +349,9 @@ class RestartingSource(Generic[T]):
         the end of the first listing; one after a restart ends the relisting."""
         if self.listed_at is None:
             self.listed_at = self.count + len(self._pending)
-            waiters, self._listed_waiters = self._listed_waiters, None
-            for event in waiters or ():
+            for event in self._listed_waiters:
                 event.set()
+            self._listed_waiters.clear()
         if self._settling is not None:
             self._settling.cancel()
             self._settled()

@@ -112,9 +112,11 @@ class SharedSubscription(Generic[T_co]):
         live (nothing iterates it, its source ended, or no event loop runs
         here), and for a view that holds no workers. Starts nothing.
         """
-        pool = _current_pool_if_any()
-        view = None if pool is None else self.view(pool)
-        return _NO_WORKERS if view is None else view.snapshot()  # type: ignore[return-value]
+        try:
+            view = self.view()
+        except RuntimeError:  # no event loop runs here
+            view = None
+        return types.MappingProxyType({}) if view is None else view.snapshot()
 
     def view(self, pool: SubscriptionPool | None = None) -> View[Any] | None:
         """The view of the live entry of this subscription in ``pool``
@@ -174,19 +176,6 @@ class SharedSubscription(Generic[T_co]):
 
     def _build_raw(self) -> Any:
         return build_raw(self._cls, self._args, self._kwargs)
-
-
-#: The view where no entry is live.
-_NO_WORKERS: Mapping[uuid.UUID, Any] = types.MappingProxyType({})
-
-
-def _current_pool_if_any() -> SubscriptionPool | None:
-    """The current pool, or ``None`` where no event loop runs (and no pool
-    is current)."""
-    try:
-        return current_pool()
-    except RuntimeError:
-        return None
 
 
 def _construct(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
