@@ -159,6 +159,7 @@ def open_iterator(raw: object) -> AsyncIterator[Any]:
 
 
 @final
+@attrs.define(eq=False, repr=False)
 class RestartingSource(Generic[T]):
     """Iterate ``raw`` under ``policy``, telling ``view`` every item logged.
 
@@ -180,53 +181,35 @@ class RestartingSource(Generic[T]):
         allows no more restarts (at once, without a policy).
     """
 
-    __slots__ = (
-        "_deliver",
-        "_failures",
-        "_iterator",
-        "_listed_waiters",
-        "_pending",
-        "_policy",
-        "_raw",
-        "_settling",
-        "_thrown",
-        "count",
-        "errors",
-        "listed_at",
-        "restarts",
-        "view",
+    _raw: AsyncIterable[T]
+    _policy: RestartPolicy | None = None
+    #: The view told of every item logged.
+    view: View[T] = attrs.field(factory=View[T])
+    _iterator: AsyncIterator[Any] | None = attrs.field(default=None, init=False)
+    #: Consecutive restarts without an item in between.
+    _failures: int = attrs.field(default=0, init=False)
+    #: Errors the stream raised, and restarts that followed, in all.
+    errors: int = attrs.field(default=0, init=False)
+    restarts: int = attrs.field(default=0, init=False)
+    #: Items logged so far (returned, or handed to :meth:`deliver_to`'s).
+    count: int = attrs.field(default=0, init=False)
+    #: :attr:`count` when the stream first yielded
+    #: :class:`~wool_pooling.Synced`; ``None`` until it does.
+    listed_at: int | None = attrs.field(default=None, init=False)
+    _listed_waiters: set[anyio.Event] = attrs.field(
+        factory=set[anyio.Event], init=False
     )
-
-    def __init__(
-        self,
-        raw: AsyncIterable[T],
-        policy: RestartPolicy | None = None,
-        view: View[T] | None = None,
-    ) -> None:
-        self._raw = raw
-        self._policy = policy
-        #: The view told of every item logged.
-        self.view: View[T] = View() if view is None else view
-        self._iterator: AsyncIterator[Any] | None = None
-        self._failures = 0  # consecutive restarts without an item in between
-        #: Errors the stream raised, and restarts that followed, in all.
-        self.errors = 0
-        self.restarts = 0
-        #: Items logged so far (returned, or handed to :meth:`deliver_to`'s).
-        self.count = 0
-        #: :attr:`count` when the stream first yielded
-        #: :class:`~wool_pooling.Synced`; ``None`` until it does.
-        self.listed_at: int | None = None
-        self._listed_waiters: set[anyio.Event] = set()
-        # While a restarted stream relists: the timer that ends it.
-        self._settling: anyio.CancelScope | None = None
-        # Items the view gave that are still to be returned.
-        self._pending: deque[T] = deque()
-        # What athrow() raises in the stream at the next pull.
-        self._thrown: BaseException | None = None
-        # Where items made outside a pull go; held weakly (the fan-out holds
-        # this source: a strong reference back would keep both alive).
-        self._deliver: weakref.WeakMethod[Callable[[T], None]] | None = None
+    #: While a restarted stream relists: the timer that ends it.
+    _settling: anyio.CancelScope | None = attrs.field(default=None, init=False)
+    #: Items the view gave that are still to be returned.
+    _pending: deque[T] = attrs.field(factory=deque[T], init=False)
+    #: What :meth:`athrow` raises in the stream at the next pull.
+    _thrown: BaseException | None = attrs.field(default=None, init=False)
+    #: Where items made outside a pull go; held weakly (the fan-out holds
+    #: this source: a strong reference back would keep both alive).
+    _deliver: weakref.WeakMethod[Callable[[T], None]] | None = attrs.field(
+        default=None, init=False
+    )
 
     def deliver_to(self, inject: Callable[[T], None]) -> None:
         """Log what the settle timer makes through ``inject`` (a bound method,

@@ -56,20 +56,20 @@ class SubscriptionStatistics:
 
 
 @final
+@attrs.define(eq=False)
 class EntryCounters:
     """The counts an entry keeps; the rest is derived when asked for."""
 
-    __slots__ = ("consumers", "lagged", "moved", "replays", "resyncs")
-
-    def __init__(self) -> None:
-        #: The consumers attached, to sum their positions.
-        self.consumers: weakref.WeakSet[FanoutConsumer[Any]] = weakref.WeakSet()
-        #: Items the consumers that left had moved past, less where every
-        #: consumer joined and what they skipped (see the module docstring).
-        self.moved = 0
-        self.replays = 0
-        self.lagged = 0
-        self.resyncs = 0
+    #: The consumers attached, to sum their positions.
+    consumers: weakref.WeakSet[FanoutConsumer[Any]] = attrs.field(
+        factory=weakref.WeakSet[FanoutConsumer[Any]]
+    )
+    #: Items the consumers that left had moved past, less where every
+    #: consumer joined and what they skipped (see the module docstring).
+    moved: int = 0
+    replays: int = 0
+    lagged: int = 0
+    resyncs: int = 0
 
     def join(self, consumer: FanoutConsumer[Any], replayed: bool) -> None:
         """``consumer`` registered at its log position: it has received nothing."""
