@@ -310,9 +310,7 @@ class SubscriptionConsumer(Generic[T_co]):
             event = self._sync_event
             if event is None or event.is_set():
                 event = self._sync_event = anyio.Event()
-            entry = self._entry
-            if entry is not None and entry.source.listed_at is None:
-                entry.source.notify_listed(event)
+            self._wake_if_synced()  # or be woken at the listing's end
             await event.wait()
         await anyio.lowlevel.cancel_shielded_checkpoint()
 
@@ -385,16 +383,12 @@ class SubscriptionConsumer(Generic[T_co]):
         self._ended = True
         self._wake_if_synced()
         consumer, self._consumer = self._consumer, None
-        self._replay = None
-        if consumer is None:
-            return
-        assert self._entry is not None
-        self._entry.counters.leave(consumer, self._entry.fanout)
-        consumer.close()
-        self._seen = None
         entry, self._entry = self._entry, None  # an ended consumer pins nothing
-        assert entry is not None
-        await entry.release()
+        self._replay = self._seen = None
+        if consumer is not None and entry is not None:
+            entry.counters.leave(consumer, entry.fanout)
+            consumer.close()
+            await entry.release()
 
     def __del__(self) -> None:
         consumer = getattr(self, "_consumer", None)
