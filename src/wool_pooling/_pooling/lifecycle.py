@@ -61,38 +61,16 @@ class IllegalTransition(RuntimeError):
 def transition(
     state: EntryState, event: EntryEvent, consumers: int, ttl: float
 ) -> EntryState:
-    """The state an entry in ``state`` moves to on ``event``.
+    """The state an entry in ``state`` moves to on ``event``, ``consumers``
+    being the number attached once the event is counted and ``ttl`` the
+    entry's. Pure and synchronous: the caller applies the result. A leave
+    keeps an entry whose consumers remain; the last one makes an ``ACTIVE``
+    entry ``IDLE`` (``ttl > 0``) or ``CLOSING``, an ``ENDED`` one
+    ``CLOSING``; a source's end makes it ``ENDED`` while consumers remain.
 
-    ``consumers`` is the number attached once the event is counted, ``ttl``
-    the entry's. Pure and synchronous: the caller applies the result.
-
-    ========  ============  ===================================================
-    state     event         next state
-    ========  ============  ===================================================
-    ACTIVE    JOINED        ACTIVE
-    ACTIVE    LEFT          ACTIVE if consumers remain, else IDLE if
-                            ``ttl > 0``, else CLOSING
-    ACTIVE    SOURCE_ENDED  ENDED if consumers remain, else CLOSING
-    ACTIVE    POOL_CLOSED   CLOSING
-    IDLE      JOINED        ACTIVE
-    IDLE      LEFT          IDLE, with no consumer (a garbage-collected
-                            consumer's leave, decided after a later leave
-                            made the entry idle)
-    IDLE      EXPIRED       CLOSING, with no consumer
-    IDLE      SOURCE_ENDED  CLOSING, with no consumer
-    IDLE      POOL_CLOSED   CLOSING, with no consumer
-    ENDED     LEFT          ENDED if consumers remain, else CLOSING
-    ENDED     POOL_CLOSED   CLOSING
-    CLOSING   LEFT          CLOSING
-    CLOSING   POOL_CLOSED   CLOSING
-    CLOSING   CLOSED        CLOSED
-    CLOSED    LEFT          CLOSED
-    ========  ============  ===================================================
-
-    A ``JOINED`` counts its consumer, so it comes with one at least.
-
-    :raises IllegalTransition: for any other case: the caller broke the
-        lifecycle.
+    :raises IllegalTransition: for an event that cannot happen in ``state``
+        (a join without a consumer, a leave from an idle entry with
+        consumers, ...): the caller broke the lifecycle.
     """
     state_, event_ = EntryState, EntryEvent
     if event is event_.JOINED:
