@@ -164,14 +164,11 @@ class RestartingSource(Generic[T]):
     """Iterate ``raw`` under ``policy``, telling ``view`` every item logged.
 
     An async iterator of ``raw``'s items, :class:`~wool_pooling.Synced`
-    markers taken out. When the stream raises (or ends, with
-    ``restart_on_end``), the failed iteration is closed and, after the
-    policy's delay, ``raw`` is iterated again, within the same
-    ``__anext__``; the view then turns the new stream's items into what
-    changed (:meth:`View.relist`) until the stream yields
-    :class:`~wool_pooling.Synced` or ``settle`` seconds pass
-    (:meth:`View.settled`). Without a policy nothing is restarted. See
-    :ref:`restart`.
+    markers taken out. When the stream fails (or ends, with
+    ``restart_on_end``), it is closed and, after the policy's delay,
+    iterated again within the same ``__anext__``; the view turns the new
+    stream's items into what changed until its :class:`~wool_pooling.Synced`
+    or ``settle`` seconds. See :ref:`restart`.
 
     :param raw: The async iterable to iterate (``aiter(raw)`` at each start).
     :param policy: When and how often to restart; ``None`` never restarts.
