@@ -268,7 +268,6 @@ def attach(
 
 
 @final
-@attrs.define(eq=False, repr=False)
 class SubscriptionPool:
     """Holds one entry per subscription key: raw instance, fan-out, view.
 
@@ -281,17 +280,16 @@ class SubscriptionPool:
     :doc:`guarantees` (Memory).
     """
 
-    #: The entries a joining consumer finds: ACTIVE and IDLE, by key.
-    _entries: dict[tuple[type, Hashable], Entry] = attrs.field(
-        factory=dict[tuple[type, Hashable], Entry], init=False
-    )
-    #: Every entry not CLOSED yet, oldest first (a dict as an ordered set).
-    _live: dict[Entry, None] = attrs.field(factory=dict[Entry, None], init=False)
-    _closed: bool = attrs.field(default=False, init=False)
-    _loop: EventLoop | None = attrs.field(default=None, init=False)
-    _token: Token[SubscriptionPool | None] | None = attrs.field(
-        default=None, init=False
-    )
+    __slots__ = ("__weakref__", "_closed", "_entries", "_live", "_loop", "_token")
+
+    def __init__(self) -> None:
+        # The entries a joining consumer finds: ACTIVE and IDLE, by key.
+        self._entries: dict[tuple[type, Hashable], Entry] = {}
+        # Every entry not CLOSED yet, oldest first (a dict as an ordered set).
+        self._live: dict[Entry, None] = {}
+        self._closed = False
+        self._loop: EventLoop | None = None
+        self._token: Token[SubscriptionPool | None] | None = None
 
     @property
     def closed(self) -> bool:

@@ -15,7 +15,6 @@ from typing import final
 
 import anyio
 import anyio.lowlevel
-import attrs
 import cloudpickle
 
 from .._core.fanout import FanoutConsumer
@@ -42,7 +41,6 @@ _WAIT: Any = object()
 
 
 @final
-@attrs.define(eq=False, repr=False)
 class SharedSubscription(Generic[T_co]):
     """What ``Cls(*args, **kwargs)`` returns for a decorated class: its
     class, key and arguments, nothing built.
@@ -56,12 +54,16 @@ class SharedSubscription(Generic[T_co]):
     by the pickler's own error. See :doc:`guarantees`.
     """
 
-    _cls: type
-    _key: Hashable
-    _args: tuple[Any, ...]
-    _kwargs: dict[str, Any]
-    #: Whether cloudpickle was found to pickle it.
-    _checked: bool = attrs.field(default=False, init=False)
+    __slots__ = ("__weakref__", "_args", "_checked", "_cls", "_key", "_kwargs")
+
+    def __init__(
+        self, cls: type, key: Hashable, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        self._cls = cls
+        self._key = key
+        self._args = args
+        self._kwargs = kwargs
+        self._checked = False  # whether cloudpickle was found to pickle it
 
     @property
     def cls(self) -> type:
@@ -182,7 +184,6 @@ def _construct(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 @final
-@attrs.define(eq=False, repr=False)
 class SubscriptionConsumer(Generic[T_co]):
     """One consumer of a :class:`SharedSubscription`, from its ``__aiter__()``.
 
@@ -203,18 +204,32 @@ class SubscriptionConsumer(Generic[T_co]):
         cannot catch it up.
     """
 
-    _subscription: SharedSubscription[T_co]
-    _entry: Entry | None = attrs.field(default=None, init=False)
-    _consumer: FanoutConsumer[Any] | None = attrs.field(default=None, init=False)
-    #: Items to return before reading the log: the join's replay, or a catch-up.
-    _replay: deque[Any] | None = attrs.field(default=None, init=False)
-    #: What it had seen when it fell behind, for its catch-up (with a lag bound).
-    _seen: _Seen | None = attrs.field(default=None, init=False)
-    _ended: bool = attrs.field(default=False, init=False)
-    #: Whether it was found synced (it stays so), and what wait_synced()
-    #: waits on meanwhile.
-    _synced: bool = attrs.field(default=False, init=False)
-    _sync_event: anyio.Event | None = attrs.field(default=None, init=False)
+    __slots__ = (
+        "_consumer",
+        "_ended",
+        "_entry",
+        "_replay",
+        "_seen",
+        "_subscription",
+        "_sync_event",
+        "_synced",
+    )
+
+    def __init__(self, subscription: SharedSubscription[T_co]) -> None:
+        self._subscription = subscription
+        self._entry: Entry | None = None
+        self._consumer: FanoutConsumer[Any] | None = None
+        # Items to return before reading the log: the join's replay, or a
+        # catch-up.
+        self._replay: deque[Any] | None = None
+        # What it had seen when it fell behind, for its catch-up (with a lag
+        # bound).
+        self._seen: _Seen | None = None
+        self._ended = False
+        # Whether it was found synced (it stays so), and what wait_synced()
+        # waits on meanwhile.
+        self._synced = False
+        self._sync_event: anyio.Event | None = None
 
     @property
     def subscription(self) -> SharedSubscription[T_co]:
