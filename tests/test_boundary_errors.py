@@ -1,9 +1,10 @@
 """Errors at the library's boundary name the subscriber class and the argument.
 
 A broken ``__aiter__``, a failing key function, a bad ``RestartPolicy``
-field, a lagging consumer of items that are not discovery events, and
-pickling failures each give an error that says which class (and which
-argument) is at fault, and what to do.
+field and a lagging consumer of items that are not discovery events each
+give an error that says which class (and which argument) is at fault, and
+what to do; a pickling failure names the class, caused by the pickler's own
+error.
 """
 
 from __future__ import annotations
