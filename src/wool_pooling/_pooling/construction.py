@@ -12,6 +12,7 @@ from typing import cast
 
 import attrs
 
+from .._core.signatures import BindingMemo
 from .._core.signatures import signature_of
 from .restart import RestartPolicy
 from .view import ViewFactory
@@ -65,8 +66,16 @@ def derive_key(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hash
         is not hashable; the message names the class.
     """
     config: SubscriptionConfig = getattr(cls, CONFIG_ATTRIBUTE)
-    key = _bound_arguments(cls, args, kwargs)  # fails here if they do not fit
-    if config.key is not None:
+    if config.key is None:
+        key = _bound_arguments(cls, args, kwargs)
+    else:
+        # Whether arguments fit depends only on their shape: binding them
+        # costs several times what the rest of a keyed construction does
+        # (wool constructs one at every unpickling).
+        shape = (len(args), frozenset(kwargs))
+        if not _fitting.binds(cls, shape):
+            _bound_arguments(cls, args, kwargs)  # fails here if they do not fit
+            _fitting.add(cls, shape)
         try:
             key = config.key(cls, *args, **kwargs)
         except Exception as error:
@@ -158,6 +167,11 @@ def _init_signature(cls: type) -> inspect.Signature | None:
         return _signatures[cls]
     signature = _signatures[cls] = signature_of(cls.__init__)
     return signature
+
+
+#: The shapes of call (positional count, keyword names) found to fit each
+#: class's ``__init__``.
+_fitting: BindingMemo[tuple[int, frozenset[str]]] = BindingMemo()
 
 
 def _bound_arguments(
