@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import reprlib
 import weakref
 from collections.abc import Callable
 from collections.abc import Hashable
@@ -22,8 +23,6 @@ __all__ = [
     "build_raw",
     "check_key",
     "derive_key",
-    "named_arguments",
-    "short_repr",
 ]
 
 #: Name of the class attribute holding a decorated class's configuration.
@@ -67,8 +66,16 @@ def derive_key(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hash
         is not hashable; the message names the class.
     """
     config: SubscriptionConfig = getattr(cls, CONFIG_ATTRIBUTE)
-    if config.key is not None:
-        _check_fits(cls, args, kwargs)
+    if config.key is None:
+        key = _bound_arguments(cls, args, kwargs)
+    else:
+        # Whether arguments fit depends only on their shape: binding them
+        # costs several times what the rest of a keyed construction does
+        # (wool constructs one at every unpickling).
+        shape = (len(args), frozenset(kwargs))
+        if not _fitting.binds(cls, shape):
+            _bound_arguments(cls, args, kwargs)  # fails here if they do not fit
+            _fitting.add(cls, shape)
         try:
             key = config.key(cls, *args, **kwargs)
         except Exception as error:
@@ -77,8 +84,6 @@ def derive_key(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hash
                 f"{_describe(config.key)} failed for {_call(cls, args, kwargs)}"
             )
             raise
-    else:
-        key = _bound_arguments(cls, args, kwargs)
     try:
         hash(key)
     except TypeError as error:
@@ -151,47 +156,9 @@ def _describe(function: Callable[..., Any]) -> str:
 
 def _call(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     """How ``cls(*args, **kwargs)`` reads, values shortened."""
-    shown = [_short(value) for value in args]
-    shown += [f"{name}={_short(value)}" for name, value in kwargs.items()]
+    shown = [reprlib.repr(value) for value in args]
+    shown += [f"{name}={reprlib.repr(value)}" for name, value in kwargs.items()]
     return f"{cls.__qualname__}({', '.join(shown)})"
-
-
-def short_repr(value: object) -> str:
-    """``repr(value)``, cut to 60 characters."""
-    text = repr(value)
-    return text if len(text) <= 60 else f"{text[:57]}..."
-
-
-_short = short_repr
-
-
-def named_arguments(
-    cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> list[tuple[str, Any]]:
-    """The constructor arguments with the names ``__init__`` gives them.
-
-    A positional argument ``__init__`` does not name is called by its
-    position (``argument 1``); keywords keep their own name.
-    """
-    names: list[str] = []
-    try:
-        parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
-    except (TypeError, ValueError):
-        parameters = []
-    for parameter in parameters:
-        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
-            break
-        if parameter.kind in (
-            inspect.Parameter.POSITIONAL_ONLY,
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-        ):
-            names.append(parameter.name)
-    named = [
-        (names[index] if index < len(names) else f"argument {index + 1}", value)
-        for index, value in enumerate(args)
-    ]
-    named += list(kwargs.items())
-    return named
 
 
 def _init_signature(cls: type) -> inspect.Signature | None:
@@ -202,48 +169,25 @@ def _init_signature(cls: type) -> inspect.Signature | None:
     return signature
 
 
-def _bind(
-    cls: type,
-    signature: inspect.Signature,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> inspect.BoundArguments:
-    """``args`` and ``kwargs`` bound to ``__init__``'s ``signature``.
-
-    :raises TypeError: naming the class, if they do not fit.
-    """
-    try:
-        return signature.bind(None, *args, **kwargs)
-    except TypeError as error:
-        raise TypeError(f"{cls.__qualname__}(): {error}") from error
-
-
 #: The shapes of call (positional count, keyword names) found to fit each
-#: class's ``__init__``: whether arguments bind depends on nothing else, and
-#: binding costs several times what a keyed construction does otherwise.
+#: class's ``__init__``.
 _fitting: BindingMemo[tuple[int, frozenset[str]]] = BindingMemo()
-
-
-def _check_fits(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """Check that ``cls(*args, **kwargs)`` fits ``__init__``: the raw
-    instance is built from them at the first iteration, and ones that do not
-    fit fail here instead, naming the class."""
-    shape = (len(args), frozenset(kwargs))
-    if _fitting.binds(cls, shape):
-        return
-    signature = _init_signature(cls)
-    if signature is not None:
-        _bind(cls, signature, args, kwargs)
-    _fitting.add(cls, shape)
 
 
 def _bound_arguments(
     cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[Any, ...]:
+    """The arguments bound to ``__init__``, defaults applied, as a tuple.
+
+    :raises TypeError: naming the class, if they do not fit ``__init__``.
+    """
     signature = _init_signature(cls)
     if signature is None:
         return (args, tuple(sorted(kwargs.items())))
-    bound = _bind(cls, signature, args, kwargs)
+    try:
+        bound = signature.bind(None, *args, **kwargs)
+    except TypeError as error:
+        raise TypeError(f"{cls.__qualname__}(): {error}") from error
     bound.apply_defaults()
     values: list[Any] = []
     parameters = signature.parameters

@@ -138,11 +138,6 @@ def shared_subscription(
         if not isinstance(target, type):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise TypeError(f"@shared_subscription decorates a class, got {target!r}")
         method = getattr(target, "__aiter__", None)
-        if method is None:
-            raise TypeError(
-                f"@shared_subscription: {target.__qualname__} has no __aiter__; "
-                "only async-iterable subscriber classes can be shared"
-            )
         if not callable(method):
             raise TypeError(
                 f"@shared_subscription: {target.__qualname__}.__aiter__ is "

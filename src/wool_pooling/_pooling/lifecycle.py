@@ -58,81 +58,41 @@ class IllegalTransition(RuntimeError):
     """An event met an entry in a state where it cannot happen: a bug."""
 
 
-# The members, in their order of definition, as module globals.
-_ACTIVE, _IDLE, _ENDED, _CLOSING, _CLOSED = EntryState
-_JOINED, _LEFT, _EXPIRED, _SOURCE_ENDED, _POOL_CLOSED, _CLOSED_EVENT = EntryEvent
-
-
 def transition(
     state: EntryState, event: EntryEvent, consumers: int, ttl: float
 ) -> EntryState:
-    """The state an entry in ``state`` moves to on ``event``.
+    """The state an entry in ``state`` moves to on ``event``, ``consumers``
+    being the number attached once the event is counted and ``ttl`` the
+    entry's. Pure and synchronous: the caller applies the result. A leave
+    keeps an entry whose consumers remain; the last one makes an ``ACTIVE``
+    entry ``IDLE`` (``ttl > 0``) or ``CLOSING``, an ``ENDED`` one
+    ``CLOSING``; a source's end makes it ``ENDED`` while consumers remain.
 
-    ``consumers`` is the number attached once the event is counted, ``ttl``
-    the entry's. Pure and synchronous: the caller applies the result.
-
-    ========  ============  ===================================================
-    state     event         next state
-    ========  ============  ===================================================
-    ACTIVE    JOINED        ACTIVE
-    ACTIVE    LEFT          ACTIVE if consumers remain, else IDLE if
-                            ``ttl > 0``, else CLOSING
-    ACTIVE    SOURCE_ENDED  ENDED if consumers remain, else CLOSING
-    ACTIVE    POOL_CLOSED   CLOSING
-    IDLE      JOINED        ACTIVE
-    IDLE      LEFT          IDLE, with no consumer (a garbage-collected
-                            consumer's leave, decided after a later leave
-                            made the entry idle)
-    IDLE      EXPIRED       CLOSING, with no consumer
-    IDLE      SOURCE_ENDED  CLOSING, with no consumer
-    IDLE      POOL_CLOSED   CLOSING, with no consumer
-    ENDED     LEFT          ENDED if consumers remain, else CLOSING
-    ENDED     POOL_CLOSED   CLOSING
-    CLOSING   LEFT          CLOSING
-    CLOSING   POOL_CLOSED   CLOSING
-    CLOSING   CLOSED        CLOSED
-    CLOSED    LEFT          CLOSED
-    ========  ============  ===================================================
-
-    A ``JOINED`` counts its consumer, so it comes with one at least.
-
-    :raises IllegalTransition: for any other case: the caller broke the
-        lifecycle.
+    :raises IllegalTransition: for an event that cannot happen in ``state``
+        (a join without a consumer, a leave from an idle entry with
+        consumers, ...): the caller broke the lifecycle.
     """
-    if state is _ACTIVE:
-        if event is _JOINED:
-            if consumers:
-                return _ACTIVE
-        elif event is _LEFT:
-            if consumers:
-                return _ACTIVE
-            return _IDLE if ttl > 0 else _CLOSING
-        elif event is _SOURCE_ENDED:
-            return _ENDED if consumers else _CLOSING
-        elif event is _POOL_CLOSED:
-            return _CLOSING
-    elif state is _IDLE:
-        if event is _JOINED:
-            if consumers:
-                return _ACTIVE
-        elif consumers:
-            pass  # an idle entry has no consumer: only a join adds one
-        elif event is _LEFT:
-            return _IDLE
-        elif event is _EXPIRED or event is _SOURCE_ENDED or event is _POOL_CLOSED:
-            return _CLOSING
-    elif state is _ENDED:
-        if event is _LEFT:
-            return _ENDED if consumers else _CLOSING
-        if event is _POOL_CLOSED:
-            return _CLOSING
-    elif state is _CLOSING:
-        if event is _LEFT or event is _POOL_CLOSED:
-            return _CLOSING
-        if event is _CLOSED_EVENT:
-            return _CLOSED
-    elif event is _LEFT:  # CLOSED
-        return _CLOSED
+    state_, event_ = EntryState, EntryEvent
+    if event is event_.JOINED:
+        if consumers and (state is state_.ACTIVE or state is state_.IDLE):
+            return state_.ACTIVE
+    elif state is state_.IDLE and consumers:
+        pass  # an idle entry has no consumer: only a join adds one
+    elif event is event_.POOL_CLOSED and state is not state_.CLOSED:
+        return state_.CLOSING
+    elif event is event_.LEFT:
+        if consumers or state is state_.IDLE or state is state_.CLOSING:
+            return state
+        if state is state_.ACTIVE:
+            return state_.IDLE if ttl > 0 else state_.CLOSING
+        return state_.CLOSING if state is state_.ENDED else state
+    elif event is event_.SOURCE_ENDED and state is state_.ACTIVE:
+        return state_.ENDED if consumers else state_.CLOSING
+    elif event is event_.SOURCE_ENDED or event is event_.EXPIRED:
+        if state is state_.IDLE:
+            return state_.CLOSING
+    elif event is event_.CLOSED and state is state_.CLOSING:
+        return state_.CLOSED
     raise IllegalTransition(
         f"a pool entry {state.name} cannot take {event.name} "
         f"(consumers: {consumers}, ttl: {ttl})"

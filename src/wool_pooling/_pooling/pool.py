@@ -19,16 +19,6 @@ from .._core.backend import EventLoop
 from .._core.backend import current_loop
 from .._core.fanout import Fanout
 from .construction import SubscriptionConfig
-from .lifecycle import _ACTIVE
-from .lifecycle import _CLOSED
-from .lifecycle import _CLOSED_EVENT
-from .lifecycle import _CLOSING
-from .lifecycle import _EXPIRED
-from .lifecycle import _IDLE
-from .lifecycle import _JOINED
-from .lifecycle import _LEFT
-from .lifecycle import _POOL_CLOSED
-from .lifecycle import _SOURCE_ENDED
 from .lifecycle import EntryEvent
 from .lifecycle import EntryState
 from .lifecycle import transition
@@ -48,6 +38,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger("wool_pooling")
+
+#: The states a joining consumer finds an entry in.
+_REACHABLE = (EntryState.ACTIVE, EntryState.IDLE)
 
 _current: ContextVar[SubscriptionPool | None] = ContextVar(
     "wool_pooling.current_pool", default=None
@@ -125,10 +118,7 @@ class Entry:
         ``ttl == 0`` or its source finished (else its ttl timer starts).
         Shielded from cancellation."""
         self.refs -= 1
-        if self.refs:  # others remain: the leave cannot end a source's entry
-            self._move(_LEFT)
-        elif self._left():
-            await self._close()
+        await self._decide_leave()
 
     def release_soon(self) -> None:
         """:meth:`release` from a garbage-collection callback, in any thread:
@@ -146,18 +136,13 @@ class Entry:
             self.loop.run_soon(self.loop.spawn, self._decide_leave)
 
     async def _decide_leave(self) -> None:
-        if self._left():
-            await self._close()
-
-    def _left(self) -> bool:
-        """Take a leave that was the last when counted: ``SOURCE_ENDED``
-        first if the source has finished (no ttl keeps it), then ``LEFT``.
-        Returns whether the entry must now be closed."""
-        state = self.state
+        """Take a leave: the last one takes ``SOURCE_ENDED`` first if the
+        source has finished (no ttl keeps it), then ``LEFT``."""
         closing = False
-        if (state is _ACTIVE or state is _IDLE) and self.fanout.finished:
-            closing = self._move(_SOURCE_ENDED)
-        return self._move(_LEFT) or closing
+        if not self.refs and self.fanout.finished and self.state in _REACHABLE:
+            closing = self._move(EntryEvent.SOURCE_ENDED)
+        if self._move(EntryEvent.LEFT) or closing:
+            await self._close()
 
     def _move(self, event: EntryEvent) -> bool:
         """Take ``event``: the next state from :func:`transition`, and the
@@ -169,23 +154,23 @@ class Entry:
         after = self.state = transition(before, event, self.refs, self.ttl)
         if after is before:
             return False
-        if before is _IDLE:
+        if before is EntryState.IDLE:
             scope, self.expiry = self.expiry, None
             if scope is not None:
                 scope.cancel()
-        if after is _ACTIVE:
+        if after is EntryState.ACTIVE:
             return False
-        if after is _IDLE:
+        if after is EntryState.IDLE:
             scope = self.expiry = anyio.CancelScope()
             self.loop.spawn(self._expire, scope)
             return False
         entries = self.pool._entries
         if entries.get(self.key) is self:
             del entries[self.key]  # no consumer joins it any more
-        if after is _CLOSING:
+        if after is EntryState.CLOSING:
             self.closed = anyio.Event()
             return True
-        if after is _CLOSED:
+        if after is EntryState.CLOSED:
             del self.pool._live[self]
             assert self.closed is not None
             self.closed.set()
@@ -198,7 +183,7 @@ class Entry:
             with scope:
                 await anyio.sleep(self.ttl)
         finally:
-            if self.expiry is scope and self._move(_EXPIRED):
+            if self.expiry is scope and self._move(EntryEvent.EXPIRED):
                 await self._close()
 
     async def _close(self) -> None:
@@ -213,7 +198,7 @@ class Entry:
                     logger.exception("error closing the source of %r", self.raw)
                 await _close_raw(self.raw)
             finally:
-                self._move(_CLOSED_EVENT)
+                self._move(EntryEvent.CLOSED)
 
     def __repr__(self) -> str:
         cls, key = self.key
@@ -259,7 +244,7 @@ def attach(
         )
     entry = pool._entries.get(key)
     if entry is not None and entry.fanout.finished:
-        if entry._move(_SOURCE_ENDED):
+        if entry._move(EntryEvent.SOURCE_ENDED):
             loop.spawn(entry._close)
         entry = None
     if entry is None:
@@ -278,7 +263,7 @@ def attach(
         pool._entries[key] = entry
         pool._live[entry] = None
     entry.refs += 1
-    entry._move(_JOINED)  # never closes
+    entry._move(EntryEvent.JOINED)  # never closes
     return entry
 
 
@@ -315,7 +300,7 @@ class SubscriptionPool:
         """Return a snapshot of entries and attached consumers."""
         consumers = idle = 0
         for entry in self._live:
-            if entry.state is not _CLOSING:
+            if entry.state is not EntryState.CLOSING:
                 consumers += entry.refs
                 idle += entry.refs == 0
         return PoolStatistics(entries=len(self._live), consumers=consumers, idle=idle)
@@ -339,7 +324,9 @@ class SubscriptionPool:
         end. Returns once all are closed. Shielded from cancellation;
         idempotent."""
         self._closed = True
-        closing = [entry for entry in [*self._live] if entry._move(_POOL_CLOSED)]
+        closing = [
+            entry for entry in [*self._live] if entry._move(EntryEvent.POOL_CLOSED)
+        ]
         with anyio.CancelScope(shield=True):
             for entry in closing:
                 await entry._close()

@@ -6,6 +6,7 @@ import inspect
 import logging
 import math
 import random
+import reprlib
 import sys
 import weakref
 from collections import deque
@@ -148,39 +149,26 @@ def open_iterator(raw: object) -> AsyncIterator[Any]:
     iterator: object = method(raw)
     if callable(getattr(type(iterator), "__anext__", None)):
         return cast("AsyncIterator[Any]", iterator)
-    hint = ""
-    if inspect.iscoroutine(iterator):
-        iterator.close()
-        hint = (
-            ": an 'async def __aiter__' without 'yield' returns a coroutine; "
-            "make it an async generator (yield the items) or a plain 'def' "
-            "returning an async iterator"
-        )
-    elif inspect.isgenerator(iterator):
-        iterator.close()
-        hint = ": a generator is not async; use 'async def' with 'yield'"
-    shown = repr(iterator)
-    if len(shown) > 80:
-        shown = f"{shown[:77]}..."
+    if inspect.iscoroutine(iterator) or inspect.isgenerator(iterator):
+        iterator.close()  # no "never awaited" warning
     raise BrokenSubscriber(
         f"{cls.__qualname__}.__aiter__() returned {type(iterator).__qualname__} "
-        f"{shown}, not an async iterator{hint}"
+        f"{reprlib.repr(iterator)}, not an async iterator: make it an async "
+        "generator (async def with yield), or return an async iterator"
     )
 
 
 @final
+@attrs.define(eq=False, repr=False)
 class RestartingSource(Generic[T]):
     """Iterate ``raw`` under ``policy``, telling ``view`` every item logged.
 
     An async iterator of ``raw``'s items, :class:`~wool_pooling.Synced`
-    markers taken out. When the stream raises (or ends, with
-    ``restart_on_end``), the failed iteration is closed and, after the
-    policy's delay, ``raw`` is iterated again, within the same
-    ``__anext__``; the view then turns the new stream's items into what
-    changed (:meth:`View.relist`) until the stream yields
-    :class:`~wool_pooling.Synced` or ``settle`` seconds pass
-    (:meth:`View.settled`). Without a policy nothing is restarted. See
-    :ref:`restart`.
+    markers taken out. When the stream fails (or ends, with
+    ``restart_on_end``), it is closed and, after the policy's delay,
+    iterated again within the same ``__anext__``; the view turns the new
+    stream's items into what changed until its :class:`~wool_pooling.Synced`
+    or ``settle`` seconds. See :ref:`restart`.
 
     :param raw: The async iterable to iterate (``aiter(raw)`` at each start).
     :param policy: When and how often to restart; ``None`` never restarts.
@@ -190,50 +178,35 @@ class RestartingSource(Generic[T]):
         allows no more restarts (at once, without a policy).
     """
 
-    __slots__ = (
-        "_deliver",
-        "_failures",
-        "_iterator",
-        "_listed_waiters",
-        "_pending",
-        "_policy",
-        "_raw",
-        "_settling",
-        "count",
-        "errors",
-        "listed_at",
-        "restarts",
-        "view",
+    _raw: AsyncIterable[T]
+    _policy: RestartPolicy | None = None
+    #: The view told of every item logged.
+    view: View[T] = attrs.field(factory=View[T])
+    _iterator: AsyncIterator[Any] | None = attrs.field(default=None, init=False)
+    #: Consecutive restarts without an item in between.
+    _failures: int = attrs.field(default=0, init=False)
+    #: Errors the stream raised, and restarts that followed, in all.
+    errors: int = attrs.field(default=0, init=False)
+    restarts: int = attrs.field(default=0, init=False)
+    #: Items logged so far (returned, or handed to :meth:`deliver_to`'s).
+    count: int = attrs.field(default=0, init=False)
+    #: :attr:`count` when the stream first yielded
+    #: :class:`~wool_pooling.Synced`; ``None`` until it does.
+    listed_at: int | None = attrs.field(default=None, init=False)
+    _listed_waiters: set[anyio.Event] = attrs.field(
+        factory=set[anyio.Event], init=False
     )
-
-    def __init__(
-        self,
-        raw: AsyncIterable[T],
-        policy: RestartPolicy | None = None,
-        view: View[T] | None = None,
-    ) -> None:
-        self._raw = raw
-        self._policy = policy
-        #: The view told of every item logged.
-        self.view: View[T] = View() if view is None else view
-        self._iterator: AsyncIterator[Any] | None = None
-        self._failures = 0  # consecutive restarts without an item in between
-        #: Errors the stream raised, and restarts that followed, in all.
-        self.errors = 0
-        self.restarts = 0
-        #: Items logged so far (returned, or handed to :meth:`deliver_to`'s).
-        self.count = 0
-        #: :attr:`count` when the stream first yielded
-        #: :class:`~wool_pooling.Synced`; ``None`` until it does.
-        self.listed_at: int | None = None
-        self._listed_waiters: list[anyio.Event] | None = None
-        # While a restarted stream relists: the timer that ends it.
-        self._settling: anyio.CancelScope | None = None
-        # Items the view gave that are still to be returned.
-        self._pending: deque[T] = deque()
-        # Where items made outside a pull go; held weakly (the fan-out holds
-        # this source: a strong reference back would keep both alive).
-        self._deliver: weakref.WeakMethod[Callable[[T], None]] | None = None
+    #: While a restarted stream relists: the timer that ends it.
+    _settling: anyio.CancelScope | None = attrs.field(default=None, init=False)
+    #: Items the view gave that are still to be returned.
+    _pending: deque[T] = attrs.field(factory=deque[T], init=False)
+    #: What :meth:`athrow` raises in the stream at the next pull.
+    _thrown: BaseException | None = attrs.field(default=None, init=False)
+    #: Where items made outside a pull go; held weakly (the fan-out holds
+    #: this source: a strong reference back would keep both alive).
+    _deliver: weakref.WeakMethod[Callable[[T], None]] | None = attrs.field(
+        default=None, init=False
+    )
 
     def deliver_to(self, inject: Callable[[T], None]) -> None:
         """Log what the settle timer makes through ``inject`` (a bound method,
@@ -243,78 +216,52 @@ class RestartingSource(Generic[T]):
 
     def notify_listed(self, event: anyio.Event) -> None:
         """Set ``event`` once :attr:`listed_at` is set."""
-        waiters = self._listed_waiters
-        if waiters is None:
-            waiters = self._listed_waiters = []
-        if event not in waiters:
-            waiters.append(event)
+        self._listed_waiters.add(event)
 
     def forget_listed(self, event: anyio.Event) -> None:
         """Undo :meth:`notify_listed`."""
-        waiters = self._listed_waiters
-        if waiters is not None and event in waiters:
-            waiters.remove(event)
+        self._listed_waiters.discard(event)
 
     def __aiter__(self) -> RestartingSource[T]:
         return self
 
     async def __anext__(self) -> T:
-        iterator = self._iterator
-        if iterator is None or self._pending or self._settling is not None:
-            return await self._next()
-        try:
-            item = await iterator.__anext__()
-        except Exception as error:
-            return await self._next(failed=error)
-        self._failures = 0
-        if type(item) is Synced:
-            self._listed()
-            return await self._next()
-        self.count += 1
-        self.view.record(item)
-        return item
+        while True:
+            if self._pending:  # taken in by the view already
+                self.count += 1
+                return self._pending.popleft()
+            iterator = self._iterator
+            try:
+                if self._thrown is not None:
+                    thrown, self._thrown = self._thrown, None
+                    if iterator is None:
+                        raise thrown
+                    item = await throw_into(iterator, thrown)
+                else:
+                    if iterator is None:
+                        iterator = self._iterator = open_iterator(self._raw)
+                    item = await iterator.__anext__()
+            except Exception as error:
+                await self._restart_after(error)
+                continue
+            self._failures = 0
+            if type(item) is Synced:
+                self._listed()
+                continue
+            if self._settling is None:
+                self.view.record(item)
+            else:
+                item = self.view.relist(item)
+                if item is None:
+                    continue
+            self.count += 1
+            return item
 
     async def athrow(self, error: BaseException) -> T:
         """Raise ``error`` in the stream where it is suspended; what it raises
         then is handled as a failure of ``__anext__`` is."""
-        return await self._next(thrown=error)
-
-    async def _next(
-        self, thrown: BaseException | None = None, failed: Exception | None = None
-    ) -> T:
-        while True:
-            if failed is None:
-                if self._pending:  # taken in by the view already
-                    self.count += 1
-                    return self._pending.popleft()
-                try:
-                    iterator = self._iterator
-                    if thrown is not None:
-                        error, thrown = thrown, None
-                        if iterator is None:
-                            raise error
-                        item = await throw_into(iterator, error)
-                    else:
-                        if iterator is None:
-                            iterator = self._iterator = open_iterator(self._raw)
-                        item = await iterator.__anext__()
-                except Exception as error:
-                    failed = error
-                else:
-                    self._failures = 0
-                    if type(item) is Synced:
-                        self._listed()
-                        continue
-                    if self._settling is None:
-                        self.view.record(item)
-                    else:
-                        item = self.view.relist(item)
-                        if item is None:
-                            continue
-                    self.count += 1
-                    return item
-            error, failed = failed, None
-            await self._restart_after(error)
+        self._thrown = error
+        return await self.__anext__()
 
     async def _restart_after(self, error: Exception) -> None:
         """Close the failed iteration and wait out the delay, or raise ``error``."""
@@ -382,9 +329,9 @@ class RestartingSource(Generic[T]):
         the end of the first listing; one after a restart ends the relisting."""
         if self.listed_at is None:
             self.listed_at = self.count + len(self._pending)
-            waiters, self._listed_waiters = self._listed_waiters, None
-            for event in waiters or ():
+            for event in self._listed_waiters:
                 event.set()
+            self._listed_waiters.clear()
         if self._settling is not None:
             self._settling.cancel()
             self._settled()

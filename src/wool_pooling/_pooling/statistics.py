@@ -2,13 +2,14 @@
 lags and restarts, and derived from the shared log when asked for.
 
 No delivery is counted as it happens: the items consumers received are the
-distance each has moved along the log (:func:`~wool_pooling._core.fanout.position`),
+distance each has moved along the log (:attr:`~wool_pooling.FanoutConsumer.position`),
 summed when :meth:`~wool_pooling.SharedSubscription.statistics` is called,
 plus what the consumers that left had moved, less what they skipped.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 from typing import final
 
@@ -16,19 +17,9 @@ import attrs
 
 from .._core.fanout import Fanout
 from .._core.fanout import FanoutConsumer
-from .._core.fanout import position
-from .._core.fanout import positions_total
 from .restart import RestartingSource
 
-__all__ = [
-    "EntryCounters",
-    "SubscriptionStatistics",
-    "count_join",
-    "count_lag",
-    "count_leave",
-    "count_resync",
-    "snapshot",
-]
+__all__ = ["EntryCounters", "SubscriptionStatistics"]
 
 
 @attrs.frozen
@@ -65,64 +56,52 @@ class SubscriptionStatistics:
 
 
 @final
+@attrs.define(eq=False)
 class EntryCounters:
     """The counts an entry keeps; the rest is derived when asked for."""
 
-    __slots__ = ("lagged", "moved", "replays", "resyncs")
-
-    def __init__(self) -> None:
-        #: Items the consumers that left had moved past, less where every
-        #: consumer joined and what they skipped (see the module docstring).
-        self.moved = 0
-        self.replays = 0
-        self.lagged = 0
-        self.resyncs = 0
-
-
-def count_join(
-    counters: EntryCounters, consumer: FanoutConsumer[Any], replayed: bool
-) -> None:
-    """A consumer registered at its log position: it has received nothing yet."""
-    counters.moved -= position(consumer)
-    counters.replays += replayed
-
-
-def count_leave(
-    counters: EntryCounters, consumer: FanoutConsumer[Any], fanout: Fanout[Any]
-) -> None:
-    """``consumer`` of ``fanout`` is about to end: count its position. One
-    that has ended already read the source's end, so every item logged."""
-    here = position(consumer)
-    counters.moved += fanout.statistics().pulled if here < 0 else here
-
-
-def count_lag(counters: EntryCounters, skipped: int) -> None:
-    """A consumer fell behind and skipped ``skipped`` items."""
-    counters.lagged += 1
-    counters.moved -= skipped
-
-
-def count_resync(counters: EntryCounters, skipped: int) -> None:
-    """A lagging consumer moved to the log's end past ``skipped`` items, caught
-    up by a difference instead."""
-    counters.resyncs += 1
-    counters.moved -= skipped
-
-
-def snapshot(
-    counters: EntryCounters,
-    consumers: int,
-    fanout: Fanout[Any],
-    source: RestartingSource[Any],
-) -> SubscriptionStatistics:
-    """The statistics of an entry: its ``counters``, its ``consumers``, and
-    what its ``fanout`` and ``source`` say now."""
-    return SubscriptionStatistics(
-        consumers=consumers,
-        delivered=counters.moved + positions_total(fanout),
-        replays=counters.replays,
-        lagged=counters.lagged,
-        resyncs=counters.resyncs,
-        restarts=source.restarts,
-        source_errors=source.errors,
+    #: The consumers attached, to sum their positions.
+    consumers: weakref.WeakSet[FanoutConsumer[Any]] = attrs.field(
+        factory=weakref.WeakSet[FanoutConsumer[Any]]
     )
+    #: Items the consumers that left had moved past, less where every
+    #: consumer joined and what they skipped (see the module docstring).
+    moved: int = 0
+    replays: int = 0
+    lagged: int = 0
+    resyncs: int = 0
+
+    def join(self, consumer: FanoutConsumer[Any], replayed: bool) -> None:
+        """``consumer`` registered at its log position: it has received nothing."""
+        self.consumers.add(consumer)
+        self.moved -= consumer.position
+        self.replays += replayed
+
+    def leave(self, consumer: FanoutConsumer[Any], fanout: Fanout[Any]) -> None:
+        """``consumer`` of ``fanout`` is about to end: count its position. One
+        that has ended already read the source's end, so every item logged."""
+        self.consumers.discard(consumer)
+        here = consumer.position
+        self.moved += fanout.statistics().pulled if here < 0 else here
+
+    def skipped(self, skipped: int, resync: bool = False) -> None:
+        """A consumer fell behind and skipped ``skipped`` items (``resync``: it
+        was caught up by its view instead)."""
+        self.resyncs += resync
+        self.lagged += not resync
+        self.moved -= skipped
+
+    def snapshot(
+        self, consumers: int, source: RestartingSource[Any]
+    ) -> SubscriptionStatistics:
+        """The statistics of an entry with ``consumers`` attached and ``source``."""
+        live = [consumer.position for consumer in self.consumers]
+        return SubscriptionStatistics(
+            consumers=consumers,
+            delivered=self.moved + sum(here for here in live if here >= 0),
+            replays=self.replays,
+            lagged=self.lagged,
+            resyncs=self.resyncs,
+            restarts=source.restarts,
+            source_errors=source.errors,
+        )

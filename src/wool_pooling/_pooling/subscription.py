@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
-import inspect
-import pickle
 import types
 import uuid
-import weakref
 from collections import deque
 from collections.abc import Hashable
 from collections.abc import Mapping
@@ -26,8 +22,6 @@ from .._core.fanout import Lagged
 from .construction import CONFIG_ATTRIBUTE
 from .construction import SubscriptionConfig
 from .construction import build_raw
-from .construction import named_arguments
-from .construction import short_repr
 from .pool import Entry
 from .pool import SubscriptionPool
 from .pool import attach
@@ -35,11 +29,6 @@ from .pool import current_pool
 from .pool import find_entry
 from .restart import RestartPolicy
 from .statistics import SubscriptionStatistics
-from .statistics import count_join
-from .statistics import count_lag
-from .statistics import count_leave
-from .statistics import count_resync
-from .statistics import snapshot
 from .view import View
 
 __all__ = ["SharedSubscription", "SubscriptionConsumer"]
@@ -61,8 +50,8 @@ class SharedSubscription(Generic[T_co]):
     :class:`SubscriptionPool` share one raw instance and one iteration of it.
     Equality and hash follow (class, key). Pickles by calling the class again
     with the same arguments (plain ``pickle`` when the class is importable,
-    cloudpickle otherwise); a :exc:`TypeError` then names the class and the
-    argument at fault, and what to do. See :doc:`guarantees`.
+    cloudpickle otherwise); a :exc:`TypeError` then names the class, caused
+    by the pickler's own error. See :doc:`guarantees`.
     """
 
     __slots__ = ("__weakref__", "_args", "_checked", "_cls", "_key", "_kwargs")
@@ -74,9 +63,7 @@ class SharedSubscription(Generic[T_co]):
         self._key = key
         self._args = args
         self._kwargs = kwargs
-        # The picklers (cloudpickle: True, plain pickle: False) this
-        # subscription was checked to pickle with: checked once each.
-        self._checked: set[bool] = set()
+        self._checked = False  # whether cloudpickle was found to pickle it
 
     @property
     def cls(self) -> type:
@@ -125,9 +112,11 @@ class SharedSubscription(Generic[T_co]):
         live (nothing iterates it, its source ended, or no event loop runs
         here), and for a view that holds no workers. Starts nothing.
         """
-        pool = _current_pool_if_any()
-        view = None if pool is None else self.view(pool)
-        return _NO_WORKERS if view is None else view.snapshot()  # type: ignore[return-value]
+        try:
+            view = self.view()
+        except RuntimeError:  # no event loop runs here
+            view = None
+        return types.MappingProxyType({}) if view is None else view.snapshot()
 
     def view(self, pool: SubscriptionPool | None = None) -> View[Any] | None:
         """The view of the live entry of this subscription in ``pool``
@@ -157,7 +146,7 @@ class SharedSubscription(Generic[T_co]):
         entry = find_entry(pool or current_pool(), (self._cls, self._key))
         if entry is None:
             return SubscriptionStatistics()
-        return snapshot(entry.counters, entry.refs, entry.fanout, entry.source)
+        return entry.counters.snapshot(entry.refs, entry.source)
 
     def __aiter__(self) -> SubscriptionConsumer[T_co]:
         return SubscriptionConsumer(self)
@@ -172,19 +161,14 @@ class SharedSubscription(Generic[T_co]):
         return hash((self._cls, self._key))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        checked = self._checked
-        if len(checked) < 2:  # once checked with both, which one runs is moot
-            cloud = _pickling_with_cloudpickle()
-            if cloud not in checked:
-                _check_picklable(self._cls, self._args, self._kwargs, cloud)
-                checked.add(cloud)
-                if cloud and False not in checked:
-                    # Most subscriptions pickle with plain pickle too: checked
-                    # now, quietly, they skip the look at the stack above at
-                    # every later pickling (wool pickles one into every task).
-                    with contextlib.suppress(TypeError):
-                        _check_picklable(self._cls, self._args, self._kwargs, False)
-                        checked.add(False)
+        if not self._checked:  # pickled again and again by wool: checked once
+            try:
+                cloudpickle.dumps((self._cls, self._args, self._kwargs))  # pyright: ignore[reportUnknownMemberType]
+            except Exception as error:
+                raise TypeError(
+                    f"cannot pickle a {self._cls.__qualname__} subscription: {error}"
+                ) from error
+            self._checked = True
         return (_construct, (self._cls, self._args, self._kwargs))
 
     def __repr__(self) -> str:
@@ -192,118 +176,6 @@ class SharedSubscription(Generic[T_co]):
 
     def _build_raw(self) -> Any:
         return build_raw(self._cls, self._args, self._kwargs)
-
-
-# -- pickling errors that name the class and the argument --------------------
-
-# cloudpickle's Pickler.dump is Python code, on the stack while it pickles; if
-# a version makes it C, plain pickle cannot be told apart: assume cloudpickle.
-_CLOUDPICKLE_DUMP: object = getattr(
-    getattr(cloudpickle.Pickler, "dump", None), "__code__", None
-)
-_classes_pickled: dict[bool, weakref.WeakKeyDictionary[type, bool]] = {
-    True: weakref.WeakKeyDictionary(),
-    False: weakref.WeakKeyDictionary(),
-}
-
-
-def _pickling_with_cloudpickle() -> bool:
-    """Whether the pickler running now is cloudpickle's (else: plain pickle)."""
-    if _CLOUDPICKLE_DUMP is None:
-        return True
-    frame = inspect.currentframe()
-    while frame is not None:
-        if frame.f_code is _CLOUDPICKLE_DUMP:
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _dumps(value: object, cloud: bool) -> None:
-    if cloud:
-        cloudpickle.dumps(value)  # pyright: ignore[reportUnknownMemberType]
-    else:
-        pickle.dumps(value)
-
-
-def _cloudpickles(value: object) -> bool:
-    try:
-        _dumps(value, cloud=True)
-    except Exception:
-        return False
-    return True
-
-
-def _check_picklable(
-    cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], cloud: bool
-) -> None:
-    """Fail as pickling would, but naming the class, the argument and a remedy.
-
-    The arguments are pickled once more here, with the pickler in use
-    (``cloud``: cloudpickle's), so that their failure can be told from the
-    class's; a class's result is remembered, and a subscription's (see
-    :meth:`SharedSubscription.__reduce__`) too.
-    """
-    what = f"a {cls.__qualname__} subscription"
-    known = _classes_pickled[cloud]
-    if not known.get(cls, False):
-        try:
-            _dumps(cls, cloud)
-        except Exception as error:
-            if not cloud and _cloudpickles(cls):
-                raise TypeError(
-                    f"cannot pickle {what} with pickle: the class "
-                    f"{cls.__qualname__} cannot be imported by name ({error}); "
-                    "pickle it with cloudpickle (as wool does), or define the "
-                    "class at the top level of an importable module"
-                ) from error
-            raise TypeError(
-                f"cannot pickle {what}: the class {cls.__qualname__} is not "
-                "importable by name, so cloudpickle copies it by value, and "
-                f"its body holds something that does not pickle ({error}); "
-                "define the class in an importable module, or create that "
-                "object in __init__ (the raw instance is built where it is "
-                "iterated, and never pickled)"
-            ) from error
-        known[cls] = True
-    try:
-        _dumps((args, kwargs), cloud)
-    except Exception as error:
-        for name, value in named_arguments(cls, args, kwargs):
-            try:
-                _dumps(value, cloud)
-            except Exception as failure:
-                shown = f"{name}={short_repr(value)}"
-                if not cloud and _cloudpickles(value):
-                    raise TypeError(
-                        f"cannot pickle {what} with pickle: its argument "
-                        f"{shown} pickles only with cloudpickle ({failure}); "
-                        "pickle the subscription with cloudpickle (as wool "
-                        "does), or pass an object defined at the top level of "
-                        "an importable module"
-                    ) from failure
-                raise TypeError(
-                    f"cannot pickle {what}: its argument {shown} does not "
-                    f"pickle ({failure}); pass what it is made from (a name, "
-                    "an address) and build it in __init__, which runs in the "
-                    "process that iterates"
-                ) from failure
-        raise TypeError(
-            f"cannot pickle {what}: its constructor arguments do not pickle ({error})"
-        ) from error
-
-
-#: The view where no entry is live.
-_NO_WORKERS: Mapping[uuid.UUID, Any] = types.MappingProxyType({})
-
-
-def _current_pool_if_any() -> SubscriptionPool | None:
-    """The current pool, or ``None`` where no event loop runs (and no pool
-    is current)."""
-    try:
-        return current_pool()
-    except RuntimeError:
-        return None
 
 
 def _construct(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -350,8 +222,8 @@ class SubscriptionConsumer(Generic[T_co]):
         # Items to return before reading the log: the join's replay, or a
         # catch-up.
         self._replay: deque[Any] | None = None
-        # What this consumer had seen when it fell behind, for its catch-up
-        # (only with a lag bound).
+        # What it had seen when it fell behind, for its catch-up (with a lag
+        # bound).
         self._seen: _Seen | None = None
         self._ended = False
         # Whether it was found synced (it stays so), and what wait_synced()
@@ -369,14 +241,6 @@ class SubscriptionConsumer(Generic[T_co]):
 
     async def __anext__(self) -> T_co:
         consumer = self._consumer
-        if consumer is not None and self._replay is None and self._sync_event is None:
-            # The common case, the next item of a batch.
-            try:
-                return consumer.receive_nowait()
-            except anyio.WouldBlock:
-                pass
-            except Exception as error:
-                return await self._failed(consumer, error)
         if consumer is None:
             if self._ended:
                 raise StopAsyncIteration
@@ -389,26 +253,25 @@ class SubscriptionConsumer(Generic[T_co]):
                 item = replay.popleft()
                 if not replay:
                     self._replay = None
-                    if self._sync_event is not None:
-                        self._wake_if_synced()
-                return item
-            try:
-                item = consumer.receive_nowait()
-            except anyio.WouldBlock:
-                # Waited for outside the handler: a cancellation raised in the
-                # wait would carry the WouldBlock's traceback, which pins the log.
-                item = _WAIT
-            except Exception as error:
-                return await self._failed(consumer, error)
-            if item is _WAIT:
+            else:
                 try:
-                    await consumer.wait_readable()
+                    item = consumer.receive_nowait()
+                except anyio.WouldBlock:
+                    # Waited for outside the handler: a cancellation raised in
+                    # the wait would carry the WouldBlock's traceback, which
+                    # pins the log.
+                    item = _WAIT
                 except Exception as error:
                     return await self._failed(consumer, error)
-                except BaseException:
-                    await self._release()  # a cancellation: this consumer ends
-                    raise
-                continue
+                if item is _WAIT:
+                    try:
+                        await consumer.wait_readable()
+                    except Exception as error:
+                        return await self._failed(consumer, error)
+                    except BaseException:
+                        await self._release()  # a cancellation: this consumer ends
+                        raise
+                    continue
             if self._sync_event is not None:
                 self._wake_if_synced()
             return item
@@ -418,7 +281,7 @@ class SubscriptionConsumer(Generic[T_co]):
         an end, this consumer's."""
         if isinstance(error, Lagged):
             assert self._entry is not None
-            count_lag(self._entry.counters, error.skipped)
+            self._entry.counters.skipped(error.skipped)
             if self._catch_up(consumer):
                 return await self.__anext__()
             raise error
@@ -462,9 +325,7 @@ class SubscriptionConsumer(Generic[T_co]):
             event = self._sync_event
             if event is None or event.is_set():
                 event = self._sync_event = anyio.Event()
-            entry = self._entry
-            if entry is not None and entry.source.listed_at is None:
-                entry.source.notify_listed(event)
+            self._wake_if_synced()  # or be woken at the listing's end
             await event.wait()
         await anyio.lowlevel.cancel_shielded_checkpoint()
 
@@ -497,7 +358,7 @@ class SubscriptionConsumer(Generic[T_co]):
         if catch_up is None:
             return False
         self._replay = deque(catch_up) or None
-        count_resync(entry.counters, consumer.skip_buffered())
+        entry.counters.skipped(consumer.skip_buffered(), resync=True)
         return True
 
     def _join(self) -> FanoutConsumer[Any]:
@@ -517,7 +378,7 @@ class SubscriptionConsumer(Generic[T_co]):
         # Registered and replayed in one step: no gap, no duplicate.
         consumer = self._consumer = entry.fanout.consumer(on_skip=seen)
         self._replay = deque(view.replay()) or None
-        count_join(entry.counters, consumer, self._replay is not None)
+        entry.counters.join(consumer, self._replay is not None)
         view.joined()
         return consumer
 
@@ -537,15 +398,12 @@ class SubscriptionConsumer(Generic[T_co]):
         self._ended = True
         self._wake_if_synced()
         consumer, self._consumer = self._consumer, None
-        self._replay = None
-        if consumer is None:
-            return
-        _count_leave(self._entry, consumer)
-        consumer.close()
-        self._seen = None
         entry, self._entry = self._entry, None  # an ended consumer pins nothing
-        assert entry is not None
-        await entry.release()
+        self._replay = self._seen = None
+        if consumer is not None and entry is not None:
+            entry.counters.leave(consumer, entry.fanout)
+            consumer.close()
+            await entry.release()
 
     def __del__(self) -> None:
         consumer = getattr(self, "_consumer", None)
@@ -554,11 +412,11 @@ class SubscriptionConsumer(Generic[T_co]):
         # Dropping the fan-out consumer ends it (its own finaliser hands the
         # leave to the loop's thread if need be).
         self._consumer = None
-        _count_leave(self._entry, consumer)
-        del consumer
         entry = self._entry
-        if entry is not None:
-            entry.release_soon()
+        assert entry is not None
+        entry.counters.leave(consumer, entry.fanout)
+        del consumer
+        entry.release_soon()
 
     def __repr__(self) -> str:
         if self._ended:
@@ -568,12 +426,6 @@ class SubscriptionConsumer(Generic[T_co]):
         else:
             state = f"ACTIVE, replay: {len(self._replay or ())}"
         return f"<SubscriptionConsumer [{state}] of {self._subscription!r}>"
-
-
-def _count_leave(entry: Entry | None, consumer: FanoutConsumer[Any]) -> None:
-    """Count what ``consumer``, about to end, received from ``entry``'s log."""
-    if entry is not None:
-        count_leave(entry.counters, consumer, entry.fanout)
 
 
 @final
