@@ -40,6 +40,7 @@ from .backend import ready
 from .iterators import aclose_iterator
 from .iterators import throw_into
 from .signatures import check_positional
+from .signatures import suggest_keywords
 
 __all__ = ["Fanout", "FanoutConsumer", "FanoutStatistics", "LagPolicy", "Lagged"]
 
@@ -209,6 +210,7 @@ class _Pump:
             self.interruptible.cancel()
 
 
+@suggest_keywords
 @final
 class Fanout(Generic[T]):
     """Multicast one async iterable to any number of independent consumers.

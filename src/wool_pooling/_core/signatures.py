@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import inspect
 import types
 import weakref
@@ -21,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 from typing import Generic
 from typing import TypeVar
+from typing import cast
 
 Shape = TypeVar("Shape", bound=Hashable)
 
@@ -30,6 +32,7 @@ __all__ = [
     "check_positional",
     "did_you_mean",
     "signature_of",
+    "suggest_keywords",
 ]
 
 _KEYWORD_KINDS = (
@@ -197,3 +200,39 @@ def _called_through_its_class(function: object) -> bool:
         and inspect.isfunction(type(function).__call__)
         and getattr(function, "__signature__", None) is None
     )
+
+
+Checked = TypeVar("Checked", bound=Callable[..., Any])
+
+
+def suggest_keywords(target: Checked) -> Checked:
+    """Make a misspelt keyword fail with the closest accepted name.
+
+    ``target`` is a function, or a class whose ``__init__`` is checked. A
+    call with a keyword it does not take raises Python's own
+    :exc:`TypeError` message followed by `` (did you mean 'x'?)``; other
+    calls pass through unchanged.
+    """
+    function: Callable[..., Any] = (
+        target.__init__ if isinstance(target, type) else target  # pyright: ignore[reportUnknownMemberType]
+    )
+    parameters = inspect.signature(function).parameters
+    accepted = frozenset(
+        name for name, each in parameters.items() if each.kind in _KEYWORD_KINDS
+    )
+    what = f"{function.__qualname__.removesuffix('.__init__')}()"
+
+    @functools.wraps(function)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        for name in kwargs:
+            if name not in accepted:
+                raise TypeError(
+                    f"{what} got an unexpected keyword argument {name!r}"
+                    f"{did_you_mean(name, accepted)}"
+                )
+        return function(*args, **kwargs)
+
+    if isinstance(target, type):
+        setattr(target, "__init__", checked)  # noqa: B010
+        return cast(Checked, target)
+    return cast(Checked, checked)

@@ -25,6 +25,7 @@ import attrs
 from .._core.backend import current_loop
 from .._core.iterators import aclose_iterator
 from .._core.iterators import throw_into
+from .._core.signatures import suggest_keywords
 from .._core.synced import Synced
 from .view import View
 
@@ -42,6 +43,7 @@ def _number(value: object, low: float, high: float) -> bool:
     return low <= value <= high
 
 
+@suggest_keywords
 @attrs.frozen
 class RestartPolicy:
     """Opt-in restarts of a raw stream that fails (or ends), the same wherever

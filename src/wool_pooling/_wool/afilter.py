@@ -13,9 +13,11 @@ from wool import WorkerMetadata
 
 from .._core.iterators import aclose_iterator
 from .._core.signatures import check_positional
+from .._core.signatures import suggest_keywords
 from .workers import WorkerMap
 
 
+@suggest_keywords
 class afilter:
     """The part of ``inner``'s discovery stream that concerns the workers
     ``predicate`` accepts, as a consistent lifecycle per worker.

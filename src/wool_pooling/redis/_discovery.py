@@ -14,6 +14,7 @@ from wool import DiscoveryPublisherLike
 from wool import DiscoverySubscriberLike
 from wool import WorkerMetadata
 
+from .._core.signatures import suggest_keywords
 from .._pooling.restart import RestartPolicy
 from .._wool.afilter import afilter
 from ._connection import check_client_options
@@ -39,6 +40,7 @@ from ._stream import SharedRedisStream
 from ._stream import note_options
 
 
+@suggest_keywords
 @final
 class RedisDiscovery:
     """A wool ``DiscoveryLike`` on one Redis server, Sentinel-monitored master

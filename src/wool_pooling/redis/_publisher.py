@@ -19,6 +19,7 @@ import redis.exceptions as redis_errors
 from wool import DiscoveryEventType
 from wool import WorkerMetadata
 
+from .._core.signatures import suggest_keywords
 from ._connection import Connection
 from ._connection import check_client_options
 from ._connection import open_client
@@ -74,6 +75,7 @@ def _process_alive(pid: int) -> bool:
     return state not in (b"Z", b"X")
 
 
+@suggest_keywords
 @final
 class RedisPublisher:
     """Announces workers in a namespace's Redis hash, each with a renewed lease.
