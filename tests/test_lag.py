@@ -290,11 +290,10 @@ async def test_error_mode_lag_of_exactly_max_lag_loses_nothing() -> None:
     await fanout.aclose()
 
 
-@pytest.mark.parametrize("on_lag", ["wait", "error"])
-async def test_max_lag_none_is_unbounded(on_lag: str) -> None:
+async def test_max_lag_none_is_unbounded() -> None:
     """max_lag=None: a stalled consumer makes the log grow; it later gets every item."""
     n = 100
-    fanout = Fanout(Counter(n), max_lag=None, on_lag=on_lag)  # type: ignore[arg-type]
+    fanout = Fanout(Counter(n), max_lag=None)
     fast, slow = fanout.consumer(), fanout.consumer()
     assert await read(fast, n) == list(range(n))
     assert fanout.statistics().buffered == n
@@ -303,14 +302,27 @@ async def test_max_lag_none_is_unbounded(on_lag: str) -> None:
     await fanout.aclose()
 
 
-async def test_default_fanout_is_unbounded() -> None:
-    """Fanout(source) without max_lag keeps the unbounded behaviour."""
-    n = 50
-    fanout = Fanout(Counter(n))
+def test_the_error_policy_without_a_bound_is_refused() -> None:
+    """``on_lag="error"`` with ``max_lag=None`` could never act: refused at
+    construction, saying why."""
+    with pytest.raises(ValueError, match=r"on_lag='error' needs a max_lag"):
+        Fanout(Counter(1), max_lag=None, on_lag="error")
+
+
+async def test_default_fanout_holds_what_the_decorator_holds() -> None:
+    """Fanout(source) without max_lag is bounded as ``@shared_subscription``
+    is, at 1024 items: a stalled consumer holds back the pull past it."""
+    n = 2000
+    fanout = Fanout(Counter(n), read_ahead=0)
     fast, slow = fanout.consumer(), fanout.consumer()
-    assert await read(fast, n) == list(range(n))
-    assert fanout.statistics().buffered == n
+    assert await read(fast, 1024) == list(range(1024))
+    with anyio.CancelScope() as scope:
+        scope.deadline = anyio.current_time()
+        await anext(fast)  # waits for room: the slow one holds the log
+    assert scope.cancelled_caught
+    assert fanout.statistics().buffered == 1024
     assert await read(slow, n) == list(range(n))
+    assert await read(fast, n - 1024) == list(range(1024, n))
     await fanout.aclose()
 
 
@@ -335,10 +347,11 @@ def test_fanout_rejects_unknown_on_lag(on_lag: Any) -> None:
 
 
 def test_fanout_accepts_good_lag_arguments() -> None:
-    """Fanout: max_lag=1 and both policies are accepted."""
+    """Fanout: max_lag=1 and both policies are accepted, and no bound with
+    ``"wait"``."""
     for on_lag in ("wait", "error"):
         Fanout(Counter(1), max_lag=1, on_lag=on_lag)  # type: ignore[arg-type]
-        Fanout(Counter(1), max_lag=None, on_lag=on_lag)  # type: ignore[arg-type]
+    Fanout(Counter(1), max_lag=None, on_lag="wait")
 
 
 class _Raw:

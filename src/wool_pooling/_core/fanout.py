@@ -71,6 +71,11 @@ class Lagged(Exception):
         self.skipped = skipped
 
 
+#: The items a fan-out holds for its slowest consumer unless told otherwise
+#: (``Fanout`` and ``@shared_subscription`` alike).
+DEFAULT_MAX_LAG = 1024
+
+
 def validate_read_ahead(read_ahead: int) -> int:
     """Check a ``read_ahead`` argument: an int >= 0."""
     if (
@@ -210,6 +215,12 @@ class _Pump:
             self.interruptible.cancel()
 
 
+def _wake_space_of(ref: weakref.ref[Fanout[Any]]) -> None:
+    state = ref()
+    if state is not None:
+        state._wake_space()  # pyright: ignore[reportPrivateUsage]
+
+
 @suggest_keywords
 @final
 class Fanout(Generic[T]):
@@ -228,7 +239,8 @@ class Fanout(Generic[T]):
     :param source: The async iterable to multicast; ``aiter(source)`` is
         called once, at the first pull, in the pump.
     :param max_lag: How many items the log may hold for the slowest
-        consumer, or ``None`` for no bound.
+        consumer (1024 by default, as ``@shared_subscription``), or ``None``
+        for no bound.
     :param on_lag: At the bound, ``"wait"``: no pull starts until the slowest
         consumer reads (lossless); ``"error"``: the oldest items are dropped,
         and a consumer that missed some gets :exc:`Lagged` at its next read.
@@ -237,7 +249,8 @@ class Fanout(Generic[T]):
         demand only.
     :raises TypeError: if ``source`` has no ``__aiter__``.
     :raises ValueError: if ``max_lag`` is not ``None`` or an int >= 1,
-        ``on_lag`` is neither ``"wait"`` nor ``"error"``, or ``read_ahead``
+        ``on_lag`` is neither ``"wait"`` nor ``"error"`` (or ``"error"``
+        with ``max_lag=None``, a policy that could never act), or ``read_ahead``
         is not an int >= 0.
     """
 
@@ -261,7 +274,7 @@ class Fanout(Generic[T]):
         self,
         source: AsyncIterable[T],
         *,
-        max_lag: int | None = None,
+        max_lag: int | None = DEFAULT_MAX_LAG,
         on_lag: LagPolicy = "wait",
         read_ahead: int = DEFAULT_READ_AHEAD,
     ) -> None:
@@ -272,6 +285,11 @@ class Fanout(Generic[T]):
         max_lag = validate_max_lag(max_lag)
         if on_lag not in ("wait", "error"):
             raise ValueError(f"on_lag must be 'wait' or 'error', got {on_lag!r}")
+        if on_lag == "error" and max_lag is None:
+            raise ValueError(
+                "on_lag='error' needs a max_lag: with max_lag=None no consumer "
+                "ever lags, so the policy could never act"
+            )
         # What the pump iterates (dropped at close); the log's end, the empty
         # node the next item fills (its seq: items logged so far).
         self._source: AsyncIterable[T] = source
@@ -1015,7 +1033,8 @@ class FanoutConsumer(Generic[T]):
         state = self._state
         pump = state._pump
         if pump is not None and state._max_lag is not None and not state._drop_lagging:
-            pump.loop.run_soon(state._wake_space)
+            # Held weakly: a fan-out dropped meanwhile is not kept for it.
+            pump.loop.run_soon(_wake_space_of, weakref.ref(state))
 
     def __repr__(self) -> str:
         state = "ACTIVE" if self._node is not _ENDED else "ENDED"

@@ -11,6 +11,7 @@ from typing import Protocol
 from typing import TypeVar
 from typing import overload
 
+from .._core.fanout import DEFAULT_MAX_LAG
 from .._core.fanout import DEFAULT_READ_AHEAD
 from .._core.fanout import validate_max_lag
 from .._core.fanout import validate_read_ahead
@@ -39,7 +40,6 @@ class _Decorator(Protocol):
 
 
 #: Default bound on how far a consumer of a shared subscription may lag.
-DEFAULT_MAX_LAG = 1024
 
 
 @overload

@@ -255,7 +255,11 @@ def attach(
         view.remember(None if config.max_lag is None else config.max_lag + 1)
         source = RestartingSource[Any](raw, config.restart, view)
         fanout = Fanout(
-            source, max_lag=config.max_lag, on_lag="error", read_ahead=config.read_ahead
+            source,
+            max_lag=config.max_lag,
+            # (``"error"`` needs a bound; without one no consumer ever lags)
+            on_lag="wait" if config.max_lag is None else "error",
+            read_ahead=config.read_ahead,
         )
         if config.restart is not None:
             source.deliver_to(fanout.inject)
