@@ -518,6 +518,36 @@ async def test_aclose_cancels_the_pull_a_running_pump_waits_in() -> None:
     assert not fanout.statistics().pulling
 
 
+async def test_a_source_closing_its_own_fan_out_finishes_its_pull_uncancelled() -> None:
+    """A source that closes its own fan-out in a pull gets no cancellation:
+    ``aclose()`` returns at once, the pull's later awaits go through, its
+    consumer ends, and the source is closed once the pull returns."""
+    steps: list[str] = []
+    fanout: Fanout[int] | None = None
+    closed = anyio.Event()
+
+    async def source() -> AsyncIterator[int]:
+        try:
+            assert fanout is not None
+            await fanout.aclose()
+            await anyio.lowlevel.checkpoint()
+            steps.append("checkpoint passed")
+            yield 1
+        finally:
+            steps.append("closed")
+            closed.set()
+
+    fanout = Fanout(source())
+    consumer = fanout.consumer()
+    with anyio.fail_after(TIMEOUT):
+        with pytest.raises(StopAsyncIteration):
+            await anext(consumer)
+        await closed.wait()
+    assert steps == ["checkpoint passed", "closed"]
+    assert fanout.closed
+    assert consumer.closed
+
+
 class Held:
     """A source whose items come ready until ``hold`` is set; then each pull
     waits for ``release`` and raises :exc:`Boom`."""

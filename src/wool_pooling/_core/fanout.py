@@ -33,7 +33,6 @@ import anyio.lowlevel
 import attrs
 
 from .backend import EventLoop
-from .backend import Interruptible
 from .backend import Waiters
 from .backend import current_loop
 from .backend import ready
@@ -168,11 +167,11 @@ class _Pump:
         "context",
         "deferred",
         "done",
-        "interruptible",
         "loop",
         "parking",
         "patience",
         "pulling",
+        "scope",
         "stopping",
         "task",
         "watching",
@@ -182,10 +181,10 @@ class _Pump:
         self.loop = loop
         # The first waiting consumer's context, which every pull runs in.
         self.context = contextvars.copy_context()
-        # The region its pulls run in (stop() interrupts it); where the task
+        # The scope its pulls run in (stop() cancels it); where the task
         # waits for a demand, while it does; set once the task has ended
         # (None until it starts); the task.
-        self.interruptible: Interruptible = loop.interruptible()
+        self.scope = anyio.CancelScope()
         self.parking: Waiters | None = None
         self.done: anyio.Event | None = None
         self.task: object = None
@@ -201,12 +200,13 @@ class _Pump:
         self.patience = 0
 
     def stop(self) -> None:
-        """Have the task close the source and end; from the loop's thread."""
+        """Have the task close the source and end; from the loop's thread,
+        outside the task."""
         self.stopping = True
         if self.parking is not None:
             self.parking.wake()
         elif self.pulling:
-            self.interruptible.cancel()
+            self.scope.cancel()
 
 
 @final
@@ -382,9 +382,11 @@ class Fanout(Generic[T]):
                 # The pump closes the source in its own loop: no wait here.
                 loop.run_soon(pump.stop)
                 loop.check_current("this fan-out")
-            pump.stop()
             if pump.task is loop.current_task():
-                return  # the source closes its own fan-out: the pump ends after
+                # The source closes its own fan-out: the pump ends after.
+                pump.stopping = True
+                return
+            pump.stop()
             with anyio.CancelScope(shield=True):
                 await pump.done.wait()
         error, pump.close_error = pump.close_error, None
@@ -634,10 +636,10 @@ def _watch(pump: _Pump, ref: weakref.ref[Fanout[Any]]) -> None:
 
 
 async def _run_pump(ref: weakref.ref[Fanout[Any]], pump: _Pump) -> None:
-    """The pump's task: iterate the source in the region :meth:`_Pump.stop`
-    interrupts, and tell :meth:`Fanout.aclose` once done."""
+    """The pump's task: iterate the source in the scope :meth:`_Pump.stop`
+    cancels, and tell :meth:`Fanout.aclose` once done."""
     try:
-        with pump.interruptible:
+        with pump.scope:
             await _iterate(ref, pump)
     finally:
         assert pump.done is not None
@@ -731,7 +733,7 @@ async def _iterate(ref: weakref.ref[Fanout[Any]], pump: _Pump) -> None:
             fanout._fail(error)
         del fanout
         if isinstance(error, anyio.get_cancelled_exc_class()):
-            raise  # interrupted (the region takes it back) or from outside
+            raise  # stopped (the scope takes it back) or from outside
     finally:
         pump.pulling = False
         pump.stopping = True
@@ -1031,15 +1033,3 @@ def position(consumer: FanoutConsumer[Any]) -> int:
 def positions_total(fanout: Fanout[Any]) -> int:
     """The sum of the positions of the consumers of ``fanout`` not ended."""
     return sum(consumer.position for consumer in fanout._live())
-
-
-def logged(fanout: Fanout[Any]) -> int:
-    """Items logged so far (:attr:`FanoutStatistics.pulled`), in O(1)."""
-    return fanout._tail[2]
-
-
-def source_failed(fanout: Fanout[Any]) -> bool:
-    """Whether the source of ``fanout`` raised (not an exhaustion, a close,
-    or a cancellation from outside)."""
-    end = fanout._end
-    return end is not None and end.error is not None and not end.cancelled

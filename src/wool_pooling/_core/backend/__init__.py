@@ -17,11 +17,10 @@ import weakref
 
 from ._asyncio import AsyncioLoop
 from ._base import EventLoop
-from ._base import Interruptible
 from ._base import Waiters
 from ._base import ready
 
-__all__ = ["EventLoop", "Interruptible", "Waiters", "current_loop", "ready"]
+__all__ = ["EventLoop", "Waiters", "current_loop", "ready"]
 
 #: The handle of each live asyncio loop.
 _asyncio_handles: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncioLoop] = (
