@@ -938,14 +938,10 @@ class FanoutConsumer(Generic[T]):
 
         :returns: how many items were skipped.
         """
-        state = self._state
-        node = self._node
-        if node is _ENDED or state.closed:
-            return 0
-        tail = state._tail
-        skipped = tail[2] - node[2]
-        self._node = tail
-        state._wake_space()
+        skipped = self.buffered
+        if self._node is not _ENDED and not self._state.closed:
+            self._node = self._state._tail
+            self._state._wake_space()
         return skipped
 
     def close(self) -> None:

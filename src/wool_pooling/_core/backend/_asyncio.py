@@ -90,12 +90,6 @@ class AsyncioLoop(EventLoop):
             return False
         return True
 
-    def state(self) -> str:
-        loop = self._loop_ref()
-        if loop is None:
-            return "GONE"
-        return "CLOSED" if loop.is_closed() else "RUNNING"
-
 
 @final
 class _UntilWaits(Generator[Any, Any, Any]):
