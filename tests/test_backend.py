@@ -20,6 +20,7 @@ from _loops import asyncio_only
 from _loops import run
 
 from wool_pooling._core.backend import EventLoop
+from wool_pooling._core.backend import Interruptible
 from wool_pooling._core.backend import Waiters
 from wool_pooling._core.backend import current_loop
 from wool_pooling._core.backend._asyncio import AsyncioLoop
@@ -31,6 +32,7 @@ ABSTRACT = {
     "current_task",
     "is_current",
     "waiters",
+    "interruptible",
     "spawn",
     "run_soon",
 }
@@ -48,6 +50,9 @@ def backend_with_all_but(missing: str | None) -> type[EventLoop]:
     def waiters(self: EventLoop) -> Waiters:
         raise NotImplementedError
 
+    def interruptible(self: EventLoop) -> Interruptible:
+        raise NotImplementedError
+
     def spawn(
         self: EventLoop,
         fn: Callable[..., Awaitable[Any]],
@@ -63,6 +68,7 @@ def backend_with_all_but(missing: str | None) -> type[EventLoop]:
         "current_task": current_task,
         "is_current": is_current,
         "waiters": waiters,
+        "interruptible": interruptible,
         "spawn": spawn,
         "run_soon": run_soon,
     }

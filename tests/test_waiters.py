@@ -44,3 +44,38 @@ async def test_wake_releases_every_waiter_and_a_cancelled_one_is_withdrawn() -> 
         assert woken == []
         waiters.wake()
     assert sorted(woken) == [0, 1]
+
+
+async def test_an_interruptible_region_takes_back_only_its_own_cancellation() -> None:
+    """``cancel()`` from another task interrupts what the region awaits, once,
+    and the region exits quietly; awaits after it are not cancelled; a
+    cancellation from elsewhere goes through the region."""
+    loop = current_loop()
+    outcome: list[str] = []
+    entered = anyio.Event()
+    region = loop.interruptible()
+
+    async def inside() -> None:
+        with region:
+            entered.set()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                outcome.append("interrupted")
+        await anyio.lowlevel.checkpoint()  # not cancelled any more
+        outcome.append("after")
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as group:
+            group.start_soon(inside)
+            await entered.wait()
+            await anyio.wait_all_tasks_blocked()
+            region.cancel()
+        assert outcome == ["interrupted", "after"]
+
+        other = loop.interruptible()
+        with anyio.CancelScope() as outer:
+            with other:
+                outer.cancel()
+                await anyio.sleep_forever()
+        assert outer.cancelled_caught

@@ -33,6 +33,7 @@ import anyio.lowlevel
 import attrs
 
 from .backend import EventLoop
+from .backend import Interruptible
 from .backend import Waiters
 from .backend import current_loop
 from .backend import ready
@@ -167,11 +168,11 @@ class _Pump:
         "context",
         "deferred",
         "done",
+        "interruptible",
         "loop",
         "parking",
         "patience",
         "pulling",
-        "scope",
         "stopping",
         "task",
         "watching",
@@ -181,10 +182,10 @@ class _Pump:
         self.loop = loop
         # The first waiting consumer's context, which every pull runs in.
         self.context = contextvars.copy_context()
-        # The scope its pulls run in (stop() cancels it); where the task
+        # The region its pulls run in (stop() interrupts it); where the task
         # waits for a demand, while it does; set once the task has ended
         # (None until it starts); the task.
-        self.scope = anyio.CancelScope()
+        self.interruptible: Interruptible = loop.interruptible()
         self.parking: Waiters | None = None
         self.done: anyio.Event | None = None
         self.task: object = None
@@ -206,7 +207,7 @@ class _Pump:
         if self.parking is not None:
             self.parking.wake()
         elif self.pulling:
-            self.scope.cancel()
+            self.interruptible.cancel()
 
 
 @final
@@ -634,10 +635,10 @@ def _watch(pump: _Pump, ref: weakref.ref[Fanout[Any]]) -> None:
 
 
 async def _run_pump(ref: weakref.ref[Fanout[Any]], pump: _Pump) -> None:
-    """The pump's task: iterate the source in the scope :meth:`_Pump.stop`
-    cancels, and tell :meth:`Fanout.aclose` once done."""
+    """The pump's task: iterate the source in the region :meth:`_Pump.stop`
+    interrupts, and tell :meth:`Fanout.aclose` once done."""
     try:
-        with pump.scope:
+        with pump.interruptible:
             await _iterate(ref, pump)
     finally:
         assert pump.done is not None
@@ -731,7 +732,7 @@ async def _iterate(ref: weakref.ref[Fanout[Any]], pump: _Pump) -> None:
             fanout._fail(error)
         del fanout
         if isinstance(error, anyio.get_cancelled_exc_class()):
-            raise  # stopped (the scope takes it back) or from outside
+            raise  # interrupted (the region takes it back) or from outside
     finally:
         pump.pulling = False
         pump.stopping = True

@@ -19,10 +19,11 @@ from typing import Any
 
 from ._asyncio import AsyncioLoop
 from ._base import EventLoop
+from ._base import Interruptible
 from ._base import Waiters
 from ._base import ready
 
-__all__ = ["EventLoop", "Waiters", "current_loop", "ready"]
+__all__ = ["EventLoop", "Interruptible", "Waiters", "current_loop", "ready"]
 
 #: The handle of each live asyncio loop and trio run (by its token).
 _handles: weakref.WeakKeyDictionary[object, EventLoop] = weakref.WeakKeyDictionary()

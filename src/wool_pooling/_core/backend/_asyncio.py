@@ -14,6 +14,7 @@ from typing import Any
 from typing import final
 
 from ._base import EventLoop
+from ._base import Interruptible
 from ._base import Waiters
 from ._base import guarded
 from ._base import ready
@@ -66,6 +67,9 @@ class AsyncioLoop(EventLoop):
 
     def waiters(self) -> Waiters:
         return _FutureWaiters(self._loop())
+
+    def interruptible(self) -> Interruptible:
+        return _TaskInterruptible()
 
     def spawn(
         self,
@@ -181,3 +185,44 @@ class _FutureWaiters:
         for future in futures:
             if not future.done():
                 future.set_result(None)
+
+
+@final
+class _TaskInterruptible:
+    """asyncio: :meth:`cancel` cancels the task once; leaving the region
+    takes that one cancellation back (:meth:`asyncio.Task.uncancel`)."""
+
+    __slots__ = ("_inside", "_interrupted", "_task")
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[Any] | None = None
+        self._inside = False
+        self._interrupted = False
+
+    def __enter__(self) -> object:
+        self._task = asyncio.current_task()
+        self._inside = True
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: types.TracebackType | None,
+    ) -> bool:
+        self._inside = False
+        task = self._task
+        self._task = None
+        if not self._interrupted or task is None:
+            return False
+        # One cancel() was ours: take it back. A cancellation still counted
+        # after that came from elsewhere and goes through.
+        if task.uncancel() > 0:
+            return False
+        return exc_type is not None and issubclass(exc_type, asyncio.CancelledError)
+
+    def cancel(self) -> None:
+        if self._interrupted or not self._inside or self._task is None:
+            return
+        self._interrupted = True
+        self._task.cancel()

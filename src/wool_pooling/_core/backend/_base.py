@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import threading
+import types
 from abc import ABC
 from abc import abstractmethod
 from collections.abc import Awaitable
@@ -37,6 +38,24 @@ class Waiters(Protocol):
     def wake(self) -> None:
         """Wake every task waiting, now and later."""
         ...
+
+
+class Interruptible(Protocol):
+    """A region of one task (``with region:``) that another task can
+    :meth:`cancel` once, as a cancellation of that task would; the region
+    takes that cancellation back, and lets one from elsewhere through."""
+
+    def __enter__(self) -> object: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: types.TracebackType | None,
+        /,
+    ) -> bool | None: ...
+
+    def cancel(self) -> None: ...
 
 
 class EventLoop(ABC):
@@ -82,6 +101,10 @@ class EventLoop(ABC):
     @abstractmethod
     def waiters(self) -> Waiters:
         """A new, empty set of waiters for this loop."""
+
+    @abstractmethod
+    def interruptible(self) -> Interruptible:
+        """A new region that :meth:`Interruptible.cancel` can cut short."""
 
     @abstractmethod
     def spawn(

@@ -20,6 +20,7 @@ from trio.lowlevel import spawn_system_task
 from trio.lowlevel import wait_task_rescheduled
 
 from ._base import EventLoop
+from ._base import Interruptible
 from ._base import Waiters
 from ._base import guarded
 from ._base import ready
@@ -49,6 +50,9 @@ class TrioLoop(EventLoop):
 
     def waiters(self) -> Waiters:
         return _TrioWaiters()
+
+    def interruptible(self) -> Interruptible:
+        return trio.CancelScope()
 
     def spawn(
         self,
