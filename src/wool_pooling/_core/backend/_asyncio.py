@@ -77,8 +77,6 @@ class AsyncioLoop(EventLoop):
         *args: Any,
         context: contextvars.Context | None = None,
     ) -> None:
-        if context is None:
-            context = contextvars.copy_context()
         task = self._loop().create_task(guarded(fn, *args), context=context)
         if not task.done():
             _running.add(task)
