@@ -547,7 +547,9 @@ class Fanout(Generic[T]):
         """Register ``consumer``'s task for one wake-up that may give it
         something to read, asking for a pull if none is in flight; return
         what to await. Call only while ``consumer`` is at the log's end and
-        the fan-out runs; :meth:`FanoutConsumer._wait_once` awaits it.
+        the fan-out runs; the caller awaits in its own frame, then sets
+        ``consumer._busy`` back to ``None``, or on an error calls
+        ``consumer._give_up()``.
 
         :raises ~anyio.BusyResourceError: if another task waits on
             ``consumer`` already.
@@ -890,10 +892,16 @@ class FanoutConsumer(Generic[T]):
                 return node[0]
             state = self._state
             if node is state._tail and state._end is None:  # nothing yet: wait
+                waiting = state._wait(self)
                 # A cancellation's traceback holds this frame: it must pin
                 # neither the fan-out nor the log.
                 del node, following, state
-                await self._wait_once()
+                try:
+                    await waiting
+                except BaseException:
+                    self._give_up(waiting)
+                    raise
+                self._busy = None
                 continue
             del node, following, state  # a traceback must not pin the log
             try:
@@ -918,20 +926,19 @@ class FanoutConsumer(Generic[T]):
         if self._node is not self._state._tail or self._state._end is not None:
             await anyio.lowlevel.checkpoint()
         while self._node is self._state._tail and self._state._end is None:
-            await self._wait_once()
+            waiting = self._state._wait(self)
+            try:
+                await waiting
+            except BaseException:
+                self._give_up(waiting)
+                raise
+            self._busy = None
 
-    async def _wait_once(self) -> None:
-        """Wait at the log's end for one wake-up (:meth:`Fanout._wait`); a
-        wait that raises before its wake withdraws its demand."""
-        waiting = self._state._wait(self)
-        try:
-            await waiting
-        except BaseException:
-            if self._busy is not None:  # not woken
-                self._busy.withdraw(waiting)
-                self._busy = None
-            raise
-        self._busy = None
+    def _give_up(self, waiting: Awaitable[None]) -> None:
+        """The wait ``waiting`` raised: withdraw its demand, unless woken."""
+        if self._busy is not None:
+            self._busy.withdraw(waiting)
+            self._busy = None
 
     def skip_buffered(self) -> int:
         """Drop everything this consumer has yet to read (a pending
