@@ -10,6 +10,7 @@ later error.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import weakref
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
+from _loops import asyncio_only
 from _stubs import TIMEOUT
 from _stubs import Boom
 from _stubs import NumbersIterable
@@ -516,6 +518,69 @@ async def test_aclose_cancels_the_pull_a_running_pump_waits_in() -> None:
             await ended.wait()
     assert finalized.is_set()
     assert not fanout.statistics().pulling
+
+
+async def test_a_source_closing_its_own_fan_out_finishes_its_pull_uncancelled() -> None:
+    """A source that closes its own fan-out in a pull gets no cancellation:
+    ``aclose()`` returns at once, the pull's later awaits go through, its
+    consumer ends, and the source is closed once the pull returns."""
+    steps: list[str] = []
+    fanout: Fanout[int] | None = None
+    closed = anyio.Event()
+
+    async def source() -> AsyncIterator[int]:
+        try:
+            assert fanout is not None
+            await fanout.aclose()
+            await anyio.lowlevel.checkpoint()
+            steps.append("checkpoint passed")
+            yield 1
+        finally:
+            steps.append("closed")
+            closed.set()
+
+    fanout = Fanout(source())
+    consumer = fanout.consumer()
+    with anyio.fail_after(TIMEOUT):
+        with pytest.raises(StopAsyncIteration):
+            await anext(consumer)
+        await closed.wait()
+    assert steps == ["checkpoint passed", "closed"]
+    assert fanout.closed
+    assert consumer.closed
+
+
+@asyncio_only
+async def test_aclose_cancels_an_asyncio_sources_pull_once() -> None:
+    """On asyncio, ``aclose()`` cancels the pull in flight with one
+    :exc:`asyncio.CancelledError`, as a task is cancelled: the source's
+    handler awaits its cleanup unshielded and is not cancelled again."""
+    steps: list[str] = []
+
+    async def source() -> AsyncIterator[int]:
+        try:
+            await anyio.sleep_forever()
+            yield 0
+        except asyncio.CancelledError:
+            await anyio.lowlevel.checkpoint()
+            await anyio.lowlevel.checkpoint()
+            steps.append("cleaned up")
+            raise
+
+    fanout = Fanout(source())
+    consumer = fanout.consumer()
+
+    async def wait_for_next() -> None:
+        with pytest.raises(StopAsyncIteration):
+            await anext(consumer)
+
+    with anyio.fail_after(TIMEOUT):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait_for_next)
+            await anyio.wait_all_tasks_blocked()
+            assert fanout.statistics().pulling
+            await fanout.aclose()
+    assert steps == ["cleaned up"]
 
 
 class Held:

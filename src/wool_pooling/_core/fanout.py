@@ -207,7 +207,8 @@ class _Pump:
         self.patience = 0
 
     def stop(self) -> None:
-        """Have the task close the source and end; from the loop's thread."""
+        """Have the task close the source and end; from the loop's thread,
+        outside the task."""
         self.stopping = True
         if self.parking is not None:
             self.parking.wake()
@@ -402,9 +403,11 @@ class Fanout(Generic[T]):
                 # The pump closes the source in its own loop: no wait here.
                 loop.run_soon(pump.stop)
                 loop.check_current("this fan-out")
-            pump.stop()
             if pump.task is loop.current_task():
-                return  # the source closes its own fan-out: the pump ends after
+                # The source closes its own fan-out: the pump ends after.
+                pump.stopping = True
+                return
+            pump.stop()
             with anyio.CancelScope(shield=True):
                 await pump.done.wait()
         error, pump.close_error = pump.close_error, None
@@ -963,14 +966,10 @@ class FanoutConsumer(Generic[T]):
 
         :returns: how many items were skipped.
         """
-        state = self._state
-        node = self._node
-        if node is _ENDED or state.closed:
-            return 0
-        tail = state._tail
-        skipped = tail[2] - node[2]
-        self._node = tail
-        state._wake_space()
+        skipped = self.buffered
+        if self._node is not _ENDED and not self._state.closed:
+            self._node = self._state._tail
+            self._state._wake_space()
         return skipped
 
     def close(self) -> None:
@@ -1052,15 +1051,3 @@ def position(consumer: FanoutConsumer[Any]) -> int:
 def positions_total(fanout: Fanout[Any]) -> int:
     """The sum of the positions of the consumers of ``fanout`` not ended."""
     return sum(consumer.position for consumer in fanout._live())
-
-
-def logged(fanout: Fanout[Any]) -> int:
-    """Items logged so far (:attr:`FanoutStatistics.pulled`), in O(1)."""
-    return fanout._tail[2]
-
-
-def source_failed(fanout: Fanout[Any]) -> bool:
-    """Whether the source of ``fanout`` raised (not an exhaustion, a close,
-    or a cancellation from outside)."""
-    end = fanout._end
-    return end is not None and end.error is not None and not end.cancelled

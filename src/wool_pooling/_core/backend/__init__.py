@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import sys
 import weakref
+from collections.abc import Callable
+from typing import Any
 
 from ._asyncio import AsyncioLoop
 from ._base import EventLoop
@@ -23,10 +25,8 @@ from ._base import ready
 
 __all__ = ["EventLoop", "Interruptible", "Waiters", "current_loop", "ready"]
 
-#: The handle of each live asyncio loop.
-_asyncio_handles: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncioLoop] = (
-    weakref.WeakKeyDictionary()
-)
+#: The handle of each live asyncio loop and trio run (by its token).
+_handles: weakref.WeakKeyDictionary[object, EventLoop] = weakref.WeakKeyDictionary()
 
 
 def current_loop() -> EventLoop:
@@ -35,18 +35,25 @@ def current_loop() -> EventLoop:
 
     :raises RuntimeError: if no asyncio loop or trio run is active here.
     """
+    make: Callable[[Any], EventLoop] = AsyncioLoop
+    key: Any
     try:
-        loop = asyncio.get_running_loop()
+        key = asyncio.get_running_loop()
     except RuntimeError:
-        pass
-    else:
-        handle = _asyncio_handles.get(loop)
-        if handle is None:
-            handle = _asyncio_handles[loop] = AsyncioLoop(loop)
-        return handle
-    if sys.modules.get("trio") is not None:  # a trio run imported it
-        from ._trio import current_trio_loop
+        if sys.modules.get("trio") is None:  # no trio run imported it
+            raise RuntimeError(_NO_LOOP) from None
+        from trio.lowlevel import current_trio_token
 
-        if (trio_handle := current_trio_loop()) is not None:
-            return trio_handle
-    raise RuntimeError("no asyncio event loop or trio run is active in this thread")
+        from ._trio import TrioLoop
+
+        try:
+            key, make = current_trio_token(), TrioLoop
+        except RuntimeError:
+            raise RuntimeError(_NO_LOOP) from None
+    handle = _handles.get(key)
+    if handle is None:
+        handle = _handles[key] = make(key)
+    return handle
+
+
+_NO_LOOP = "no asyncio event loop or trio run is active in this thread"

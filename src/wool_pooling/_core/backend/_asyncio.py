@@ -77,8 +77,6 @@ class AsyncioLoop(EventLoop):
         *args: Any,
         context: contextvars.Context | None = None,
     ) -> None:
-        if context is None:
-            context = contextvars.copy_context()
         task = self._loop().create_task(guarded(fn, *args), context=context)
         if not task.done():
             _running.add(task)
@@ -93,12 +91,6 @@ class AsyncioLoop(EventLoop):
         except RuntimeError:  # the loop is closed
             return False
         return True
-
-    def state(self) -> str:
-        loop = self._loop_ref()
-        if loop is None:
-            return "GONE"
-        return "CLOSED" if loop.is_closed() else "RUNNING"
 
 
 @final
@@ -228,10 +220,7 @@ class _TaskInterruptible:
         return exc_type is not None and issubclass(exc_type, asyncio.CancelledError)
 
     def cancel(self) -> None:
-        if self._interrupted or not self._inside:
+        if self._interrupted or not self._inside or self._task is None:
             return
-        task = self._task
-        if task is None or task is asyncio.current_task():
-            return  # from inside the region: it sees what it waits for itself
         self._interrupted = True
-        task.cancel()
+        self._task.cancel()

@@ -122,12 +122,8 @@ class EventLoop(ABC):
         """Schedule ``fn(*args)`` on the loop, from any thread or
         garbage-collection callback; ``False`` if the loop has finished."""
 
-    @abstractmethod
-    def state(self) -> str:
-        """``"RUNNING"``, ``"CLOSED"`` (asyncio) or ``"GONE"`` (collected)."""
-
     def __repr__(self) -> str:
-        return f"<EventLoop [{self.backend}, {self.state()}]>"
+        return f"<EventLoop [{self.backend}]>"
 
 
 async def ready() -> None:

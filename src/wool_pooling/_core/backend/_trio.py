@@ -25,20 +25,6 @@ from ._base import Waiters
 from ._base import guarded
 from ._base import ready
 
-_handles: weakref.WeakKeyDictionary[TrioToken, TrioLoop] = weakref.WeakKeyDictionary()
-
-
-def current_trio_loop() -> TrioLoop | None:
-    """The handle of the trio run active in this thread, if one is."""
-    try:
-        token = current_trio_token()
-    except RuntimeError:
-        return None
-    handle = _handles.get(token)
-    if handle is None:
-        handle = _handles[token] = TrioLoop(token)
-    return handle
-
 
 @final
 class TrioLoop(EventLoop):
@@ -87,9 +73,6 @@ class TrioLoop(EventLoop):
         except trio.RunFinishedError:
             return False
         return True
-
-    def state(self) -> str:
-        return "GONE" if self._token_ref() is None else "RUNNING"
 
 
 @final
