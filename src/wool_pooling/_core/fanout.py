@@ -1038,16 +1038,3 @@ class FanoutConsumer(Generic[T]):
     def __repr__(self) -> str:
         state = "ACTIVE" if self._node is not _ENDED else "ENDED"
         return f"<FanoutConsumer [{state}, buffered: {self.buffered}]>"
-
-
-# -- for the pool's statistics; one-liners over the fan-out --------------------
-
-
-def position(consumer: FanoutConsumer[Any]) -> int:
-    """:attr:`FanoutConsumer.position`."""
-    return consumer.position
-
-
-def positions_total(fanout: Fanout[Any]) -> int:
-    """The sum of the positions of the consumers of ``fanout`` not ended."""
-    return sum(consumer.position for consumer in fanout._live())
