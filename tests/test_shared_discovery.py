@@ -893,6 +893,8 @@ async def test_a_change_a_closing_rescan_merged_still_reaches_every_consumer(
         anyio.BrokenResourceError("inner stream broken"),
         anyio.ClosedResourceError("inner stream closed"),
         anyio.BusyResourceError("receiving from"),
+        anyio.EndOfStream(),
+        anyio.WouldBlock(),
     ],
     ids=lambda error: type(error).__name__,
 )

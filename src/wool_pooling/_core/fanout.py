@@ -119,6 +119,10 @@ class _Trap(list[Any]):
 _LAGGED = "lagged"
 _WATCHED = "watched"
 
+#: What a consumer's read finds: nothing ready yet, or its end.
+_NOTHING: Any = object()
+_DONE: Any = object()
+
 #: Where an ended consumer points: a node that never gets a next one.
 _ENDED: _Node = [None, None, -1]
 
@@ -874,6 +878,22 @@ class FanoutConsumer(Generic[T]):
         :raises Exception: the source's error, once, with its traceback;
             then the consumer ends.
         """
+        node = self._node
+        following = node[1]
+        if following is not None and self._busy is None:  # a buffered item
+            self._node = following
+            return node[0]
+        del node, following
+        item = self._take()
+        if item is _NOTHING:
+            raise anyio.WouldBlock
+        if item is _DONE:
+            raise anyio.EndOfStream
+        return item
+
+    def _take(self) -> Any:
+        """The next item, :data:`_NOTHING` or :data:`_DONE`: never one of
+        anyio's exceptions, which a source may raise as its error."""
         if self._busy is not None:
             raise anyio.BusyResourceError("receiving from")
         node = self._node
@@ -890,18 +910,18 @@ class FanoutConsumer(Generic[T]):
             self._node = following
             return node[0]
         if node is _ENDED:
-            raise anyio.EndOfStream
+            return _DONE
         state = self._state
         end = state._end
         if end is None:
-            raise anyio.WouldBlock
+            return _NOTHING
         if end.cancelled and state._pump is not None:
             state._pump.loop.check_current("this fan-out")
         del state
         self.close()
         if end.error is not None:
             raise end.error.with_traceback(end.traceback)
-        raise anyio.EndOfStream
+        return _DONE
 
     async def __anext__(self) -> T:
         while True:
@@ -924,12 +944,12 @@ class FanoutConsumer(Generic[T]):
                 self._busy = None
                 continue
             del node, following, state  # a traceback must not pin the log
-            try:
-                return self.receive_nowait()  # a trap, or the end
-            except anyio.WouldBlock:
+            item = self._take()  # a trap, or the end
+            if item is _NOTHING:
                 continue  # a trap over the log's end: wait
-            except anyio.EndOfStream:
-                raise StopAsyncIteration from None
+            if item is _DONE:
+                raise StopAsyncIteration
+            return item
 
     async def wait_readable(self) -> None:
         """Wait until :meth:`receive_nowait` has an answer other than

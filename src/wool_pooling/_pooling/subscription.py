@@ -36,9 +36,6 @@ __all__ = ["SharedSubscription", "SubscriptionConsumer"]
 #: The item type of a subscription: what its class's ``__aiter__`` yields.
 T_co = TypeVar("T_co", covariant=True)
 
-#: What a read that found nothing ready leaves, to be waited for.
-_WAIT: Any = object()
-
 
 @final
 class SharedSubscription(Generic[T_co]):
@@ -255,23 +252,18 @@ class SubscriptionConsumer(Generic[T_co]):
                     self._replay = None
             else:
                 try:
-                    item = consumer.receive_nowait()
-                except anyio.WouldBlock:
-                    # Waited for outside the handler: a cancellation raised in
-                    # the wait would carry the WouldBlock's traceback, which
-                    # pins the log.
-                    item = _WAIT
+                    if consumer.buffered:  # an item (or a lag) without a wait
+                        item = consumer.receive_nowait()
+                    else:  # nothing yet, or the end: the source's error as it is
+                        item = await consumer.__anext__()
+                except StopAsyncIteration:
+                    await self._release()
+                    raise
                 except Exception as error:
                     return await self._failed(consumer, error)
-                if item is _WAIT:
-                    try:
-                        await consumer.wait_readable()
-                    except Exception as error:
-                        return await self._failed(consumer, error)
-                    except BaseException:
-                        await self._release()  # a cancellation: this consumer ends
-                        raise
-                    continue
+                except BaseException:
+                    await self._release()  # a cancellation: this consumer ends
+                    raise
             if self._sync_event is not None:
                 self._wake_if_synced()
             return item
@@ -285,13 +277,11 @@ class SubscriptionConsumer(Generic[T_co]):
             if self._catch_up(consumer):
                 return await self.__anext__()
             raise error
-        if isinstance(error, anyio.BusyResourceError):
-            raise error  # another task waits: not ours to end
-        if isinstance(error, RuntimeError) and not consumer.closed:
-            raise error  # another event loop: not ours to end
-        await self._release()  # the end, or the source's error
-        if isinstance(error, anyio.EndOfStream):
-            raise StopAsyncIteration from None
+        if isinstance(error, (anyio.BusyResourceError, RuntimeError)) and not (
+            consumer.closed  # (a closed one met the source's error)
+        ):
+            raise error  # another task waits, or another loop: not ours to end
+        await self._release()  # the source's error, whatever its type
         raise error
 
     @property
