@@ -53,6 +53,16 @@ anyio_backend = asyncio_backend
 # -- pooling, measured on the server --
 
 
+def test_a_redis_discoverys_subscriber_is_a_shared_subscription_already() -> None:
+    """docs/redis.rst: ``RedisDiscovery`` shares without ``SharedDiscovery``:
+    its subscriber is a shared subscription, equal for equal discoveries."""
+    url = "redis://127.0.0.1:6379/0"
+    subscriber = RedisDiscovery(url, "prod").subscriber
+    assert isinstance(subscriber, SharedSubscription)
+    assert subscriber == RedisDiscovery(url, "prod").subscriber
+    assert subscriber != RedisDiscovery(url, "other").subscriber
+
+
 @pytest.mark.parametrize("shared", [True, False], ids=["pooled", "unpooled"])
 async def test_fifty_consumers_hold_one_subscription_connection(
     redis_server: RedisServer, shared: bool
