@@ -15,7 +15,6 @@ from .._core.fanout import DEFAULT_MAX_LAG
 from .._core.fanout import DEFAULT_READ_AHEAD
 from .._core.fanout import validate_max_lag
 from .._core.fanout import validate_read_ahead
-from .._core.signatures import suggest_keywords
 from .construction import CONFIG_ATTRIBUTE
 from .construction import KeyFunction
 from .construction import SubscriptionConfig
@@ -70,7 +69,6 @@ def shared_subscription(
 ) -> _Decorator: ...
 
 
-@suggest_keywords
 def shared_subscription(
     cls: Any = None,
     /,

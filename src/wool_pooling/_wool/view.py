@@ -15,6 +15,7 @@ from typing import Any
 from wool import DiscoveryEvent
 from wool import WorkerMetadata
 
+from .._core.signatures import suggest_keywords
 from .._pooling import decorator
 from .._pooling.view import View
 from .workers import WorkerMap
@@ -160,10 +161,12 @@ class WorkerView(WorkerMap, View[Any]):
 if TYPE_CHECKING:
     shared_subscription = decorator.shared_subscription
 else:
+    # (checked apart from the documented function, whose signature it keeps)
+    _checked = suggest_keywords(decorator.shared_subscription)
 
     @functools.wraps(decorator.shared_subscription)
     def shared_subscription(cls=None, /, **options):
         # The public decorator: the worker view unless told otherwise.
         if options.get("view") is None:
             options["view"] = WorkerView
-        return decorator.shared_subscription(cls, **options)
+        return _checked(cls, **options)
