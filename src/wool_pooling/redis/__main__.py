@@ -14,9 +14,11 @@ import argparse
 import ast
 import asyncio
 import os
+import signal
 import sys
 from typing import Any
 
+import anyio
 import redis.exceptions as redis_errors
 
 from ._connection import open_client
@@ -170,11 +172,29 @@ async def _listing(discovery: RedisDiscovery, lease: float) -> list[str]:
 
 
 async def _watch(discovery: RedisDiscovery) -> None:
-    """Print one line per event of the namespace's shared subscription."""
-    async for event in discovery.subscriber:
-        worker = event.metadata
-        line = f"{worker.uid} {worker.address} {worker.pid} {worker.version}"
-        print(event.type, line, flush=True)
+    """Print one line per event of the namespace's shared subscription, until
+    SIGINT or SIGTERM: they cancel a scope, which (unlike one cancellation of
+    the main task) goes on cancelling until the iteration has ended."""
+    failure: Exception | None = None
+    async with anyio.create_task_group() as group:
+        group.start_soon(_stop_on_signal, group.cancel_scope)
+        try:
+            async for event in discovery.subscriber:
+                worker = event.metadata
+                line = f"{worker.uid} {worker.address} {worker.pid} {worker.version}"
+                print(event.type, line, flush=True)
+        except Exception as error:  # raised as it is, not in a group
+            failure = error
+        group.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
+
+
+async def _stop_on_signal(scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            scope.cancel()
+            return
 
 
 def main(argv: list[str] | None = None) -> int:
