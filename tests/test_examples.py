@@ -184,4 +184,4 @@ def test_metrics_example_exports_a_subscriptions_counters() -> None:
     assert values[f"wool_pooling_subscription_delivered_total{label}"] == "147.0"
     assert values[f"wool_pooling_subscription_replays_total{label}"] == "1.0"
     assert values[f"wool_pooling_subscription_lagged_total{label}"] == "0.0"
-    assert len(values) == 7
+    assert len(values) == 8
