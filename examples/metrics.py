@@ -1,4 +1,4 @@
-"""Export a shared subscription's counters to Prometheus with ``prometheus_client``.
+"""Export the counters of a pool and of a shared subscription to Prometheus.
 
 Run it with ``python examples/metrics.py`` (first ``pip install
 "wool-pooling[metrics]"``: the example needs ``prometheus_client``, wool-pooling
@@ -8,18 +8,20 @@ does not). Add ``--serve 8000`` to keep serving
 ``statistics()`` reads the pool of the event loop it is called in, so the
 snapshots are taken there, by a task, every ``interval`` seconds; a
 ``prometheus_client`` collector hands the latest ones to the scrape, which
-runs in the HTTP server's thread. Each field of a statistics record becomes
-one metric, labelled with the subscription it counts: a gauge for what
-stands now (consumers, connections, seconds since the last message), a
-counter for the rest. A counter starts again from zero when a new pool
-entry replaces the old one (after its ``ttl``), which Prometheus reads as a
-counter reset.
+runs in the HTTP server's thread. Each field of a record becomes one metric,
+labelled with what it counts: a gauge for what stands now (consumers,
+entries, lag, ...), a counter for the rest. Three records: the pool's
+``totals()``, running totals that survive its entries' close; the
+subscription's ``statistics()``, which start again from zero when a new
+pool entry replaces the old one (Prometheus reads a counter reset); and the
+consumers' own figures, the slowest one's ``lag`` and what they ``skipped``.
 
-The demo has 50 consumers share one subscription to a discovery that
-reports three workers (the last one joins late, and is replayed them),
-then prints the exposition of the ``wool_pooling_``
-metrics. ``RedisDiscovery.statistics()`` records export the same way:
-``snapshots.add("redis", "my-namespace", discovery.statistics)``.
+The demo reads a "staging" subscription whose entry closes before the
+scrape (its counts stay in the pool's totals), then has 50 consumers share
+one subscription to a discovery that reports three workers (the last one
+joins late, and is replayed them), then prints the exposition of the
+``wool_pooling_`` metrics. ``RedisDiscovery.statistics()`` records export
+the same way: ``snapshots.add("redis", "my-namespace", discovery.statistics)``.
 """
 
 from __future__ import annotations
@@ -50,10 +52,31 @@ from wool import DiscoveryEvent
 from wool import WorkerMetadata
 
 from wool_pooling import SharedSubscription
+from wool_pooling import SubscriptionConsumer
+from wool_pooling import current_pool
 from wool_pooling import shared_subscription
 
 #: Fields that say how things stand now; every other field only grows.
-GAUGES = frozenset({"consumers", "connections", "seconds_since_last_message"})
+GAUGES = frozenset(
+    {"consumers", "entries", "idle", "lag", "connections", "seconds_since_last_message"}
+)
+
+
+@attrs.frozen
+class Consumers:
+    """What the consumers this program holds show: the slowest one's ``lag``
+    (items of the shared stream it has yet to read), and the items they
+    ``skipped`` because they fell behind."""
+
+    lag: int
+    skipped: int
+
+    @classmethod
+    def of(cls, consumers: list[SubscriptionConsumer[DiscoveryEvent]]) -> Consumers:
+        return cls(
+            lag=max((consumer.lag for consumer in consumers), default=0),
+            skipped=sum(consumer.skipped for consumer in consumers),
+        )
 
 
 class Snapshots(Collector):
@@ -66,7 +89,7 @@ class Snapshots(Collector):
 
     def __init__(self) -> None:
         self._sources: list[tuple[str, str, Callable[[], AttrsInstance]]] = []
-        self._latest: dict[tuple[str, str], AttrsInstance] = {}
+        self._latest: list[tuple[str, str, AttrsInstance]] = []
         self._lock = threading.Lock()
 
     def add(self, kind: str, name: str, read: Callable[[], AttrsInstance]) -> None:
@@ -74,7 +97,7 @@ class Snapshots(Collector):
 
     def take(self) -> None:
         """Read every source; call it from the event loop of the pool."""
-        taken = {(kind, name): read() for kind, name, read in self._sources}
+        taken = [(kind, name, read()) for kind, name, read in self._sources]
         with self._lock:
             self._latest = taken
 
@@ -85,9 +108,9 @@ class Snapshots(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         with self._lock:
-            latest = dict(self._latest)
+            latest = self._latest
         families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
-        for (kind, name), record in latest.items():
+        for kind, name, record in latest:
             for field in attrs.fields(type(record)):
                 value = getattr(record, field.name)
                 if value is None:
@@ -124,9 +147,12 @@ class Workers:
 
 
 async def consume(
-    subscription: SharedSubscription[DiscoveryEvent], ready: Callable[[], None]
+    subscription: SharedSubscription[DiscoveryEvent],
+    held: list[SubscriptionConsumer[DiscoveryEvent]],
+    ready: Callable[[], None],
 ) -> None:
     async with aiter(subscription) as consumer:
+        held.append(consumer)
         for _ in range(3):
             await anext(consumer)
         ready()
@@ -137,8 +163,17 @@ async def main(serve: int | None) -> None:
     registry = CollectorRegistry()
     snapshots = Snapshots()
     registry.register(snapshots)
+    pool = current_pool()  # the event loop's default pool
+    # An entry that closes before the scrape: its counts stay in the totals.
+    async with aiter(Workers("staging")) as staging:
+        for _ in range(3):
+            await anext(staging)
     subscription = Workers("prod")
+    held: list[SubscriptionConsumer[DiscoveryEvent]] = []
+    snapshots.add("pool", "default", pool.totals)
+    snapshots.add("pool", "default", pool.statistics)
     snapshots.add("subscription", "workers-prod", subscription.statistics)
+    snapshots.add("consumers", "workers-prod", lambda: Consumers.of(held))
     if serve is not None:
         start_http_server(serve, registry=registry)
         print(f"serving http://localhost:{serve}/metrics")
@@ -153,10 +188,10 @@ async def main(serve: int | None) -> None:
                 all_read.set()
 
         for _ in range(49):
-            tg.start_soon(consume, subscription, ready)
+            tg.start_soon(consume, subscription, held, ready)
         await anyio.wait_all_tasks_blocked()
         # A late joiner: replayed the three known workers, not delivered them.
-        tg.start_soon(consume, subscription, ready)
+        tg.start_soon(consume, subscription, held, ready)
         await all_read.wait()
         if serve is not None:
             await snapshots.keep_taking(interval=5.0)
@@ -170,7 +205,7 @@ async def main(serve: int | None) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(
-        description="Export a shared subscription's counters to Prometheus."
+        description="Export a pool's and a subscription's counters to Prometheus."
     )
     parser.add_argument("--serve", type=int, metavar="PORT", help="serve /metrics")
     anyio.run(main, parser.parse_args().serve)

@@ -163,7 +163,9 @@ def test_metrics_example_without_prometheus_client_names_its_extra() -> None:
 def test_metrics_example_exports_a_subscriptions_counters() -> None:
     """``python examples/metrics.py`` prints the Prometheus exposition of one
     shared subscription's counters: 50 consumers, 3 events delivered to 49,
-    one late joiner replayed, nothing lagged. ``prometheus_client`` is the
+    one late joiner replayed, nothing lagged; its consumers' lag and skips;
+    and its pool's totals, which keep what the closed "staging" entry
+    counted (3 more delivered). ``prometheus_client`` is the
     example's own dependency (the ``dev`` extra), not the package's: without
     it this is skipped, and fails under ``WOOL_POOLING_REQUIRE_TOOLS=1``; it
     runs in the ``docs`` session, which has it."""
@@ -184,4 +186,13 @@ def test_metrics_example_exports_a_subscriptions_counters() -> None:
     assert values[f"wool_pooling_subscription_delivered_total{label}"] == "147.0"
     assert values[f"wool_pooling_subscription_replays_total{label}"] == "1.0"
     assert values[f"wool_pooling_subscription_lagged_total{label}"] == "0.0"
-    assert len(values) == 7
+    assert values[f"wool_pooling_consumers_lag{label}"] == "0.0"
+    assert values[f"wool_pooling_consumers_skipped_total{label}"] == "0.0"
+    pool = '{name="default"}'
+    assert values[f"wool_pooling_pool_opened_total{pool}"] == "2.0"
+    assert values[f"wool_pooling_pool_closed_total{pool}"] == "1.0"
+    assert values[f"wool_pooling_pool_delivered_total{pool}"] == "150.0"
+    assert values[f"wool_pooling_pool_skipped_total{pool}"] == "0.0"
+    assert values[f"wool_pooling_pool_restarts_total{pool}"] == "0.0"
+    assert values[f"wool_pooling_pool_entries{pool}"] == "1.0"
+    assert len(values) == 8 + 2 + 9 + 3

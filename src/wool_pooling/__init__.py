@@ -57,6 +57,7 @@ from ._pooling.pool import PoolStatistics
 from ._pooling.pool import SubscriptionPool
 from ._pooling.pool import current_pool
 from ._pooling.restart import RestartPolicy
+from ._pooling.statistics import PoolTotals
 from ._pooling.statistics import SubscriptionStatistics
 from ._pooling.subscription import SharedSubscription
 from ._pooling.subscription import SubscriptionConsumer
@@ -77,6 +78,7 @@ __all__ = [
     "LagPolicy",
     "Lagged",
     "PoolStatistics",
+    "PoolTotals",
     "RestartPolicy",
     "SharedDiscovery",
     "SharedDiscoveryStatistics",

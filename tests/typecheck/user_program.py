@@ -26,6 +26,7 @@ from wool_pooling import FanoutStatistics
 from wool_pooling import Lagged
 from wool_pooling import LagPolicy
 from wool_pooling import PoolStatistics
+from wool_pooling import PoolTotals
 from wool_pooling import RestartPolicy
 from wool_pooling import SharedDiscovery
 from wool_pooling import SharedDiscoveryStatistics
@@ -132,6 +133,11 @@ async def use_subscriptions() -> None:
                     print(item.metadata.address, listed.synced)
         statistics: PoolStatistics = pool.statistics()
         print(statistics.entries, statistics.consumers, statistics.idle)
+        totals: PoolTotals = pool.totals()
+        print(totals.opened, totals.closed, totals.delivered, totals.skipped)
+        print(totals.replays, totals.lagged, totals.resyncs, totals.restarts)
+        lag: int = consumer.lag
+        print(totals.source_errors, lag, consumer.skipped)
         counted = keyed.statistics(pool)
         assert_type(counted, SubscriptionStatistics)
         print(counted.consumers, counted.delivered, counted.replays, counted.lagged)

@@ -24,12 +24,11 @@ from .lifecycle import EntryState
 from .lifecycle import transition
 from .restart import RestartingSource
 from .statistics import EntryCounters
+from .statistics import PoolTotals
 from .view import View
 
 __all__ = [
     "Entry",
-    "EntryEvent",
-    "EntryState",
     "PoolStatistics",
     "SubscriptionPool",
     "attach",
@@ -51,9 +50,8 @@ _default_pools: weakref.WeakKeyDictionary[EventLoop, SubscriptionPool] = (
 
 
 def current_pool() -> SubscriptionPool:
-    """Return the pool subscriptions started in this context attach to: the
-    one ``async with SubscriptionPool()`` made current here, else the running
-    event loop's default pool (one per asyncio loop or trio run).
+    """Return the pool of this context (``async with SubscriptionPool()``),
+    else the running event loop's default pool (one per loop or trio run).
 
     :raises RuntimeError: if no pool is current and no event loop is running.
     """
@@ -76,22 +74,15 @@ class PoolStatistics:
     entries: int
     #: Consumers attached across all entries (but those being closed).
     consumers: int
-    #: Entries with no consumer attached that are not being closed: those
-    #: kept open by their ttl (and, briefly, one whose last consumer was
-    #: garbage collected, its leave not yet decided on the loop). Counted in
-    #: :attr:`entries` too.
+    #: Entries with no consumer attached, kept open by their ttl (or whose
+    #: last consumer was just garbage collected). Counted in :attr:`entries`.
     idle: int
 
 
 @attrs.define(eq=False, repr=False)
 class Entry:
-    """One pooled subscription: its raw instance, source (the restart engine
-    and the view), fan-out, and its :class:`EntryState`.
-
-    A :class:`~wool_pooling.SubscriptionConsumer` holds it while attached
-    (see :func:`attach`). Every change of state goes through
-    :func:`transition`, one event at a time, synchronously; entering
-    ``CLOSING`` is followed by :meth:`_close`, shielded.
+    """One pooled subscription: raw instance, source (restart engine and
+    view), fan-out, and :class:`EntryState`, changed only by :meth:`_move`.
     """
 
     pool: SubscriptionPool
@@ -145,11 +136,9 @@ class Entry:
             await self._close()
 
     def _move(self, event: EntryEvent) -> bool:
-        """Take ``event``: the next state from :func:`transition`, and the
-        bookkeeping entering it takes, in one synchronous step. Returns
-        whether the entry just entered ``CLOSING`` (the caller then runs
-        :meth:`_close`, or starts a task that does).
-        """
+        """Take ``event``: the next state from :func:`transition` and its
+        bookkeeping, in one synchronous step. Returns whether the entry just
+        entered ``CLOSING`` (the caller then runs :meth:`_close`)."""
         before = self.state
         after = self.state = transition(before, event, self.refs, self.ttl)
         if after is before:
@@ -171,7 +160,9 @@ class Entry:
             self.closed = anyio.Event()
             return True
         if after is EntryState.CLOSED:
-            del self.pool._live[self]
+            pool = self.pool
+            del pool._live[self]
+            pool._totals = self.counters.add_to(pool._totals, self.source, True)
             assert self.closed is not None
             self.closed.set()
         return False
@@ -192,6 +183,7 @@ class Entry:
         ``CLOSED``. Runs exactly once per entry."""
         with anyio.CancelScope(shield=True):
             try:
+                self.counters.settle(self.fanout)  # before it ends them
                 try:
                     await self.fanout.aclose()
                 except Exception:
@@ -284,7 +276,15 @@ class SubscriptionPool:
     :doc:`guarantees` (Memory).
     """
 
-    __slots__ = ("__weakref__", "_closed", "_entries", "_live", "_loop", "_token")
+    __slots__ = (
+        "__weakref__",
+        "_closed",
+        "_entries",
+        "_live",
+        "_loop",
+        "_token",
+        "_totals",
+    )
 
     def __init__(self) -> None:
         # The entries a joining consumer finds: ACTIVE and IDLE, by key.
@@ -294,6 +294,8 @@ class SubscriptionPool:
         self._closed = False
         self._loop: EventLoop | None = None
         self._token: Token[SubscriptionPool | None] | None = None
+        # What the closed entries counted.
+        self._totals = PoolTotals()
 
     @property
     def closed(self) -> bool:
@@ -308,6 +310,14 @@ class SubscriptionPool:
                 consumers += entry.refs
                 idle += entry.refs == 0
         return PoolStatistics(entries=len(self._live), consumers=consumers, idle=idle)
+
+    def totals(self) -> PoolTotals:
+        """Return the running totals of every entry this pool opened, closed
+        ones included; see :doc:`metrics`. O(consumers)."""
+        totals = self._totals
+        for entry in self._live:
+            totals = entry.counters.add_to(totals, entry.source, False)
+        return totals
 
     async def __aenter__(self) -> SubscriptionPool:
         if self._closed:

@@ -1,10 +1,7 @@
-"""What one pooled subscription counts, for operators: kept at joins, leaves,
-lags and restarts, and derived from the shared log when asked for.
-
-No delivery is counted as it happens: the items consumers received are the
-distance each has moved along the log (:attr:`~wool_pooling.FanoutConsumer.position`),
-summed when :meth:`~wool_pooling.SharedSubscription.statistics` is called,
-plus what the consumers that left had moved, less what they skipped.
+"""What pooled subscriptions count, for operators: kept at joins, leaves,
+lags and restarts. No delivery is counted as it happens: the items received
+are the distance each consumer moved along the log (its ``position``), summed
+when asked for, plus what those that left had moved, less what they skipped.
 """
 
 from __future__ import annotations
@@ -19,19 +16,16 @@ from .._core.fanout import Fanout
 from .._core.fanout import FanoutConsumer
 from .restart import RestartingSource
 
-__all__ = ["EntryCounters", "SubscriptionStatistics"]
+__all__ = ["EntryCounters", "PoolTotals", "SubscriptionStatistics"]
 
 
 @attrs.frozen
 class SubscriptionStatistics:
     """A snapshot of one shared subscription in one pool, as returned by
     :meth:`SharedSubscription.statistics() <wool_pooling.SharedSubscription.statistics>`
-    and :meth:`SharedDiscovery.statistics() <wool_pooling.SharedDiscovery.statistics>`.
-
-    The counts are those of the pool entry that iterates the subscription's
-    key now: all zeros when nothing iterates it in that pool, and they start
-    again from zero with the next entry (after its ttl, or after its source
-    ended).
+    and :meth:`SharedDiscovery.statistics() <wool_pooling.SharedDiscovery.statistics>`:
+    the counts of the pool entry iterating its key now, all zeros without
+    one, from zero again with the next. See :doc:`metrics`.
     """
 
     #: Consumers attached to the entry.
@@ -45,6 +39,9 @@ class SubscriptionStatistics:
     replays: int = 0
     #: Times a consumer fell more than ``max_lag`` items behind.
     lagged: int = 0
+    #: Items of the shared stream its consumers never received because they
+    #: fell behind (a resync's difference stood in for some).
+    skipped: int = 0
     #: Lagging consumers caught up by the difference between what they had
     #: seen and the current workers (the others got :exc:`~wool_pooling.Lagged`).
     resyncs: int = 0
@@ -52,6 +49,34 @@ class SubscriptionStatistics:
     restarts: int = 0
     #: Errors raised by the raw stream: each one a restart followed, and the
     #: one that ended the consumers.
+    source_errors: int = 0
+
+
+@attrs.frozen
+class PoolTotals:
+    """Running totals of a pool, as returned by
+    :meth:`SubscriptionPool.totals() <wool_pooling.SubscriptionPool.totals>`:
+    the counts of :class:`SubscriptionStatistics` summed over every entry the
+    pool opened, closed ones included. None ever decreases. See :doc:`metrics`.
+    """
+
+    #: Entries opened: raw instances built.
+    opened: int = 0
+    #: Entries closed (their raw instances closed).
+    closed: int = 0
+    #: Items of the shared streams received, summed over consumers.
+    delivered: int = 0
+    #: Joins that were replayed the known workers.
+    replays: int = 0
+    #: Times a consumer fell more than ``max_lag`` items behind.
+    lagged: int = 0
+    #: Items consumers never received because they fell behind.
+    skipped: int = 0
+    #: Lagging consumers caught up by a difference.
+    resyncs: int = 0
+    #: Restarts of raw streams under their ``RestartPolicy``.
+    restarts: int = 0
+    #: Errors raised by raw streams.
     source_errors: int = 0
 
 
@@ -69,6 +94,7 @@ class EntryCounters:
     moved: int = 0
     replays: int = 0
     lagged: int = 0
+    items_skipped: int = 0
     resyncs: int = 0
 
     def join(self, consumer: FanoutConsumer[Any], replayed: bool) -> None:
@@ -78,17 +104,24 @@ class EntryCounters:
         self.replays += replayed
 
     def leave(self, consumer: FanoutConsumer[Any], fanout: Fanout[Any]) -> None:
-        """``consumer`` of ``fanout`` is about to end: count its position. One
-        that has ended already read the source's end, so every item logged."""
-        self.consumers.discard(consumer)
-        here = consumer.position
-        self.moved += fanout.statistics().pulled if here < 0 else here
+        """``consumer`` of ``fanout`` is about to end: count its position, once.
+        One that has ended already read the source's end, so every item logged."""
+        if consumer in self.consumers:
+            self.consumers.discard(consumer)
+            here = consumer.position
+            self.moved += fanout.statistics().pulled if here < 0 else here
+
+    def settle(self, fanout: Fanout[Any]) -> None:
+        """``fanout`` is about to end its consumers: count their leaves now."""
+        for consumer in [*self.consumers]:
+            self.leave(consumer, fanout)
 
     def skipped(self, skipped: int, resync: bool = False) -> None:
         """A consumer fell behind and skipped ``skipped`` items (``resync``: it
         was caught up by its view instead)."""
         self.resyncs += resync
         self.lagged += not resync
+        self.items_skipped += skipped
         self.moved -= skipped
 
     def snapshot(
@@ -101,7 +134,20 @@ class EntryCounters:
             delivered=self.moved + sum(here for here in live if here >= 0),
             replays=self.replays,
             lagged=self.lagged,
+            skipped=self.items_skipped,
             resyncs=self.resyncs,
             restarts=source.restarts,
             source_errors=source.errors,
+        )
+
+    def add_to(
+        self, totals: PoolTotals, source: RestartingSource[Any], closed: bool
+    ) -> PoolTotals:
+        """``totals`` and this entry, of ``source``, ``closed`` or not."""
+        counts = attrs.asdict(self.snapshot(0, source))
+        del counts["consumers"]
+        return PoolTotals(
+            opened=totals.opened + 1,
+            closed=totals.closed + closed,
+            **{name: getattr(totals, name) + n for name, n in counts.items()},
         )

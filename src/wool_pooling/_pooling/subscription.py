@@ -207,6 +207,7 @@ class SubscriptionConsumer(Generic[T_co]):
         "_entry",
         "_replay",
         "_seen",
+        "_skipped",
         "_subscription",
         "_sync_event",
         "_synced",
@@ -222,6 +223,7 @@ class SubscriptionConsumer(Generic[T_co]):
         # What it had seen when it fell behind, for its catch-up (with a lag
         # bound).
         self._seen: _Seen | None = None
+        self._skipped = 0
         self._ended = False
         # Whether it was found synced (it stays so), and what wait_synced()
         # waits on meanwhile.
@@ -274,6 +276,7 @@ class SubscriptionConsumer(Generic[T_co]):
         if isinstance(error, Lagged):
             assert self._entry is not None
             self._entry.counters.skipped(error.skipped)
+            self._skipped += error.skipped
             if self._catch_up(consumer):
                 return await self.__anext__()
             raise error
@@ -348,7 +351,9 @@ class SubscriptionConsumer(Generic[T_co]):
         if catch_up is None:
             return False
         self._replay = deque(catch_up) or None
-        entry.counters.skipped(consumer.skip_buffered(), resync=True)
+        skipped = consumer.skip_buffered()
+        entry.counters.skipped(skipped, resync=True)
+        self._skipped += skipped
         return True
 
     def _join(self) -> FanoutConsumer[Any]:
@@ -407,6 +412,22 @@ class SubscriptionConsumer(Generic[T_co]):
         entry.counters.leave(consumer, entry.fanout)
         del consumer
         entry.release_soon()
+
+    @property
+    def lag(self) -> int:
+        """How many items of the shared stream this consumer is behind:
+        logged, not yet read (at most ``max_lag``; what its view hands it
+        first, a replay or a catch-up, aside). See :ref:`lag`. Constant time.
+        """
+        consumer = self._consumer
+        return 0 if consumer is None else consumer.buffered
+
+    @property
+    def skipped(self) -> int:
+        """How many items of the shared stream this consumer never received
+        because it fell behind: those a :exc:`Lagged` reported, and those its
+        view's catch-up stood in for. See :ref:`lag`."""
+        return self._skipped
 
     def __repr__(self) -> str:
         if self._ended:
