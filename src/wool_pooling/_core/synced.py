@@ -2,35 +2,31 @@
 
 from __future__ import annotations
 
+import weakref
 from contextvars import ContextVar
-from typing import Protocol
+from typing import Any
 from typing import final
 
 __all__ = ["Synced", "listing", "mark_synced"]
 
 
-class _Listing(Protocol):
-    def _listed(self) -> None: ...
-
-
-#: The source :func:`mark_synced` marks: set by the restart engine in the
-#: task that pulls a shared subscription's source, for its pulls.
-listing: ContextVar[_Listing | None] = ContextVar("listing", default=None)
+#: The source :func:`mark_synced` marks (its ``_listed()``), held weakly: set
+#: by the restart engine in the task that pulls a shared subscription's source.
+listing: ContextVar[weakref.ref[Any] | None] = ContextVar("listing", default=None)
 
 
 def mark_synced() -> bool:
     """Mark the end of the first listing, right after the items yielded so far.
 
     Call it from inside a shared subscription's source (its ``__aiter__``'s
-    body, or a task started from there); it does what yielding
-    :class:`Synced` does, without :class:`Synced` in the item type. See
-    :ref:`synced`.
+    body, or a task started there): it does what yielding :class:`Synced`
+    does, with no :class:`Synced` in the item type. See :ref:`synced`.
 
     :return: ``True``; ``False``, doing nothing, where no shared subscription
-        iterates the caller (a plain :class:`~wool_pooling.Fanout`, a direct
-        iteration of the class).
+        iterates the caller (a plain :class:`~wool_pooling.Fanout`, say).
     """
-    source = listing.get()
+    marked = listing.get()
+    source = None if marked is None else marked()
     if source is None:
         return False
     source._listed()

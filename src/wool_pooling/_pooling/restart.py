@@ -235,9 +235,10 @@ class RestartingSource(Generic[T]):
                 return self._pending.popleft()
             iterator = self._iterator
             # For mark_synced() in the pull: set once in a task of its own,
-            # for each pull in one that pulls another source.
-            outer = listing.get()
-            marking = None if outer is self else listing.set(self)
+            # for each pull in one that pulls another source (held weakly).
+            marked = listing.get()
+            outer = None if marked is None else marked()
+            marking = None if outer is self else listing.set(weakref.ref(self))
             try:
                 if self._thrown is not None:
                     thrown, self._thrown = self._thrown, None
