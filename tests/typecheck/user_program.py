@@ -131,6 +131,7 @@ async def use_subscriptions() -> None:
             break
         listed_workers = Listed()
         assert_type(listed_workers, SharedSubscription[DiscoveryEvent])
+        await listed_workers.wait_synced()  # the shared view, not iterated
         print(len(listed_workers.workers()))
         async with aiter(listed_workers) as listed:
             assert_type(listed, SubscriptionConsumer[DiscoveryEvent])
