@@ -322,3 +322,31 @@ async def test_subscription_wait_synced_raises_the_source_error() -> None:
     async with SubscriptionPool():
         with anyio.fail_after(TIMEOUT), pytest.raises(LookupError, match="gone"):
             await sub.wait_synced()
+
+
+@shared_subscription
+class MarkedByATask:
+    """Lists A, then a task it started marks the listing."""
+
+    async def __aiter__(self) -> AsyncIterator[DiscoveryEvent]:
+        yield added(A)
+        marked: list[bool] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: _mark(marked))
+        assert marked == [True]
+        yield added(B)
+        await anyio.sleep_forever()
+
+
+async def _mark(marked: list[bool]) -> None:
+    marked.append(mark_synced())
+
+
+async def test_a_task_started_by_the_source_can_mark_its_listing() -> None:
+    """``mark_synced()`` from a task the source started marks the listing."""
+    async with SubscriptionPool(), aiter(MarkedByATask()) as consumer:
+        assert await read(consumer) == A
+        with anyio.fail_after(TIMEOUT):
+            await consumer.wait_synced()
+        assert consumer.synced
+        assert await read(consumer) == B
