@@ -283,6 +283,19 @@ async def test_subscription_wait_synced_holds_the_first_listing_for_its_ttl() ->
     assert dict(sub.workers()) == {}
 
 
+async def test_subscription_wait_synced_with_no_ttl_leaves_no_entry() -> None:
+    """With ``ttl=0`` and no other consumer, the entry closes as
+    ``sub.wait_synced()`` returns: nothing holds the view."""
+    feed = Feed()
+    sub = Source(feed)
+    feed.push(added(A), MARK)
+    async with SubscriptionPool() as pool:
+        with anyio.fail_after(TIMEOUT):
+            await sub.wait_synced()
+        assert pool.statistics().entries == 0
+        assert dict(sub.workers()) == {}
+
+
 async def test_subscription_wait_synced_beside_an_iterating_consumer() -> None:
     """With a consumer iterating (ttl 0), ``sub.wait_synced()`` returns once
     the listing is marked, whoever pulls it; ``workers()`` holds it."""
