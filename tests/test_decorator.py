@@ -459,8 +459,9 @@ async def test_pool_is_looked_up_at_first_anext() -> None:
         assert iterated_in.statistics().entries == 0
 
 
-async def test_raw_instance_is_built_at_first_anext() -> None:
-    """The raw instance is built at the first ``__anext__``, not before."""
+async def test_raw_instance_is_built_when_a_consumer_joins() -> None:
+    """The raw instance is built when a consumer joins (``async with``), not
+    at construction nor at ``aiter()``."""
     Named = make_named()
     async with SubscriptionPool() as pool:
         sub = Named("a")
@@ -471,11 +472,12 @@ async def test_raw_instance_is_built_at_first_anext() -> None:
         assert Named.inits == 0
         assert pool.statistics().entries == 0
         async with consumer, other:
-            await first_uid(consumer)
             assert Named.inits == 1
             assert len(Named.created) == 1
             assert pool.statistics().entries == 1
-            assert pool.statistics().consumers == 1
+            assert pool.statistics().consumers == 2
+            await first_uid(consumer)
+            assert Named.inits == 1
 
 
 async def test_init_failure_reaches_the_triggering_consumer_and_leaves_no_entry() -> (

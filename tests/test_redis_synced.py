@@ -31,6 +31,7 @@ anyio_backend = asyncio_backend
 async def wait_synced(consumer: SubscriptionConsumer[object]) -> None:
     with anyio.fail_after(DEADLINE):
         await consumer.wait_synced()
+    await anyio.wait_all_tasks_blocked()  # the task iterating it is handed it
     assert consumer.synced
 
 

@@ -125,8 +125,11 @@ async def driven(
 
 
 async def synced(consumer: SubscriptionConsumer[DiscoveryEvent]) -> None:
+    """Wait until the listing has reached ``consumer``, then until the task
+    iterating it has been handed it."""
     with anyio.fail_after(TIMEOUT):
         await consumer.wait_synced()
+    await anyio.wait_all_tasks_blocked()
     assert consumer.synced
 
 
@@ -197,7 +200,7 @@ async def test_first_consumers_are_synced_once_handed_the_first_listing() -> Non
     sub = subscription(feed)
     handed: list[tuple[WorkerMetadata, bool]] = []
     async with SubscriptionPool(), aiter(sub) as consumer:
-        assert not consumer.synced  # not joined yet
+        assert not consumer.synced  # joined, nothing listed yet
 
         async def iterate() -> None:
             async for event in consumer:
@@ -276,8 +279,7 @@ async def test_wait_synced_cancelled_loses_nothing() -> None:
             assert scope.cancelled_caught
             assert not consumer.synced
             feed.push(added(B), Synced())
-            with anyio.fail_after(TIMEOUT):
-                await consumer.wait_synced()
+            await synced(consumer)
             assert handed == [A, B]
             tg.cancel_scope.cancel()
 
@@ -466,8 +468,7 @@ async def test_shared_discovery_consumers_sync_on_the_inner_marker(
             await anyio.wait_all_tasks_blocked()
             assert not consumer.synced
             feed.push(Synced())
-            with anyio.fail_after(TIMEOUT):
-                await consumer.wait_synced()
+            await synced(consumer)
             assert handed == [A, B]
             assert list(discovery.workers()) == [A.uid, B.uid]
             assert list(discovery.workers(filter=lambda m: m.pid == 2)) == [B.uid]

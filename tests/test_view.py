@@ -115,12 +115,9 @@ async def test_without_a_view_factory_the_pool_remembers_nothing() -> None:
     """The pool's own decorator with no view: a joiner gets no replay, and a
     consumer that falls behind gets ``Lagged``."""
     subscription = Plain()
-    async with (
-        SubscriptionPool(),
-        aiter(subscription) as first,
-        aiter(subscription) as slow,
-    ):
+    async with SubscriptionPool(), aiter(subscription) as slow:
         assert await anext(slow) == 0
+        first = aiter(subscription)  # joins at its first read
         assert [await anext(first) for _ in range(3)] == [1, 2, 3]
         with pytest.raises(Lagged):
             await anext(slow)

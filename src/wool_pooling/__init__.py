@@ -53,6 +53,7 @@ from ._core.fanout import FanoutStatistics
 from ._core.fanout import Lagged
 from ._core.fanout import LagPolicy
 from ._core.synced import Synced
+from ._core.synced import mark_synced
 from ._pooling.pool import PoolStatistics
 from ._pooling.pool import SubscriptionPool
 from ._pooling.pool import current_pool
@@ -91,5 +92,6 @@ __all__ = [
     "View",
     "afilter",
     "current_pool",
+    "mark_synced",
     "shared_subscription",
 ]

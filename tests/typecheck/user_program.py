@@ -39,6 +39,7 @@ from wool_pooling import SyncSharedDiscovery
 from wool_pooling import View
 from wool_pooling import afilter
 from wool_pooling import current_pool
+from wool_pooling import mark_synced
 from wool_pooling import shared_subscription
 
 
@@ -77,9 +78,11 @@ class Numbers:
 
 @shared_subscription
 class Listed:
-    async def __aiter__(self) -> AsyncIterator[DiscoveryEvent | Synced]:
+    async def __aiter__(self) -> AsyncIterator[DiscoveryEvent]:
         yield DiscoveryEvent("worker-added", metadata=worker(2))
-        yield Synced()  # the first listing is complete; never handed on
+        marked: bool = mark_synced()  # the first listing is complete
+        print(marked)
+        yield DiscoveryEvent("worker-added", metadata=worker(3))
 
 
 class Last(View[str]):
@@ -127,10 +130,16 @@ async def use_subscriptions() -> None:
         async for event in keyed:
             assert_type(event, DiscoveryEvent)
             break
-        async with aiter(Listed()) as listed:
+        listed_workers = Listed()
+        assert_type(listed_workers, SharedSubscription[DiscoveryEvent])
+        await listed_workers.wait_synced()  # the shared view, not iterated
+        print(len(listed_workers.workers()))
+        async with aiter(listed_workers) as listed:
+            assert_type(listed, SubscriptionConsumer[DiscoveryEvent])
+            await listed.wait_synced()
             async for item in listed:
-                if not isinstance(item, Synced):  # never true: for the type
-                    print(item.metadata.address, listed.synced)
+                print(item.metadata.address, item.type, listed.synced)
+        print(Synced() == Synced())  # the marker a source may yield instead
         statistics: PoolStatistics = pool.statistics()
         print(statistics.entries, statistics.consumers, statistics.idle)
         totals: PoolTotals = pool.totals()

@@ -27,6 +27,7 @@ from .._core.iterators import aclose_iterator
 from .._core.iterators import throw_into
 from .._core.signatures import suggest_keywords
 from .._core.synced import Synced
+from .._core.synced import listing
 from .view import View
 
 __all__ = ["BrokenSubscriber", "RestartPolicy", "RestartingSource", "open_iterator"]
@@ -233,6 +234,11 @@ class RestartingSource(Generic[T]):
                 self.count += 1
                 return self._pending.popleft()
             iterator = self._iterator
+            # For mark_synced() in the pull: set once in a task of its own,
+            # for each pull in one that pulls another source (held weakly).
+            marked = listing.get()
+            outer = None if marked is None else marked()
+            marking = None if outer is self else listing.set(weakref.ref(self))
             try:
                 if self._thrown is not None:
                     thrown, self._thrown = self._thrown, None
@@ -246,6 +252,9 @@ class RestartingSource(Generic[T]):
             except Exception as error:
                 await self._restart_after(error)
                 continue
+            finally:
+                if marking is not None and outer is not None:
+                    listing.reset(marking)
             self._failures = 0
             if type(item) is Synced:
                 self._listed()

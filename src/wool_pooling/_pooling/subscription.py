@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import types
 import uuid
 from collections import deque
+from collections.abc import Callable
 from collections.abc import Hashable
 from collections.abc import Mapping
 from typing import Any
@@ -43,12 +45,11 @@ class SharedSubscription(Generic[T_co]):
     class, key and arguments, nothing built.
 
     Each ``__aiter__()`` returns an independent :class:`SubscriptionConsumer`;
-    all consumers of the same (class, key) in the same
-    :class:`SubscriptionPool` share one raw instance and one iteration of it.
-    Equality and hash follow (class, key). Pickles by calling the class again
-    with the same arguments (plain ``pickle`` when the class is importable,
-    cloudpickle otherwise); a :exc:`TypeError` then names the class, caused
-    by the pickler's own error. See :doc:`guarantees`.
+    those of one (class, key) in one :class:`SubscriptionPool` share one raw
+    instance and one iteration of it. Equality and hash follow (class, key).
+    Pickles by calling the class again with the same arguments (cloudpickle
+    if the class is not importable; a :exc:`TypeError` names the class if
+    that fails). See :doc:`guarantees`.
     """
 
     __slots__ = ("__weakref__", "_args", "_checked", "_cls", "_key", "_kwargs")
@@ -101,19 +102,32 @@ class SharedSubscription(Generic[T_co]):
         return getattr(self._cls, CONFIG_ATTRIBUTE)
 
     def workers(self) -> Mapping[uuid.UUID, Any]:
-        """The workers this subscription's shared source knows now: a
-        read-only snapshot, taken now, of what a consumer joining now would
-        be replayed (see :ref:`synced`).
-
-        Read from the live entry in the current pool; empty when none is
-        live (nothing iterates it, its source ended, or no event loop runs
-        here), and for a view that holds no workers. Starts nothing.
+        """A read-only snapshot of the workers the live entry of this
+        subscription in the current pool knows: what a consumer joining now
+        is replayed. Empty when no entry is live (or no event loop runs
+        here), and for a view that holds no workers. Starts nothing; see
+        :ref:`synced`.
         """
         try:
             view = self.view()
         except RuntimeError:  # no event loop runs here
             view = None
         return types.MappingProxyType({}) if view is None else view.snapshot()
+
+    async def wait_synced(self) -> None:
+        """Wait until the shared view holds the source's whole first listing,
+        for :meth:`workers`: joins a consumer for the wait, whose release
+        leaves the entry open for :attr:`ttl` seconds. See :ref:`synced`.
+
+        :raises RuntimeError: if the current pool is closed.
+        :raises Exception: the source's error, if it fails before its
+            listing is complete.
+        """
+        async with aiter(self) as consumer:
+            assert consumer._entry is not None  # joined on entering
+            error = await _pull_listing(consumer._entry)
+        if error is not None:
+            raise error
 
     def view(self, pool: SubscriptionPool | None = None) -> View[Any] | None:
         """The view of the live entry of this subscription in ``pool``
@@ -132,9 +146,8 @@ class SharedSubscription(Generic[T_co]):
         self, pool: SubscriptionPool | None = None
     ) -> SubscriptionStatistics:
         """Return a snapshot of what the entry iterating this subscription in
-        ``pool`` counted (all zeros without one); see :doc:`metrics`.
-
-        Call it from the pool's event loop. O(consumers).
+        ``pool`` counted (all zeros without one), from the pool's event loop,
+        in O(consumers); see :doc:`metrics`.
 
         :param pool: The pool to look in; by default :func:`~wool_pooling.current_pool`.
         :raises RuntimeError: if ``pool`` is omitted and no pool is current
@@ -184,17 +197,18 @@ def _construct(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 class SubscriptionConsumer(Generic[T_co]):
     """One consumer of a :class:`SharedSubscription`, from its ``__aiter__()``.
 
-    Joins at its first ``__anext__``: it attaches to the entry of its key in
-    the current pool (building the raw instance if needed), receives the
-    entry view's replay (one ``worker-added`` per known worker), then the
-    live items: no gap, no duplicate. A consumer more than ``max_lag`` items
-    behind is caught up by the view (:ref:`lag`). Cancelling a pending
-    ``__anext__`` ends this consumer and releases its reference; so do the
-    source's end or error, :meth:`aclose`, and garbage collection (in any
-    thread). One task at a time may wait on it. See :doc:`guarantees`.
+    Joins at ``async with``, :meth:`wait_synced` or its first ``__anext__``:
+    it attaches to its key's entry in the current pool (building the raw
+    instance if needed), is replayed the entry's view (one ``worker-added``
+    per known worker), then receives the live items: no gap, no duplicate.
+    One more than ``max_lag`` items behind is caught up by the view
+    (:ref:`lag`). Cancelling a pending ``__anext__`` ends it and releases its
+    reference; so do the source's end or error, :meth:`aclose`, and garbage
+    collection (in any thread). One task at a time may wait on it. See
+    :doc:`guarantees`.
 
-    :raises RuntimeError: from ``__anext__`` if the current pool is closed,
-        or if the consumer joined under another event loop.
+    :raises RuntimeError: from joining if the current pool is closed, or
+        from ``__anext__`` if the consumer joined under another event loop.
     :raises ~anyio.BusyResourceError: from ``__anext__`` if another task
         waits on it.
     :raises Lagged: from ``__anext__``, when it fell behind and its view
@@ -209,7 +223,6 @@ class SubscriptionConsumer(Generic[T_co]):
         "_seen",
         "_skipped",
         "_subscription",
-        "_sync_event",
         "_synced",
     )
 
@@ -217,18 +230,11 @@ class SubscriptionConsumer(Generic[T_co]):
         self._subscription = subscription
         self._entry: Entry | None = None
         self._consumer: FanoutConsumer[Any] | None = None
-        # Items to return before reading the log: the join's replay, or a
-        # catch-up.
-        self._replay: deque[Any] | None = None
-        # What it had seen when it fell behind, for its catch-up (with a lag
-        # bound).
-        self._seen: _Seen | None = None
+        self._replay: deque[Any] | None = None  # a replay or catch-up, read first
+        self._seen: deque[object] | None = None  # what it had seen as it fell behind
         self._skipped = 0
         self._ended = False
-        # Whether it was found synced (it stays so), and what wait_synced()
-        # waits on meanwhile.
-        self._synced = False
-        self._sync_event: anyio.Event | None = None
+        self._synced = False  # once found synced, it stays so
 
     @property
     def subscription(self) -> SharedSubscription[T_co]:
@@ -241,11 +247,9 @@ class SubscriptionConsumer(Generic[T_co]):
     async def __anext__(self) -> T_co:
         consumer = self._consumer
         if consumer is None:
-            if self._ended:
-                raise StopAsyncIteration
             consumer = self._join()
-            if self._sync_event is not None:
-                self._wake_if_synced()
+            if consumer is None:
+                raise StopAsyncIteration
         while True:
             replay = self._replay
             if replay is not None and not consumer.closed:
@@ -266,8 +270,6 @@ class SubscriptionConsumer(Generic[T_co]):
                 except BaseException:
                     await self._release()  # a cancellation: this consumer ends
                     raise
-            if self._sync_event is not None:
-                self._wake_if_synced()
             return item
 
     async def _failed(self, consumer: FanoutConsumer[Any], error: Exception) -> T_co:
@@ -290,9 +292,8 @@ class SubscriptionConsumer(Generic[T_co]):
     @property
     def synced(self) -> bool:
         """Whether this consumer has been handed the whole first listing (its
-        replay and, if the source's first :class:`~wool_pooling.Synced` had
-        not come when it joined, every item up to it); once true, it stays
-        true. See :ref:`synced`. Constant time.
+        replay, and every item up to the end of the listing if it was not over
+        when it joined); once true, it stays true. See :ref:`synced`.
         """
         if self._synced:
             return True
@@ -308,35 +309,18 @@ class SubscriptionConsumer(Generic[T_co]):
         return True
 
     async def wait_synced(self) -> None:
-        """Wait until :attr:`synced` is true, or this consumer has ended.
+        """Join, and wait until the whole first listing has reached this
+        consumer (handed, or held for its next reads; :attr:`synced` turns
+        true as they return it), or the source has ended or failed. Pulls
+        the source meanwhile. Cancel-safe; any number of tasks may wait. See
+        :ref:`synced`.
 
-        Reads nothing itself: call it from a task other than the one
-        iterating. Cancel-safe; any number of tasks may wait. See :ref:`synced`.
+        :raises RuntimeError: if the current pool is closed.
         """
-        await anyio.lowlevel.checkpoint_if_cancelled()
-        while not self.synced and not self._ended:
-            event = self._sync_event
-            if event is None or event.is_set():
-                event = self._sync_event = anyio.Event()
-            self._wake_if_synced()  # or be woken at the listing's end
-            await event.wait()
-        await anyio.lowlevel.cancel_shielded_checkpoint()
-
-    def _wake_if_synced(self) -> None:
-        """Wake the tasks in :meth:`wait_synced` if this consumer is now
-        synced (or has ended)."""
-        event = self._sync_event
-        if event is None:
-            return
-        entry = self._entry
-        if self._ended or self.synced:
-            self._sync_event = None
-            event.set()
-            if entry is not None:
-                entry.source.forget_listed(event)
-            return
-        if entry is not None and entry.source.listed_at is None:
-            entry.source.notify_listed(event)  # woken at the listing's end
+        await anyio.lowlevel.checkpoint()
+        self._join()
+        if self._entry is not None:
+            await _pull_listing(self._entry)
 
     def _catch_up(self, consumer: FanoutConsumer[Any]) -> bool:
         """Replace the items this consumer missed by its view's catch-up to
@@ -344,10 +328,9 @@ class SubscriptionConsumer(Generic[T_co]):
         entry = self._entry
         seen = self._seen
         assert entry is not None
-        if seen is None:
+        if not seen:
             return False
-        catch_up = entry.source.view.catch_up(seen.state)
-        seen.state = None
+        catch_up = entry.source.view.catch_up(seen.pop())
         if catch_up is None:
             return False
         self._replay = deque(catch_up) or None
@@ -356,7 +339,10 @@ class SubscriptionConsumer(Generic[T_co]):
         self._skipped += skipped
         return True
 
-    def _join(self) -> FanoutConsumer[Any]:
+    def _join(self) -> FanoutConsumer[Any] | None:
+        """Join, unless joined or ended: its fan-out consumer, if any."""
+        if self._consumer is not None or self._ended:
+            return self._consumer
         subscription = self._subscription
         entry = attach(
             current_pool(),
@@ -367,11 +353,12 @@ class SubscriptionConsumer(Generic[T_co]):
         )
         self._entry = entry
         view = entry.source.view
-        seen = None
-        if subscription.max_lag is not None:
-            seen = self._seen = _Seen(view)
+        on_skip: Callable[[int], object] | None = None
+        if subscription.max_lag is not None:  # (no reference back to self)
+            seen = self._seen = deque[object](maxlen=1)
+            on_skip = lambda position: seen.append(view.seen_at(position))  # noqa: E731
         # Registered and replayed in one step: no gap, no duplicate.
-        consumer = self._consumer = entry.fanout.consumer(on_skip=seen)
+        consumer = self._consumer = entry.fanout.consumer(on_skip=on_skip)
         self._replay = deque(view.replay()) or None
         entry.counters.join(consumer, self._replay is not None)
         view.joined()
@@ -383,6 +370,7 @@ class SubscriptionConsumer(Generic[T_co]):
         await anyio.lowlevel.checkpoint_if_cancelled()
 
     async def __aenter__(self) -> SubscriptionConsumer[T_co]:
+        self._join()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -391,7 +379,6 @@ class SubscriptionConsumer(Generic[T_co]):
     async def _release(self) -> None:
         _ = self.synced  # as it stood before the end (it stays so)
         self._ended = True
-        self._wake_if_synced()
         consumer, self._consumer = self._consumer, None
         entry, self._entry = self._entry, None  # an ended consumer pins nothing
         self._replay = self._seen = None
@@ -439,16 +426,34 @@ class SubscriptionConsumer(Generic[T_co]):
         return f"<SubscriptionConsumer [{state}] of {self._subscription!r}>"
 
 
-@final
-class _Seen:
-    """Takes what a :class:`SubscriptionConsumer` had seen from its view, as
-    it falls behind (the fan-out's ``on_skip``), until its catch-up."""
+async def _pull_listing(entry: Entry) -> Exception | None:
+    """Read ``entry``'s fan-out until its source's first listing is complete
+    or the source has ended; the source's error if it failed first."""
+    source = entry.source
+    if source.listed_at is not None or entry.fanout.finished:
+        return None
+    listed = anyio.Event()
+    ended: list[Exception] = []
+    reader = entry.fanout.consumer()
 
-    __slots__ = ("state", "view")
+    async def pull() -> None:
+        try:
+            while True:
+                with contextlib.suppress(Lagged):  # what it missed is not needed
+                    await reader.__anext__()
+        except Exception as error:
+            ended.append(error)
+            listed.set()
 
-    def __init__(self, view: View[Any]) -> None:
-        self.view = view
-        self.state: object = None
-
-    def __call__(self, position: int) -> None:
-        self.state = self.view.seen_at(position)
+    source.notify_listed(listed)
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(pull)
+            await listed.wait()
+            group.cancel_scope.cancel()
+    finally:
+        source.forget_listed(listed)
+        reader.close()
+    if ended and not isinstance(ended[0], StopAsyncIteration):
+        return ended[0]
+    return None

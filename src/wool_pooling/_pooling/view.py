@@ -27,12 +27,10 @@ class View(Generic[T]):
     late, fall behind, or outlive a restart.
 
     This base class remembers nothing: a joiner gets no replay, a consumer
-    that falls behind gets :exc:`~wool_pooling.Lagged`, and a restarted
-    stream's items pass as they come. Override what your stream needs. The
-    entry calls every method synchronously, in its event loop's thread, in
-    log order: :meth:`record` once per item logged as it came (the others,
-    :meth:`relist`'s and :meth:`settled`'s, the view took in itself), in the
-    step that logs it, so the view always describes the log's end.
+    that falls behind gets :exc:`~wool_pooling.Lagged`, a restarted stream's
+    items pass as they come. Override what your stream needs. Each method is
+    called synchronously, in the entry's event loop, in log order, in the
+    step that logs the item, so the view always describes the log's end.
     See :ref:`views` in docs/custom-subscribers.rst.
     """
 
@@ -74,9 +72,8 @@ class View(Generic[T]):
         return item
 
     def settled(self) -> Iterable[T]:
-        """The relisting is over (its :class:`~wool_pooling.Synced`, or the
-        policy's ``settle`` time): the items to log now, each taken in as it
-        is iterated (it is logged before the next is asked for)."""
+        """The relisting is over (its end marked, or the policy's ``settle``
+        time): the items to log now, each taken in as it is iterated."""
         return ()
 
     def snapshot(self) -> Mapping[Any, Any]:

@@ -33,12 +33,11 @@ class WorkerView(WorkerMap, View[Any]):
 
     A joiner is replayed one ``worker-added`` per known worker; a consumer
     that falls behind is caught up by the difference between the workers it
-    had seen and the current ones (rebuilt from undo records of the last
-    items, so no consumer keeps a view of its own); a restarted stream's
-    report is turned into that difference too (see :ref:`restart`). Once
-    an item that is not a discovery event has passed, no difference can
-    stand for what a consumer missed: it gets :exc:`~wool_pooling.Lagged`.
-    Memory held: one metadata per known worker and the undo records.
+    had seen (rebuilt from undo records of the last items) and the current
+    ones, and so is a restarted stream's report (see :ref:`restart`). Once
+    an item that is not a discovery event has passed, a consumer that falls
+    behind gets :exc:`~wool_pooling.Lagged`. Memory held: one metadata per
+    known worker and the undo records.
 
     :param raw: The entry's raw instance: a join calls its class's
         ``__wool_pooling_joined__(raw)``, if it has one.
