@@ -8,6 +8,7 @@ calls ``mark_synced()`` there) or an exception (the source raises it).
 
 from __future__ import annotations
 
+import gc
 import math
 import uuid
 from collections.abc import AsyncIterator
@@ -265,35 +266,43 @@ async def test_cancelling_wait_synced_loses_nothing() -> None:
 # -- the shared view can be awaited --------------------------------------------
 
 
-async def test_subscription_wait_synced_holds_the_first_listing_for_its_ttl() -> None:
-    """``await sub.wait_synced()`` with no consumer: the source is started
-    and pulled to its mark; the entry then stays for its ttl, and
-    ``workers()`` reads the whole first listing."""
+async def test_subscription_wait_synced_holds_the_first_listing_while_it_lives() -> None:
+    """``await sub.wait_synced()`` with no consumer and the default ``ttl=0``:
+    the source is started and pulled to its mark; ``workers()`` then reads the
+    whole first listing, held until ``sub`` is dropped."""
     feed = Feed()
-    sub = Kept(feed)
+    sub = Source(feed)
     feed.push(added(A), added(B), MARK)
     async with SubscriptionPool() as pool:
         with anyio.fail_after(TIMEOUT):
             await sub.wait_synced()
+        await anyio.wait_all_tasks_blocked()
         assert list(sub.workers()) == [A.uid, B.uid]
-        assert (pool.statistics().entries, pool.statistics().idle) == (1, 1)
+        assert (pool.statistics().entries, pool.statistics().idle) == (1, 0)
         with anyio.fail_after(TIMEOUT):
             await sub.wait_synced()  # listed already: at once
-        assert feed.started == 1
-    assert dict(sub.workers()) == {}
+        await anyio.wait_all_tasks_blocked()
+        assert (feed.started, pool.statistics().entries) == (1, 1)
+        del sub
+        gc.collect()
+        await anyio.wait_all_tasks_blocked()
+        assert pool.statistics().entries == 0
+        assert dict(Source(feed).workers()) == {}
 
 
-async def test_subscription_wait_synced_with_no_ttl_leaves_no_entry() -> None:
-    """With ``ttl=0`` and no other consumer, the entry closes as
-    ``sub.wait_synced()`` returns: nothing holds the view."""
+async def test_subscription_wait_synced_then_its_ttl_once_dropped() -> None:
+    """With a ttl, the entry a dropped ``sub`` held stays idle for it."""
     feed = Feed()
-    sub = Source(feed)
+    sub = Kept(feed)
     feed.push(added(A), MARK)
     async with SubscriptionPool() as pool:
         with anyio.fail_after(TIMEOUT):
             await sub.wait_synced()
-        assert pool.statistics().entries == 0
-        assert dict(sub.workers()) == {}
+        del sub
+        gc.collect()
+        await anyio.wait_all_tasks_blocked()
+        assert (pool.statistics().entries, pool.statistics().idle) == (1, 1)
+        assert list(Kept(feed).workers()) == [A.uid]
 
 
 async def test_subscription_wait_synced_beside_an_iterating_consumer() -> None:

@@ -52,7 +52,7 @@ class SharedSubscription(Generic[T_co]):
     that fails). See :doc:`guarantees`.
     """
 
-    __slots__ = ("__weakref__", "_args", "_checked", "_cls", "_key", "_kwargs")
+    __slots__ = ("__weakref__", "_args", "_checked", "_cls", "_held", "_key", "_kwargs")
 
     def __init__(
         self, cls: type, key: Hashable, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -62,6 +62,7 @@ class SharedSubscription(Generic[T_co]):
         self._args = args
         self._kwargs = kwargs
         self._checked = False  # whether cloudpickle was found to pickle it
+        self._held: SubscriptionConsumer[T_co] | None = None  # by wait_synced()
 
     @property
     def cls(self) -> type:
@@ -116,18 +117,24 @@ class SharedSubscription(Generic[T_co]):
 
     async def wait_synced(self) -> None:
         """Wait until the shared view holds the source's whole first listing,
-        for :meth:`workers`: joins a consumer for the wait, whose release
-        leaves the entry open for :attr:`ttl` seconds. See :ref:`synced`.
+        for :meth:`workers`. A consumer that does not read then holds the
+        entry open until this object is garbage-collected (or waits again).
+        See :ref:`synced`.
 
         :raises RuntimeError: if the current pool is closed.
         :raises Exception: the source's error, if it fails before its
             listing is complete.
         """
-        async with aiter(self) as consumer:
-            assert consumer._entry is not None  # joined on entering
+        consumer = await aiter(self).__aenter__()  # joins
+        try:
+            assert consumer._entry is not None
             error = await _pull_listing(consumer._entry)
-        if error is not None:
-            raise error
+            if error is not None:
+                raise error
+        except BaseException:
+            await consumer.aclose()
+            raise
+        self._held = consumer  # its finaliser releases the entry
 
     def view(self, pool: SubscriptionPool | None = None) -> View[Any] | None:
         """The view of the live entry of this subscription in ``pool``
