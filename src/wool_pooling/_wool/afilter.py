@@ -20,16 +20,9 @@ from .workers import WorkerMap
 @suggest_keywords
 class afilter:
     """The part of ``inner``'s discovery stream that concerns the workers
-    ``predicate`` accepts, as a consistent lifecycle per worker.
-
-    A worker that starts to pass is added, one that passes with new
-    metadata updated, one that stops passing dropped with the metadata it
-    was last passed with; every other event is left out, and the order is
-    ``inner``'s. Each iteration
-    keeps its own view (one metadata per worker passing) and closes
-    ``inner``'s iterator when it ends, is closed or is cancelled. Two are
-    equal, hash alike and pickle as their arguments. See "What it does" in
-    docs/wool.rst.
+    ``predicate`` accepts, as a consistent lifecycle per worker. Two are
+    equal, hash alike and pickle as their arguments. See "Filters" in
+    :doc:`wool`.
 
     :param predicate: Called with a worker's metadata: whether it passes.
     :param inner: The discovery subscriber to filter.
