@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import reprlib
-import weakref
 from collections.abc import Callable
 from collections.abc import Hashable
 from typing import Any
@@ -29,10 +28,6 @@ __all__ = [
 CONFIG_ATTRIBUTE = "__shared_subscription__"
 
 KeyFunction = Callable[..., Hashable]
-
-_signatures: weakref.WeakKeyDictionary[type, inspect.Signature | None] = (
-    weakref.WeakKeyDictionary()
-)
 
 
 @attrs.frozen
@@ -143,14 +138,6 @@ def _call(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     return f"{cls.__qualname__}({', '.join(shown)})"
 
 
-def _init_signature(cls: type) -> inspect.Signature | None:
-    """``cls.__init__``'s signature, cached; ``None`` if unreadable."""
-    if cls in _signatures:
-        return _signatures[cls]
-    signature = _signatures[cls] = signature_of(cls.__init__)
-    return signature
-
-
 #: Shapes of call (positional count, keyword names) that fit ``__init__``.
 _fitting: BindingMemo[tuple[int, frozenset[str]]] = BindingMemo()
 
@@ -162,7 +149,7 @@ def _bound_arguments(
 
     :raises TypeError: if they do not fit ``__init__``.
     """
-    signature = _init_signature(cls)
+    signature = signature_of(cls.__init__)
     if signature is None:
         return (args, tuple(sorted(kwargs.items())))
     try:
