@@ -31,9 +31,6 @@ class WorkerMap:
     def __len__(self) -> int:
         return len(self.workers)
 
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} of {len(self.workers)} workers>"
-
     def apply(self, event: DiscoveryEvent) -> DiscoveryEvent | None:
         """Apply ``event``; return the event to pass on (``event``, or it
         rewritten), or ``None`` if it changes nothing."""
