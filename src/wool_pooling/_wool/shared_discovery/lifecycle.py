@@ -150,6 +150,11 @@ class SharedDiscovery:
     @overload
     def subscribe(self, filter: Callable[[WorkerMetadata], bool]) -> afilter: ...
 
+    @overload  # what wool's DiscoveryLike protocol calls
+    def subscribe(
+        self, filter: Callable[[WorkerMetadata], bool] | None = None
+    ) -> SharedSubscription[DiscoveryEvent] | afilter: ...
+
     def subscribe(
         self, filter: Callable[[WorkerMetadata], bool] | None = None
     ) -> SharedSubscription[DiscoveryEvent] | afilter:
