@@ -40,15 +40,7 @@ class _Decorator(Protocol):
 
 @overload
 def shared_subscription(
-    cls: Callable[P, AsyncIterable[T]],
-    /,
-    *,
-    key: KeyFunction | None = None,
-    ttl: float = 0.0,
-    max_lag: int | None = DEFAULT_MAX_LAG,
-    restart: RestartPolicy | None = None,
-    read_ahead: int = DEFAULT_READ_AHEAD,
-    view: ViewFactory | None = None,
+    cls: Callable[P, AsyncIterable[T]], /
 ) -> Callable[P, SharedSubscription[T]]: ...
 
 
