@@ -7,7 +7,6 @@ from collections.abc import AsyncIterable
 from collections.abc import Callable
 from typing import Any
 from typing import ParamSpec
-from typing import Protocol
 from typing import TypeVar
 from typing import overload
 
@@ -30,14 +29,6 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
-class _Decorator(Protocol):
-    """What ``shared_subscription(key=..., ...)`` returns."""
-
-    def __call__(
-        self, cls: Callable[P, AsyncIterable[T]], /
-    ) -> Callable[P, SharedSubscription[T]]: ...
-
-
 @overload
 def shared_subscription(
     cls: Callable[P, AsyncIterable[T]], /
@@ -55,7 +46,7 @@ def shared_subscription(
     restart: RestartPolicy | None = None,
     read_ahead: int = DEFAULT_READ_AHEAD,
     view: ViewFactory | None = None,
-) -> _Decorator: ...
+) -> Callable[[Callable[P, AsyncIterable[T]]], Callable[P, SharedSubscription[T]]]: ...
 
 
 def shared_subscription(
