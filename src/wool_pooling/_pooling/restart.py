@@ -60,15 +60,24 @@ class RestartPolicy:
     :param settle: Seconds the new stream has to relist what it knows
         (ended early by its :class:`~wool_pooling.Synced`).
     :param restart_on_end: Also restart when the stream ends normally.
-    :raises ValueError: if a parameter is out of its range, naming it.
+    :raises ValueError: naming the parameter, unless ``attempts`` is ``None``
+        or an int >= 1, ``multiplier`` a finite number >= 1, ``jitter`` in
+        ``[0, 1]``, the other numbers finite and >= 0, ``restart_on_end`` a bool.
     """
 
+    #: Consecutive restarts allowed; ``None`` for no limit.
     attempts: int | None = 5
+    #: Delay before the first restart, in seconds.
     backoff: float = 0.1
+    #: Growth of the delay from one attempt to the next.
     multiplier: float = 2.0
+    #: Cap on the delay, in seconds.
     max_backoff: float = 10.0
+    #: Relative randomisation of each delay.
     jitter: float = 0.1
+    #: Seconds the new stream has to relist what it knows.
     settle: float = 1.0
+    #: Also restart when the stream ends normally.
     restart_on_end: bool = False
 
     def __attrs_post_init__(self) -> None:
