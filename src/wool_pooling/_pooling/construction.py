@@ -125,10 +125,8 @@ def _describe(function: Callable[..., Any]) -> str:
     module = getattr(function, "__module__", None)
     if module and module != "builtins":
         name = f"{module}.{name}"
-    try:
-        return f"{name}{inspect.signature(function)}"
-    except (TypeError, ValueError):
-        return name
+    signature = signature_of(function)
+    return name if signature is None else f"{name}{signature}"
 
 
 def _call(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -157,14 +155,13 @@ def _bound_arguments(
     except TypeError as error:
         raise TypeError(f"{cls.__qualname__}(): {error}") from error
     bound.apply_defaults()
-    values: list[Any] = []
     parameters = signature.parameters
-    for name, value in list(bound.arguments.items())[1:]:
-        if parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
-            values.append(tuple(sorted(value.items())))
-        else:
-            values.append(value)
-    return tuple(values)
+    return tuple(
+        tuple(sorted(value.items()))
+        if parameters[name].kind is inspect.Parameter.VAR_KEYWORD
+        else value
+        for name, value in list(bound.arguments.items())[1:]
+    )
 
 
 def build_raw(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
