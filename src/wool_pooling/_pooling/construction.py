@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import reprlib
-import weakref
 from collections.abc import Callable
 from collections.abc import Hashable
 from typing import Any
@@ -30,48 +29,34 @@ CONFIG_ATTRIBUTE = "__shared_subscription__"
 
 KeyFunction = Callable[..., Hashable]
 
-_signatures: weakref.WeakKeyDictionary[type, inspect.Signature | None] = (
-    weakref.WeakKeyDictionary()
-)
-
 
 @attrs.frozen
 class SubscriptionConfig:
-    """What ``@shared_subscription`` recorded on a class."""
+    """What ``@shared_subscription`` recorded on a class: its arguments, and
+    the ``__new__`` the class defined itself (``own_new``)."""
 
-    #: ``key(cls, *args, **kwargs)``, or ``None`` to key by bound arguments.
     key: KeyFunction | None
-    #: Seconds an unused entry is kept (idle) before it is closed.
     ttl: float
-    #: Events a consumer may fall behind before it is resynchronised.
     max_lag: int | None
-    #: How the raw stream is restarted when it fails, if at all.
     restart: RestartPolicy | None
-    #: Events the shared iteration may pull past the most advanced demand.
     read_ahead: int
-    #: ``view(raw)`` makes an entry's view; ``None``: a :class:`View`.
     view: ViewFactory | None
-    #: The ``__new__`` the class defined itself, replaced by the decorator.
     own_new: Any
 
 
 def derive_key(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable:
-    """Compute the subscription key of ``cls(*args, **kwargs)``: the key
-    function's result, else the arguments bound to ``__init__`` with
-    defaults applied.
+    """The subscription key of ``cls(*args, **kwargs)``.
 
-    :raises Exception: whatever the key function raises, as it is, with a
-        note naming the class, the function and the call.
+    :raises Exception: what the key function raises, with a note naming it.
     :raises TypeError: if the arguments do not fit ``__init__``, or the key
-        is not hashable; the message names the class.
+        is not hashable.
     """
     config: SubscriptionConfig = getattr(cls, CONFIG_ATTRIBUTE)
     if config.key is None:
         key = _bound_arguments(cls, args, kwargs)
     else:
-        # Whether arguments fit depends only on their shape: binding them
-        # costs several times what the rest of a keyed construction does
-        # (wool constructs one at every unpickling).
+        # Binding costs more than the rest of a keyed construction, and
+        # whether arguments fit depends only on their shape.
         shape = (len(args), frozenset(kwargs))
         if not _fitting.binds(cls, shape):
             _bound_arguments(cls, args, kwargs)  # fails here if they do not fit
@@ -94,9 +79,8 @@ def derive_key(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hash
 
 
 def check_key(cls: type, key: KeyFunction) -> None:
-    """At decoration: refuse a ``key`` that no call of ``cls`` could be
-    passed to, whichever required arguments it passes by position or by
-    name (a signature that cannot be read is checked as far as it can be).
+    """Refuse a ``key`` that no call of ``cls`` could be passed to, whichever
+    required arguments of ``__init__`` the call passes by position or by name.
 
     :raises TypeError: naming the class, the key function, the call it
         cannot take and Python's reason.
@@ -104,34 +88,27 @@ def check_key(cls: type, key: KeyFunction) -> None:
     key_signature = signature_of(key)
     if key_signature is None:
         return
-    positional: list[str] = []  # required, passed by position only
-    either: list[str] = []  # required, by position or by name
-    named: list[str] = []  # required, by name only
     init = signature_of(cls.__init__)
-    if init is not None:
-        for parameter in list(init.parameters.values())[1:]:
-            if parameter.default is not inspect.Parameter.empty:
-                continue
-            if parameter.kind is inspect.Parameter.POSITIONAL_ONLY:
-                positional.append(parameter.name)
-            elif parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
-                either.append(parameter.name)
-            elif parameter.kind is inspect.Parameter.KEYWORD_ONLY:
-                named.append(parameter.name)
+    required = [
+        parameter
+        for parameter in (list(init.parameters.values())[1:] if init else [])
+        if parameter.default is parameter.empty
+        and parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)
+    ]
+    kinds = [parameter.kind for parameter in required]
+    least = kinds.count(inspect.Parameter.POSITIONAL_ONLY)
+    most = least + kinds.count(inspect.Parameter.POSITIONAL_OR_KEYWORD)
     first: tuple[str, str] | None = None
-    for split in range(len(either), -1, -1):
-        by_position = [*positional, *either[:split]]
-        by_name = [*either[split:], *named]
+    for split in range(most, least - 1, -1):  # fewer and fewer by position
+        by_position = [parameter.name for parameter in required[:split]]
+        by_name = [parameter.name for parameter in required[split:]]
         try:
-            key_signature.bind_partial(
-                cls, *by_position, **dict.fromkeys(by_name, None)
-            )
+            key_signature.bind_partial(cls, *by_position, **dict.fromkeys(by_name))
         except TypeError as error:
-            if first is None:
-                shown = ", ".join(["cls", *by_position, *(f"{n}=" for n in by_name)])
-                first = (shown, str(error))
-            continue
-        return
+            shown = ", ".join(["cls", *by_position, *(f"{n}=" for n in by_name)])
+            first = first or (shown, str(error))
+        else:
+            return
     assert first is not None
     shown, reason = first
     raise TypeError(
@@ -143,15 +120,13 @@ def check_key(cls: type, key: KeyFunction) -> None:
 
 
 def _describe(function: Callable[..., Any]) -> str:
-    """``module.qualname(signature)`` of a key function, as far as known."""
+    """``module.qualname(signature)`` of a function, as far as known."""
     name = getattr(function, "__qualname__", None) or repr(function)
     module = getattr(function, "__module__", None)
     if module and module != "builtins":
         name = f"{module}.{name}"
-    try:
-        return f"{name}{inspect.signature(function)}"
-    except (TypeError, ValueError):
-        return name
+    signature = signature_of(function)
+    return name if signature is None else f"{name}{signature}"
 
 
 def _call(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -161,16 +136,7 @@ def _call(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     return f"{cls.__qualname__}({', '.join(shown)})"
 
 
-def _init_signature(cls: type) -> inspect.Signature | None:
-    """The signature of ``cls.__init__`` (cached), ``None`` if unreadable."""
-    if cls in _signatures:
-        return _signatures[cls]
-    signature = _signatures[cls] = signature_of(cls.__init__)
-    return signature
-
-
-#: The shapes of call (positional count, keyword names) found to fit each
-#: class's ``__init__``.
+#: Shapes of call (positional count, keyword names) that fit ``__init__``.
 _fitting: BindingMemo[tuple[int, frozenset[str]]] = BindingMemo()
 
 
@@ -179,9 +145,9 @@ def _bound_arguments(
 ) -> tuple[Any, ...]:
     """The arguments bound to ``__init__``, defaults applied, as a tuple.
 
-    :raises TypeError: naming the class, if they do not fit ``__init__``.
+    :raises TypeError: if they do not fit ``__init__``.
     """
-    signature = _init_signature(cls)
+    signature = signature_of(cls.__init__)
     if signature is None:
         return (args, tuple(sorted(kwargs.items())))
     try:
@@ -189,20 +155,18 @@ def _bound_arguments(
     except TypeError as error:
         raise TypeError(f"{cls.__qualname__}(): {error}") from error
     bound.apply_defaults()
-    values: list[Any] = []
     parameters = signature.parameters
-    for name, value in list(bound.arguments.items())[1:]:
-        if parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
-            values.append(tuple(sorted(value.items())))
-        else:
-            values.append(value)
-    return tuple(values)
+    return tuple(
+        tuple(sorted(value.items()))
+        if parameters[name].kind is inspect.Parameter.VAR_KEYWORD
+        else value
+        for name, value in list(bound.arguments.items())[1:]
+    )
 
 
 def build_raw(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Build the instance ``cls(*args, **kwargs)`` would be without pooling:
-    the class's own ``__new__`` (not this library's, nor the pooling one
-    wool's ``SubscriberMeta`` injects), then ``__init__``."""
+    """Build what ``cls(*args, **kwargs)`` would be without pooling (this
+    library's or wool's)."""
     new = _unpooled_new(cls)
     if new is object.__new__:
         instance = cast(object, object.__new__(cls))

@@ -7,7 +7,6 @@ from collections.abc import AsyncIterable
 from collections.abc import Callable
 from typing import Any
 from typing import ParamSpec
-from typing import Protocol
 from typing import TypeVar
 from typing import overload
 
@@ -30,28 +29,9 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
-class _Decorator(Protocol):
-    """What ``shared_subscription(key=..., ...)`` returns: the decorator itself."""
-
-    def __call__(
-        self, cls: Callable[P, AsyncIterable[T]], /
-    ) -> Callable[P, SharedSubscription[T]]: ...
-
-
-#: Default bound on how far a consumer of a shared subscription may lag.
-
-
 @overload
 def shared_subscription(
-    cls: Callable[P, AsyncIterable[T]],
-    /,
-    *,
-    key: KeyFunction | None = None,
-    ttl: float = 0.0,
-    max_lag: int | None = DEFAULT_MAX_LAG,
-    restart: RestartPolicy | None = None,
-    read_ahead: int = DEFAULT_READ_AHEAD,
-    view: ViewFactory | None = None,
+    cls: Callable[P, AsyncIterable[T]], /
 ) -> Callable[P, SharedSubscription[T]]: ...
 
 
@@ -66,7 +46,7 @@ def shared_subscription(
     restart: RestartPolicy | None = None,
     read_ahead: int = DEFAULT_READ_AHEAD,
     view: ViewFactory | None = None,
-) -> _Decorator: ...
+) -> Callable[[Callable[P, AsyncIterable[T]]], Callable[P, SharedSubscription[T]]]: ...
 
 
 def shared_subscription(
@@ -80,20 +60,13 @@ def shared_subscription(
     read_ahead: int = DEFAULT_READ_AHEAD,
     view: ViewFactory | None = None,
 ) -> Any:
-    """Class decorator: constructing the class returns a :class:`SharedSubscription`.
-
-    Usable bare or called. It replaces ``__new__`` on the class (no
-    metaclass), so it applies to classes with a metaclass of their own and to
-    subclasses, each keyed by its own class. ``Cls(*args, **kwargs)`` runs
-    neither ``__new__`` nor ``__init__``: the raw instance is built from
-    those arguments when a consumer first iterates. A type checker sees
-    ``Cls`` as a callable returning ``SharedSubscription[T]``, ``T`` the item
-    type of ``__aiter__`` (see :doc:`custom-subscribers`).
+    """Class decorator, bare or called: constructing the class returns a
+    :class:`SharedSubscription`, and the raw instance is built when a
+    consumer first iterates. See :doc:`custom-subscribers`.
 
     :param key: ``key(cls, *args, **kwargs) -> Hashable``, evaluated at
         construction; ``None`` keys by the arguments bound to ``__init__``
-        with defaults applied. An exception it raises reaches the caller as
-        it is, with a note naming the class and the function.
+        with defaults applied.
     :param ttl: Seconds an entry is kept once its last consumer is released,
         so a consumer arriving in time reuses the running subscription.
     :param max_lag: How many events the shared log holds for a consumer that
@@ -111,8 +84,7 @@ def shared_subscription(
         (:ref:`views`).
     :raises TypeError: at decoration, if given something other than a class
         with ``__aiter__``, if ``key`` or ``view`` is not callable, or if no
-        call of the class could be passed to ``key``; the message names the
-        class, the key and the call it cannot take.
+        call of the class could be passed to ``key``.
     :raises ValueError: if ``ttl`` is negative or not finite, ``max_lag``
         is not ``None`` or an int >= 1, or ``read_ahead`` is not an int >= 0.
     """

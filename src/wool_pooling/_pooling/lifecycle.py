@@ -1,5 +1,4 @@
-"""A pool entry's states, the events it meets, and the one synchronous
-function that decides the next state (the entry then acts on it)."""
+"""A pool entry's states, its events, and the function deciding the next state."""
 
 from __future__ import annotations
 
@@ -9,48 +8,32 @@ __all__ = ["EntryEvent", "EntryState", "IllegalTransition", "transition"]
 
 
 class EntryState(enum.Enum):
-    """Where a pool entry stands.
+    """Where a pool entry stands; only ``ACTIVE`` and ``IDLE`` ones are found
+    by key, and every one but ``CLOSED`` is counted by the pool."""
 
-    Only ``ACTIVE`` and ``IDLE`` entries are reachable by key: a consumer
-    that joins finds them. An entry is counted by
-    :meth:`~wool_pooling.SubscriptionPool.statistics` from its creation
-    until it is ``CLOSED``.
-    """
-
-    #: Consumers are attached (or, briefly, the last one was garbage
-    #: collected and its leave is still to be decided on the loop).
+    #: Consumers are attached.
     ACTIVE = "active"
-    #: No consumer attached; kept open until its ttl timer fires. A new entry
-    #: is ``IDLE`` until its first consumer, in the same synchronous step,
-    #: joins it.
+    #: No consumer attached (a new entry, until its first joins); kept until
+    #: its ttl timer fires.
     IDLE = "idle"
-    #: The source ended or failed while consumers were attached: no longer
-    #: reachable by key (the next consumer gets a fresh entry), closed once
-    #: the last of them leaves.
+    #: The source ended or failed with consumers attached; closed once the
+    #: last of them leaves.
     ENDED = "ended"
-    #: Being closed: its fan-out (and so the raw iterator), then the raw
-    #: instance's ``aclose()``. Unreachable by key; nothing reopens it.
+    #: Being closed: its fan-out, then the raw instance's ``aclose()``.
     CLOSING = "closing"
-    #: Closed, exactly once; no longer counted by the pool.
     CLOSED = "closed"
 
 
 class EntryEvent(enum.Enum):
     """What happens to a pool entry."""
 
-    #: A consumer joined (the entry's consumer count already includes it).
+    #: A consumer joined (counted already).
     JOINED = "joined"
-    #: A consumer left (the count already excludes it). A consumer collected
-    #: as garbage is counted out at once and its leave decided later, on the
-    #: loop, with the count as it stands then.
+    #: A consumer left (counted out already, at once if garbage collected).
     LEFT = "left"
-    #: The ttl timer of an idle entry fired.
     EXPIRED = "expired"
-    #: The entry's source was found ended or failed (at a join or a leave).
     SOURCE_ENDED = "source ended"
-    #: The pool is being closed.
     POOL_CLOSED = "pool closed"
-    #: The close step has finished.
     CLOSED = "closed"
 
 
@@ -61,16 +44,10 @@ class IllegalTransition(RuntimeError):
 def transition(
     state: EntryState, event: EntryEvent, consumers: int, ttl: float
 ) -> EntryState:
-    """The state an entry in ``state`` moves to on ``event``, ``consumers``
-    being the number attached once the event is counted and ``ttl`` the
-    entry's. Pure and synchronous: the caller applies the result. A leave
-    keeps an entry whose consumers remain; the last one makes an ``ACTIVE``
-    entry ``IDLE`` (``ttl > 0``) or ``CLOSING``, an ``ENDED`` one
-    ``CLOSING``; a source's end makes it ``ENDED`` while consumers remain.
+    """The state an entry in ``state`` moves to on ``event``, with
+    ``consumers`` attached once the event is counted; pure and synchronous.
 
-    :raises IllegalTransition: for an event that cannot happen in ``state``
-        (a join without a consumer, a leave from an idle entry with
-        consumers, ...): the caller broke the lifecycle.
+    :raises IllegalTransition: for an event that cannot happen in ``state``.
     """
     state_, event_ = EntryState, EntryEvent
     if event is event_.JOINED:

@@ -49,11 +49,7 @@ def _number(value: object, low: float, high: float) -> bool:
 class RestartPolicy:
     """Opt-in restarts of a raw stream that fails (or ends), the same wherever
     one is given: ``@shared_subscription(restart=...)``, a Redis discovery.
-
-    The stream is iterated again after a delay; consumers see only what
-    changed, and the last error once ``attempts`` consecutive restarts failed
-    without an item in between. Each restart is logged on the
-    ``wool_pooling.restart`` logger. See :ref:`restart`.
+    See :ref:`restart`.
 
     :param attempts: Consecutive restarts allowed (an int >= 1); ``None``
         for no limit. The count starts again at the first item of a stream.
@@ -65,10 +61,9 @@ class RestartPolicy:
     :param settle: Seconds the new stream has to relist what it knows
         (ended early by its :class:`~wool_pooling.Synced`).
     :param restart_on_end: Also restart when the stream ends normally.
-    :raises ValueError: naming the parameter, with one wording per rule:
-        ``attempts`` is ``None`` or an int >= 1; ``backoff``, ``max_backoff``
-        and ``settle`` finite numbers >= 0; ``multiplier`` a finite number
-        >= 1; ``jitter`` a number in ``[0, 1]``; ``restart_on_end`` a bool.
+    :raises ValueError: naming the parameter, unless ``attempts`` is ``None``
+        or an int >= 1, ``multiplier`` a finite number >= 1, ``jitter`` in
+        ``[0, 1]``, the other numbers finite and >= 0, ``restart_on_end`` a bool.
     """
 
     #: Consecutive restarts allowed; ``None`` for no limit.
@@ -110,35 +105,28 @@ class RestartPolicy:
             if not valid:
                 raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
 
-    def allows(self, attempt: int) -> bool:
-        """Whether restart number ``attempt`` (from 1) may happen."""
-        return self.attempts is None or attempt <= self.attempts
-
     def delay(self, attempt: int) -> float:
         """Seconds to wait before restart number ``attempt`` (from 1)."""
         if self.backoff == 0:
             return 0.0
         try:
             grown = self.backoff * self.multiplier ** (attempt - 1)
-        except OverflowError:  # attempts=None: the delay just stays at the cap
+        except OverflowError:  # attempts=None: the delay stays at the cap
             grown = math.inf
         base = min(self.max_backoff, grown)
         if not self.jitter:
             return base
-        # Spread under the cap, not cut by it (a cut would put every delay
-        # that reached the cap on the same instant).
+        # Spread under the cap, not cut by it (see :ref:`restart`).
         high = min(self.max_backoff, base * (1 + self.jitter))
         return random.uniform(base * (1 - self.jitter), high)
 
 
 class BrokenSubscriber(TypeError):
-    """A subscriber class's ``__aiter__`` did not return an async iterator:
-    a programming error, never restarted."""
+    """A subscriber's ``__aiter__`` returned no async iterator; never restarted."""
 
 
 def open_iterator(raw: object) -> AsyncIterator[Any]:
-    """``aiter(raw)``, with an error naming the class when ``__aiter__`` is
-    wrong (a coroutine or generator it returned instead is closed).
+    """``aiter(raw)``; a coroutine or generator ``__aiter__`` returned is closed.
 
     :raises BrokenSubscriber: naming the class and what ``__aiter__`` returned.
     """
@@ -164,14 +152,8 @@ def open_iterator(raw: object) -> AsyncIterator[Any]:
 @final
 @attrs.define(eq=False, repr=False)
 class RestartingSource(Generic[T]):
-    """Iterate ``raw`` under ``policy``, telling ``view`` every item logged.
-
-    An async iterator of ``raw``'s items, :class:`~wool_pooling.Synced`
-    markers taken out. When the stream fails (or ends, with
-    ``restart_on_end``), it is closed and, after the policy's delay,
-    iterated again within the same ``__anext__``; the view turns the new
-    stream's items into what changed until its :class:`~wool_pooling.Synced`
-    or ``settle`` seconds. See :ref:`restart`.
+    """Iterate ``raw`` under ``policy``, telling ``view`` every item logged,
+    :class:`~wool_pooling.Synced` markers taken out. See :ref:`restart`.
 
     :param raw: The async iterable to iterate (``aiter(raw)`` at each start).
     :param policy: When and how often to restart; ``None`` never restarts.
@@ -183,38 +165,30 @@ class RestartingSource(Generic[T]):
 
     _raw: AsyncIterable[T]
     _policy: RestartPolicy | None = None
-    #: The view told of every item logged.
     view: View[T] = attrs.field(factory=View[T])
     _iterator: AsyncIterator[Any] | None = attrs.field(default=None, init=False)
     #: Consecutive restarts without an item in between.
     _failures: int = attrs.field(default=0, init=False)
-    #: Errors the stream raised, and restarts that followed, in all.
     errors: int = attrs.field(default=0, init=False)
     restarts: int = attrs.field(default=0, init=False)
-    #: Items logged so far (returned, or handed to :meth:`deliver_to`'s).
     count: int = attrs.field(default=0, init=False)
-    #: :attr:`count` when the stream first yielded
-    #: :class:`~wool_pooling.Synced`; ``None`` until it does.
+    #: :attr:`count` at the first :class:`~wool_pooling.Synced`, if any yet.
     listed_at: int | None = attrs.field(default=None, init=False)
     _listed_waiters: set[anyio.Event] = attrs.field(
         factory=set[anyio.Event], init=False
     )
-    #: While a restarted stream relists: the timer that ends it.
     _settling: anyio.CancelScope | None = attrs.field(default=None, init=False)
-    #: Items the view gave that are still to be returned.
+    #: Items :meth:`View.settled` gave, to return (no :meth:`deliver_to`).
     _pending: deque[T] = attrs.field(factory=deque[T], init=False)
-    #: What :meth:`athrow` raises in the stream at the next pull.
     _thrown: BaseException | None = attrs.field(default=None, init=False)
-    #: Where items made outside a pull go; held weakly (the fan-out holds
-    #: this source: a strong reference back would keep both alive).
+    #: Held weakly: the fan-out holds this source.
     _deliver: weakref.WeakMethod[Callable[[T], None]] | None = attrs.field(
         default=None, init=False
     )
 
     def deliver_to(self, inject: Callable[[T], None]) -> None:
-        """Log what the settle timer makes through ``inject`` (a bound method,
-        held weakly: a fan-out's :meth:`~wool_pooling.Fanout.inject`), rather
-        than at the next ``__anext__``."""
+        """Log the items the settle timer makes through ``inject``, a bound
+        method held weakly, rather than at the next ``__anext__``."""
         self._deliver = weakref.WeakMethod(inject)
 
     def notify_listed(self, event: anyio.Event) -> None:
@@ -230,7 +204,7 @@ class RestartingSource(Generic[T]):
 
     async def __anext__(self) -> T:
         while True:
-            if self._pending:  # taken in by the view already
+            if self._pending:
                 self.count += 1
                 return self._pending.popleft()
             iterator = self._iterator
@@ -269,8 +243,7 @@ class RestartingSource(Generic[T]):
             return item
 
     async def athrow(self, error: BaseException) -> T:
-        """Raise ``error`` in the stream where it is suspended; what it raises
-        then is handled as a failure of ``__anext__`` is."""
+        """Raise ``error`` in the stream, then go on as ``__anext__`` does."""
         self._thrown = error
         return await self.__anext__()
 
@@ -287,7 +260,7 @@ class RestartingSource(Generic[T]):
             raise error
         self._failures += 1
         attempt = self._failures
-        if not policy.allows(attempt):
+        if policy.attempts is not None and attempt > policy.attempts:
             restart_logger.error(
                 "giving up on %r after %d restarts: %r", self._raw, attempt - 1, error
             )
@@ -323,8 +296,7 @@ class RestartingSource(Generic[T]):
             self._settled()
 
     def _settled(self) -> None:
-        """End the relisting: log what the view gives, through
-        :meth:`deliver_to`'s target if any, else from the next pulls."""
+        """End the relisting: log what the view gives."""
         self._settling = None
         items = self.view.settled()
         deliver = self._deliver() if self._deliver is not None else None
@@ -336,8 +308,8 @@ class RestartingSource(Generic[T]):
             deliver(item)
 
     def _listed(self) -> None:
-        """The stream yielded :class:`~wool_pooling.Synced`: the first marks
-        the end of the first listing; one after a restart ends the relisting."""
+        """Take a :class:`~wool_pooling.Synced`: the first listing's end, or
+        a relisting's."""
         if self.listed_at is None:
             self.listed_at = self.count + len(self._pending)
             for event in self._listed_waiters:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import attrs
 from wool import DiscoveryEvent
 from wool import DiscoverySubscriberLike
 from wool import WorkerMetadata
@@ -18,18 +19,12 @@ from .workers import WorkerMap
 
 
 @suggest_keywords
+@attrs.frozen(repr=False)
 class afilter:
     """The part of ``inner``'s discovery stream that concerns the workers
-    ``predicate`` accepts, as a consistent lifecycle per worker.
-
-    A worker that starts to pass is added, one that passes with new
-    metadata updated, one that stops passing dropped with the metadata it
-    was last passed with; every other event is left out, and the order is
-    ``inner``'s. Each iteration
-    keeps its own view (one metadata per worker passing) and closes
-    ``inner``'s iterator when it ends, is closed or is cancelled. Two are
-    equal, hash alike and pickle as their arguments. See "What it does" in
-    docs/wool.rst.
+    ``predicate`` accepts, as a consistent lifecycle per worker. Two are
+    equal, hash alike and pickle as their arguments. See "Filters" in
+    :doc:`wool`.
 
     :param predicate: Called with a worker's metadata: whether it passes.
     :param inner: The discovery subscriber to filter.
@@ -37,50 +32,30 @@ class afilter:
         or ``inner`` is not async-iterable.
     """
 
-    __slots__ = ("_inner", "_predicate")
+    #: Whether a worker passes, given its metadata.
+    predicate: Callable[[WorkerMetadata], bool]
+    #: The upstream discovery subscriber.
+    inner: DiscoverySubscriberLike
 
-    def __init__(
-        self,
-        predicate: Callable[[WorkerMetadata], bool],
-        inner: DiscoverySubscriberLike,
-    ) -> None:
+    def __attrs_post_init__(self) -> None:
+        predicate, inner = self.predicate, self.inner
         if not callable(predicate):
             raise TypeError(f"afilter predicate must be callable, got {predicate!r}")
         check_positional(predicate, 1, lambda: f"afilter predicate {predicate!r}")
         if not hasattr(inner, "__aiter__"):
             msg = f"afilter inner must have __aiter__, got {type(inner).__name__}"
             raise TypeError(f"{msg}: {inner!r}")
-        self._predicate = predicate
-        self._inner = inner
-
-    @property
-    def predicate(self) -> Callable[[WorkerMetadata], bool]:
-        """The predicate deciding which workers pass."""
-        return self._predicate
-
-    @property
-    def inner(self) -> DiscoverySubscriberLike:
-        """The upstream discovery subscriber."""
-        return self._inner
 
     def __repr__(self) -> str:
-        return f"afilter({self._predicate!r}, {self._inner!r})"
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, afilter):
-            return NotImplemented
-        return self.__reduce__() == other.__reduce__()
-
-    def __hash__(self) -> int:
-        return hash(self.__reduce__())
+        return f"afilter({self.predicate!r}, {self.inner!r})"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (afilter, (self._predicate, self._inner))
+        return (afilter, (self.predicate, self.inner))
 
     async def __aiter__(self) -> AsyncGenerator[DiscoveryEvent, None]:
-        predicate = self._predicate
+        predicate = self.predicate
         passing = WorkerMap()
-        iterator = aiter(self._inner)
+        iterator = aiter(self.inner)
         try:
             async for event in iterator:
                 if event.type == "worker-dropped" or predicate(event.metadata):

@@ -15,49 +15,25 @@ Workers = dict[uuid.UUID, WorkerMetadata]
 
 
 class WorkerMap:
-    """Known workers by uid, each with its latest metadata, in first-seen order.
+    """Known workers by uid, each with its latest metadata, in first-seen
+    order: the one place where a discovery event is applied to a view of
+    the workers, keeping the events passed on a consistent lifecycle (the
+    rules of "Filters" in docs/wool.rst).
 
-    The one place where a discovery event is applied to a view of the
-    workers. :meth:`apply` keeps the events passed on a consistent
-    lifecycle, whatever the stream claims:
-
-    - never a second ``worker-added``: an add of a known worker with new
-      metadata is passed on as ``worker-updated``, with equal metadata not
-      at all;
-    - never an unchanged ``worker-updated``: it is not passed on; an update
-      of an unknown worker is passed on as ``worker-added``;
-    - never a drop of an unknown worker; a drop passed on carries the
-      metadata last passed on for that worker (the one its consumers hold).
-
-    :meth:`diff` and :meth:`replay` give the events that lead a consumer
-    from one view, or from none, to this one. Memory held: one metadata
-    per known worker.
-
-    :param workers: The view to start from, used as is (not copied);
-        empty by default.
+    :param workers: The view to start from, used as is (not copied).
     """
 
     __slots__ = ("workers",)
 
     def __init__(self, workers: Workers | None = None) -> None:
-        #: The known workers: uid to latest metadata, in first-seen order.
         self.workers: Workers = {} if workers is None else workers
 
     def __len__(self) -> int:
         return len(self.workers)
 
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} of {len(self.workers)} workers>"
-
     def apply(self, event: DiscoveryEvent) -> DiscoveryEvent | None:
-        """Apply ``event``; return the event to pass on, or ``None``.
-
-        The event returned is ``event`` itself unless it has to be rewritten
-        (an add that is an update, an update that is an add, a drop whose
-        metadata is not the one known). ``None``: it changes nothing (a
-        repeated add or update with equal metadata, a drop of an unknown
-        worker), and the map is left as it was.
-        """
+        """Apply ``event``; return the event to pass on (``event``, or it
+        rewritten), or ``None`` if it changes nothing."""
         metadata = event.metadata
         uid = metadata.uid
         workers = self.workers
@@ -92,14 +68,8 @@ class WorkerMap:
     def diff(
         self, other: WorkerMap | Mapping[uuid.UUID, WorkerMetadata]
     ) -> deque[DiscoveryEvent]:
-        """The events that turn this view into ``other`` (this map is unchanged).
-
-        ``worker-added`` for a worker only ``other`` knows and
-        ``worker-updated`` for one whose metadata differs, both in
-        ``other``'s order, then ``worker-dropped`` (with the metadata this
-        view has) for each worker ``other`` does not know, in this view's
-        order. Applying them in turn to this view gives ``other``.
-        """
+        """The events that turn this view into ``other``: adds and updates in
+        ``other``'s order, then drops in this view's."""
         target = other.workers if isinstance(other, WorkerMap) else other
         seen = self.workers
         events: deque[DiscoveryEvent] = deque()
@@ -115,8 +85,7 @@ class WorkerMap:
         return events
 
     def replay(self) -> deque[DiscoveryEvent]:
-        """One ``worker-added`` per known worker, with its latest metadata, in
-        first-seen order: what leads a consumer that knows nothing here."""
+        """One ``worker-added`` per known worker, in first-seen order."""
         return deque(
             DiscoveryEvent("worker-added", metadata=metadata)
             for metadata in self.workers.values()

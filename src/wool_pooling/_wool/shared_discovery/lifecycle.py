@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import types
 import uuid
+from collections.abc import Awaitable
 from collections.abc import Callable
 from collections.abc import Hashable
 from collections.abc import Mapping
@@ -45,7 +46,7 @@ class SharedDiscoveryStatistics(SubscriptionStatistics):
 
 
 class _SyncContextDiscovery(DiscoveryLike, Protocol):
-    """A discovery that is also a synchronous context manager (``LocalDiscovery``)."""
+    """A discovery that is a synchronous context manager."""
 
     def __enter__(self) -> object: ...
 
@@ -53,25 +54,19 @@ class _SyncContextDiscovery(DiscoveryLike, Protocol):
 
 
 class SharedDiscovery:
-    """A wool ``DiscoveryLike`` whose subscribers share one upstream per process.
+    """A wool ``DiscoveryLike`` whose subscribers share one upstream per
+    (inner discovery, options) in a :class:`~wool_pooling.SubscriptionPool`.
 
-    In one :class:`~wool_pooling.SubscriptionPool`, every subscription it
-    hands out shares one unfiltered upstream per (inner discovery, options),
-    with the guarantees of :func:`~wool_pooling.shared_subscription`; a
-    joiner has ``inner`` scanned afresh, and only what changes the known
-    workers is passed on. Entering is counted: the first enter enters
-    ``inner``, the last exit exits it. Over a synchronous context manager
-    the constructor returns a :class:`SyncSharedDiscovery`. A pickled copy
-    starts unentered; two are equal when their upstreams would be shared.
-    See docs/wool.rst.
+    Entering is counted: the first enter enters ``inner``, the last exit
+    exits it. Over a synchronous context manager the constructor returns a
+    :class:`SyncSharedDiscovery`. See :doc:`wool`.
 
     :param inner: The wool discovery to wrap.
     :param subscribe_options: Keyword arguments for ``inner.subscribe``,
         hashable: they are part of the upstream's key.
     :raises TypeError: if ``inner`` has no callable ``subscribe``, if the
-        options do not bind to its signature (a misspelt one is named, with
-        the closest parameter) or do not hash, or if nothing of ``inner``
-        can travel to another process (see docs/wool.rst).
+        options do not bind to it or do not hash, or if nothing of ``inner``
+        can travel to another process.
     """
 
     __slots__ = ("__weakref__", "_entered", "_lock", "_portable", "_transition")
@@ -155,7 +150,7 @@ class SharedDiscovery:
     @overload
     def subscribe(self, filter: Callable[[WorkerMetadata], bool]) -> afilter: ...
 
-    @overload
+    @overload  # what wool's DiscoveryLike protocol calls
     def subscribe(
         self, filter: Callable[[WorkerMetadata], bool] | None = None
     ) -> SharedSubscription[DiscoveryEvent] | afilter: ...
@@ -164,7 +159,7 @@ class SharedDiscovery:
         self, filter: Callable[[WorkerMetadata], bool] | None = None
     ) -> SharedSubscription[DiscoveryEvent] | afilter:
         """The upstream's :class:`~wool_pooling.SharedSubscription`, or an
-        :class:`~wool_pooling.afilter` over it; needs no event loop.
+        :class:`~wool_pooling.afilter` over it.
 
         :param filter: Whether a worker appears in this stream; ``None``: all.
         """
@@ -176,9 +171,8 @@ class SharedDiscovery:
     def workers(
         self, *, filter: Callable[[WorkerMetadata], bool] | None = None
     ) -> Mapping[uuid.UUID, WorkerMetadata]:
-        """The workers the shared upstream knows now in the current pool: a
-        read-only snapshot, empty while nothing iterates it. See
-        :meth:`SharedSubscription.workers <wool_pooling.SharedSubscription.workers>`.
+        """A read-only snapshot of the workers the upstream knows in the
+        current pool, empty while nothing iterates it.
 
         :param filter: As for :meth:`subscribe`: only the workers it accepts.
         """
@@ -192,12 +186,10 @@ class SharedDiscovery:
     def statistics(
         self, pool: SubscriptionPool | None = None
     ) -> SharedDiscoveryStatistics:
-        """The shared upstream's counters in ``pool``, filtered consumers
-        included, and its fresh scans.
+        """The upstream's counters in ``pool``, filtered consumers included.
 
         :param pool: The pool to look in; by default :func:`~wool_pooling.current_pool`.
-        :raises RuntimeError: if ``pool`` is omitted and no pool is current
-            and no event loop is running.
+        :raises RuntimeError: if ``pool`` is omitted and no event loop runs.
         """
         upstream = self.subscribe()
         view = upstream.view(pool)
@@ -214,12 +206,9 @@ class SharedDiscovery:
         while self._transition is not None:  # entering or exiting ``inner``
             await self._transition.wait()
         if not self._entered and isinstance(inner, AbstractAsyncContextManager):
-            transition = self._transition = anyio.Event()
-            try:
-                await cast(AbstractAsyncContextManager[object], inner).__aenter__()
-            finally:
-                self._transition = None
-                transition.set()
+            await self._switch(
+                cast(AbstractAsyncContextManager[Any], inner).__aenter__()
+            )
         self._entered += 1
         return self
 
@@ -232,15 +221,18 @@ class SharedDiscovery:
             raise RuntimeError(f"{self!r} was exited more often than entered")
         self._entered -= 1
         if not self._entered and isinstance(inner, AbstractAsyncContextManager):
-            transition = self._transition = anyio.Event()
-            try:
-                with anyio.CancelScope(shield=True):
-                    await cast(AbstractAsyncContextManager[Any], inner).__aexit__(
-                        *exc_info
-                    )
-            finally:
-                self._transition = None
-                transition.set()
+            exit = cast(AbstractAsyncContextManager[Any], inner).__aexit__(*exc_info)
+            with anyio.CancelScope(shield=True):
+                await self._switch(exit)
+
+    async def _switch(self, step: Awaitable[object]) -> None:
+        """Await ``inner``'s enter or exit; an enter meanwhile waits for it."""
+        transition = self._transition = anyio.Event()
+        try:
+            await step
+        finally:
+            self._transition = None
+            transition.set()
 
     def _enter_sync(self) -> None:
         with self._lock:
@@ -283,9 +275,8 @@ class SharedDiscovery:
 
 @final
 class SyncSharedDiscovery(SharedDiscovery):
-    """A :class:`SharedDiscovery` over a synchronous context manager, such as
-    ``wool.LocalDiscovery``: a synchronous context manager too, sharing one
-    count with the asynchronous protocol. Built by :class:`SharedDiscovery`.
+    """A :class:`SharedDiscovery` over a synchronous context manager (such as
+    ``wool.LocalDiscovery``), itself one; both protocols share one count.
 
     :raises TypeError: if ``inner`` is not a synchronous context manager.
     """
@@ -301,8 +292,7 @@ class SyncSharedDiscovery(SharedDiscovery):
 
 
 def _restore(portable: Portable) -> SharedDiscovery:
-    """Unpickle a :class:`SharedDiscovery`: a fresh, unentered wrapper, its
-    arguments checked where it was made."""
+    """Unpickle a :class:`SharedDiscovery`, unentered."""
     shared = SharedDiscovery.__new__(SharedDiscovery, portable.discovery)
     shared._start(portable)
     return shared

@@ -28,6 +28,7 @@ Recipe = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
 
 @final
+@attrs.define(eq=False, repr=False)
 class Portable:
     """The one record of a ``SharedDiscovery``'s arguments, read by its
     pickling, equality, hash and upstream :attr:`key`. Its discovery travels
@@ -35,17 +36,10 @@ class Portable:
     subscriber it returned, pickled, arriving as a :class:`SubscriberOnly`.
     """
 
-    def __init__(
-        self,
-        discovery: Any,
-        options: Options,
-        recipe: Recipe | None = None,
-        shipped: bytes | None = None,
-    ) -> None:
-        self.discovery = discovery
-        self.options = options
-        self.recipe = recipe
-        self.shipped = shipped
+    discovery: Any
+    options: Options
+    recipe: Recipe | None = None
+    shipped: bytes | None = None
 
     @classmethod
     def of(cls, discovery: object, options: Options) -> Portable:
