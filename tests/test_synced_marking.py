@@ -266,7 +266,7 @@ async def test_cancelling_wait_synced_loses_nothing() -> None:
 # -- the shared view can be awaited --------------------------------------------
 
 
-async def test_subscription_wait_synced_holds_the_first_listing_while_it_lives() -> None:
+async def test_subscription_wait_synced_holds_the_listing_while_it_lives() -> None:
     """``await sub.wait_synced()`` with no consumer and the default ``ttl=0``:
     the source is started and pulled to its mark; ``workers()`` then reads the
     whole first listing, held until ``sub`` is dropped."""
