@@ -33,22 +33,18 @@ def check_client_option_names(
         naming the closest one it does.
     """
     tls = scheme.startswith("rediss")
-    sentinel = scheme.endswith("+sentinel")
-    known = _client_option_names(unix, sentinel, tls)
-    if known is None:
-        return
+    known = _client_option_names(unix, scheme.endswith("+sentinel"), tls)
     for name in options:
-        if name in known:
-            continue
-        if not tls and (name == "ssl" or name in _tls_only_option_names()):
+        if not tls and (name == "ssl" or name.startswith("ssl_")):
             raise ValueError(
                 f"client_options {name} needs a TLS url (rediss:// or "
                 f"rediss+sentinel://), got {url!r}"
             )
-        raise TypeError(
-            f"client_options {name} is not a keyword of redis-py's client for "
-            f"a {scheme}:// url{did_you_mean(name, known)}"
-        )
+        if known is not None and name not in known:
+            raise TypeError(
+                f"client_options {name} is not a keyword of redis-py's client "
+                f"for a {scheme}:// url{did_you_mean(name, known)}"
+            )
 
 
 @functools.cache
@@ -77,14 +73,6 @@ def _client_option_names(
             names.add("ssl")  # what the url says already
     # Set from the url and by the pool: never the caller's.
     return frozenset(names - {"sentinels"})
-
-
-@functools.cache
-def _tls_only_option_names() -> frozenset[str]:
-    """The keywords redis-py takes for a TLS connection only (``ssl_*``)."""
-    return frozenset(_keywords(SSLConnection) or ()) - frozenset(
-        _keywords(redis_connection.Connection) or ()
-    )
 
 
 def _keywords(cls: type, *, own: bool = False) -> set[str] | None:

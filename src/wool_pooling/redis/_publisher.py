@@ -21,7 +21,6 @@ from wool import WorkerMetadata
 
 from .._core.signatures import suggest_keywords
 from ._connection import Connection
-from ._connection import check_client_options
 from ._connection import open_client
 from ._connection import parse_url
 from ._connection import reason
@@ -39,11 +38,6 @@ from ._scripts import idle_expiry_ms
 from ._scripts import sharded
 from ._settings import PublisherSettings
 from ._settings import argument
-from ._settings import check_flag
-from ._settings import check_hosts
-from ._settings import check_key_prefix
-from ._settings import check_namespace
-from ._settings import check_seconds
 from ._settings import is_wildcard
 from ._settings import rebuild
 
@@ -132,20 +126,18 @@ class RedisPublisher:
         key_prefix: str = DEFAULT_KEY_PREFIX,
         name_connections: bool = True,
     ) -> None:
-        self._target = parse_url(url)
-        check_namespace(namespace)
-        check_hosts(bind_host, advertise_host)
         self._settings: PublisherSettings = PublisherSettings(
             url=url,
             namespace=namespace,
             bind_host=bind_host,
             advertise_host=advertise_host,
-            lease=check_seconds("lease", lease),
-            connect_timeout=check_seconds("connect_timeout", connect_timeout),
-            client_options=check_client_options(client_options, self._target),
-            key_prefix=check_key_prefix(key_prefix),
-            name_connections=check_flag("name_connections", name_connections),
+            lease=lease,
+            connect_timeout=connect_timeout,
+            client_options=client_options,
+            key_prefix=key_prefix,
+            name_connections=name_connections,
         )
+        self._target = parse_url(url)
         #: An attribute, as wool's ``DiscoveryPublisherLike`` declares it (the
         #: record's value is the one that pickles and compares).
         self.bind_host: str = bind_host
