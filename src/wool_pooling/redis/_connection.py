@@ -37,15 +37,8 @@ if TYPE_CHECKING:
 #: What Redis appends to an error raised in a script.
 _SCRIPT_SUFFIX = re.compile(r"\s*script: [0-9a-f]+, on @user_script:\d+\.?$")
 
-_SCHEMES = (
-    "redis",
-    "rediss",
-    "unix",
-    "redis+sentinel",
-    "rediss+sentinel",
-    "redis+cluster",
-    "rediss+cluster",
-)
+#: The schemes docs/redis.rst lists under *Urls*.
+_SCHEME = re.compile(r"rediss?|unix|rediss?\+(sentinel|cluster)")
 
 #: ``client_options`` the discovery sets itself: each connection must name
 #: itself, read bytes, and end (not silently reconnect) when it is lost.
@@ -130,7 +123,7 @@ def parse_url(url: object) -> Target:
         raise TypeError(f"a Redis url must be a str, got {type(url).__name__}")
     scheme, sep, _ = url.partition("://")
     scheme = scheme.lower()
-    if not sep or scheme not in _SCHEMES:
+    if not sep or not _SCHEME.fullmatch(scheme):
         raise ValueError(
             f"a Redis url starts with redis://, rediss://, unix://, redis+sentinel://, "
             f"rediss+sentinel://, redis+cluster:// or rediss+cluster://, "
@@ -143,7 +136,7 @@ def parse_url(url: object) -> Target:
 
 
 def _parse(url: str, scheme: str) -> Target:
-    """What ``url`` names; each node's part is read by redis-py's ``parse_url``."""
+    """What ``url`` names, each node read by redis-py's ``parse_url``."""
     if scheme == "unix":
         found = parse_redis_url(url)
         path = found.get("path", "")
@@ -202,7 +195,7 @@ def _without_passwords(query: str) -> str:
 
 
 def redact(url: str) -> str:
-    """``url`` with its password removed (after the user, and any
+    """``url`` without its passwords (after the user, and in any
     ``password=`` or ``sentinel_password=`` query parameter), for messages
     and logs; malformed urls included."""
     scheme, sep, rest = url.partition("://")
@@ -232,17 +225,13 @@ _CODES: tuple[tuple[type[BaseException], str], ...] = (
 
 
 def reason(error: BaseException) -> str:
-    """What went wrong, as the server or the OS said it: the error's type
-    and message, or its cause's if it has none (redis-py 8's ``repr`` drops
-    them)."""
+    """The error's type and message, or its cause's if it has none."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         text = _SCRIPT_SUFFIX.sub("", str(current)).strip()
         if text:
-            if text.startswith("invalid username-password pair"):
-                text = f"WRONGPASS {text}"  # redis-py's text for it
             # (a SentinelAuthenticationError quotes the sentinel's reason, code
             # included)
             codes = () if isinstance(current, SentinelAuthenticationError) else _CODES
@@ -304,13 +293,10 @@ class _GivenContextSSLConnection(SSLConnection):
         self.ssl_context.context = given_ssl_context
 
 
-class _GivenContextSentinelSSLConnection(SentinelManagedSSLConnection):
-    """redis-py's TLS connection to a Sentinel-monitored master, with the
-    ``ssl.SSLContext`` it is given."""
-
-    def __init__(self, *, given_ssl_context: ssl.SSLContext, **kwargs: Any) -> None:
-        super().__init__(**kwargs)  # pyright: ignore[reportUnknownMemberType]
-        self.ssl_context.context = given_ssl_context
+class _GivenContextSentinelSSLConnection(
+    _GivenContextSSLConnection, SentinelManagedSSLConnection
+):
+    """The same, to a Sentinel-monitored master."""
 
 
 def _escape(text: str) -> str:
@@ -335,9 +321,9 @@ class SentinelAuthenticationError(redis_errors.AuthenticationError):
 
 
 class _Sentinels(Sentinel):
-    """redis-py's ``Sentinel``, saying so when the sentinels refuse
-    authentication (which redis-py reports as ``MasterNotFoundError``): then
-    each sentinel is pinged, and the first refusal is raised in its place."""
+    """redis-py's ``Sentinel``; when no master is found, the first sentinel
+    refusing authentication is named (docs/redis.rst, *Sentinel with
+    passwords*)."""
 
     async def discover_master(self, service_name: str) -> Any:
         try:
@@ -362,8 +348,7 @@ class _Sentinels(Sentinel):
 
 
 def _no_client_commands() -> dict[str, Any]:
-    """Options that make redis-py send no ``CLIENT SETINFO`` nor ``CLIENT
-    MAINT_NOTIFICATIONS`` (redis-py 7 and later) of its own."""
+    """Options that make redis-py send no ``CLIENT`` command of its own."""
     quiet: dict[str, Any] = (
         {"driver_info": None}
         if importlib.util.find_spec("redis.driver_info") is not None
@@ -402,10 +387,9 @@ def open_client(
     retries: int,
     client_options: Mapping[str, Any] | None = None,
 ) -> Connection:
-    """A client for ``target`` with the namespace, timeout, naming and client
-    options of ``settings`` (``client_options`` in place of its own if given);
-    the url wins over them, they over the defaults (docs/redis.rst, *Options
-    and their precedence*)."""
+    """A client for ``target`` with the options of ``settings``
+    (``client_options`` in place of its own if given), by the precedence of
+    docs/redis.rst, *Options and their precedence*."""
     timeout, named = settings.connect_timeout, settings.name_connections
     options: dict[str, Any] = {
         "socket_connect_timeout": timeout,
