@@ -25,12 +25,10 @@ def check_client_option_names(
     options: Mapping[str, Any], *, scheme: str, unix: bool, url: str
 ) -> None:
     """Check that redis-py takes each option for a url of ``scheme``
-    (``unix``: a socket path).
+    (``unix``: a socket path; ``url``: redacted, for the message).
 
-    :param url: The url, redacted, for the message.
-    :raises ValueError: for a TLS option with a url without TLS.
-    :raises TypeError: for any other name redis-py does not take there,
-        naming the closest one it does.
+    :raises ValueError: for ``ssl`` or an ``ssl_*`` option without TLS.
+    :raises TypeError: for a name redis-py does not take there.
     """
     tls = scheme.startswith("rediss")
     known = _client_option_names(unix, scheme.endswith("+sentinel"), tls)
@@ -52,8 +50,8 @@ def _client_option_names(
     unix: bool, sentinel: bool, tls: bool
 ) -> frozenset[str] | None:
     """The keywords of the connection class redis-py builds for a url of
-    this kind, of its pool (and of ``Sentinel``), and ``ssl_context``;
-    ``None`` if a signature ends in ``**kwargs`` no class names."""
+    this kind, of its pool (and ``Sentinel``), and ``ssl_context``; ``None``
+    if some ``**kwargs`` cannot be followed."""
     connection: type
     if sentinel:
         connection = SentinelManagedSSLConnection if tls else SentinelManagedConnection

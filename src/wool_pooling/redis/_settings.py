@@ -130,8 +130,8 @@ class PublisherSettings:
 
 @attrs.frozen
 class DiscoverySettings(PublisherSettings):
-    """The arguments of :class:`RedisDiscovery`, checked, one field each;
-    what its subscribers are made of, and equal for equal subscribers."""
+    """The arguments of :class:`RedisDiscovery`, checked: what its
+    subscribers are made of."""
 
     reap_interval: float = attrs.field(converter=_seconds("reap_interval"))
     reconnect: RestartPolicy = attrs.field(validator=_reconnect)
@@ -144,8 +144,8 @@ class DiscoverySettings(PublisherSettings):
         return PublisherSettings(**{name: getattr(self, name) for name in names})
 
     def key(self) -> Hashable:
-        """What subscriptions are shared by: the normalised connection
-        (resolving host names), key prefix and namespace."""
+        """What subscriptions are shared by (docs/redis.rst, *One subscription
+        per connection*)."""
         return (parse_url(self.url).key, self.key_prefix, self.namespace)
 
     def options(self) -> tuple[object, ...]:
@@ -162,14 +162,13 @@ class DiscoverySettings(PublisherSettings):
 
 
 def rebuild(cls: Callable[..., T], settings: PublisherSettings) -> T:
-    """``cls`` called again with the arguments ``settings`` records (and
-    checked again): what an unpickled discovery or publisher is."""
+    """``cls`` built again from ``settings``: an unpickled discovery or
+    publisher."""
     return cls(**attrs.asdict(settings, recurse=False))
 
 
 def argument(name: str) -> Any:
-    """A read-only attribute: the constructor argument ``name``, read from the
-    object's one record (its ``_settings``)."""
+    """A read-only attribute: argument ``name`` from the object's record."""
     return property(
         operator.attrgetter(f"_settings.{name}"),
         doc=f"The ``{name}`` argument, as checked.",
