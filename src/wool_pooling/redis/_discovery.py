@@ -87,21 +87,9 @@ class RedisDiscovery:
     ) -> None:
         if reap_interval is None:
             reap_interval = check_seconds("lease", lease) / 4
-        self._settings: DiscoverySettings = DiscoverySettings(
-            url=url,
-            namespace=namespace,
-            bind_host=bind_host,
-            advertise_host=advertise_host,
-            lease=lease,
-            reap_interval=reap_interval,
-            connect_timeout=connect_timeout,
-            reconnect=reconnect,
-            shared=shared,
-            client_options=client_options,
-            key_prefix=key_prefix,
-            liveness_timeout=liveness_timeout,
-            name_connections=name_connections,
-        )
+        arguments = locals().copy()  # every argument: none left out of the record
+        del arguments["self"]
+        self._settings: DiscoverySettings = DiscoverySettings(**arguments)
 
     url: str = argument("url")
     namespace: str = argument("namespace")

@@ -113,17 +113,9 @@ class RedisPublisher:
         key_prefix: str = DEFAULT_KEY_PREFIX,
         name_connections: bool = True,
     ) -> None:
-        self._settings: PublisherSettings = PublisherSettings(
-            url=url,
-            namespace=namespace,
-            bind_host=bind_host,
-            advertise_host=advertise_host,
-            lease=lease,
-            connect_timeout=connect_timeout,
-            client_options=client_options,
-            key_prefix=key_prefix,
-            name_connections=name_connections,
-        )
+        arguments = locals().copy()  # every argument: none left out of the record
+        del arguments["self"]
+        self._settings: PublisherSettings = PublisherSettings(**arguments)
         self._target = parse_url(url)
         #: An attribute, as wool's ``DiscoveryPublisherLike`` declares it.
         self.bind_host: str = bind_host
