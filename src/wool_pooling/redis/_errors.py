@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import re
 from collections.abc import Awaitable
 from collections.abc import Generator
@@ -18,17 +17,11 @@ from ._connection import reason
 from ._connection import redact
 from ._state import Resync
 
-logger = logging.getLogger("wool_pooling.redis")
-
 T = TypeVar("T")
 
-#: Errors that mean "the connection is gone": reconnect and resynchronise.
-CONNECTION_ERRORS = (
-    redis_errors.ConnectionError,
-    redis_errors.TimeoutError,
-    OSError,
-    TimeoutError,
-)
+#: Errors that mean "the connection is gone" (``OSError`` includes
+#: :exc:`TimeoutError`): reconnect and resynchronise.
+CONNECTION_ERRORS = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
 
 #: Errors a running subscription retries under its reconnect policy.
 RETRIED = (*CONNECTION_ERRORS, Resync, redis_errors.ResponseError)
