@@ -65,7 +65,9 @@ class RedisDiscovery:
         (docs/redis.rst, *Managed services*); passed on to the publisher.
     :raises TypeError: if an argument has the wrong type, or
         ``client_options`` has a key redis-py does not take.
-    :raises ValueError: if an argument is out of range or malformed.
+    :raises ValueError: if an argument is out of range or malformed, a
+        reserved or TLS-only client option is given, or ``reconnect`` sets
+        ``settle`` or ``restart_on_end``.
     """
 
     def __init__(
