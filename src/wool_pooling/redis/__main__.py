@@ -29,7 +29,6 @@ from ._errors import RedisDiscoveryError
 from ._errors import failed
 from ._scripts import DEFAULT_KEY_PREFIX
 from ._scripts import Keys
-from ._settings import PublisherSettings
 from ._settings import check_seconds
 from ._state import decode
 
@@ -60,20 +59,17 @@ def _parser() -> argparse.ArgumentParser:
         help="print '<event> <uid> <address> <pid> <version>' for the workers "
         "known, then for each change, until Ctrl-C (exit 0)",
     )
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=3.0,
-        metavar="SECONDS",
-        help="bound on connecting and on each command (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--lease",
-        type=float,
-        default=10.0,
-        metavar="SECONDS",
-        help="the publishers' lease, to tell a lease's age (default: %(default)s)",
-    )
+    for option, default, help in (
+        ("--timeout", 3.0, "bound on connecting and on each command"),
+        ("--lease", 10.0, "the publishers' lease, to tell a lease's age"),
+    ):
+        parser.add_argument(
+            option,
+            type=float,
+            default=default,
+            metavar="SECONDS",
+            help=f"{help} (default: %(default)s)",
+        )
     parser.add_argument(
         "--key-prefix", default=DEFAULT_KEY_PREFIX, help="(default: %(default)s)"
     )
@@ -116,18 +112,8 @@ async def _listing(discovery: RedisDiscovery, lease: float) -> list[str]:
     """
     target = parse_url(discovery.url)
     keys = Keys.of(discovery.namespace, target.db, discovery.key_prefix)
-    settings = PublisherSettings(
-        url=discovery.url,
-        namespace=discovery.namespace,
-        bind_host=discovery.bind_host,
-        advertise_host=discovery.advertise_host,
-        lease=discovery.lease,
-        connect_timeout=discovery.connect_timeout,
-        client_options=discovery.client_options,
-        key_prefix=discovery.key_prefix,
-        name_connections=False,
-    )
-    connection = open_client(target, "operator", settings, retries=0)
+    # The discovery's settings: name_connections=False, no CLIENT command.
+    connection = open_client(target, "operator", discovery._settings, retries=0)
     try:
         client = connection.client
         read = client.register_script(_READ)
@@ -175,26 +161,13 @@ async def _watch(discovery: RedisDiscovery) -> None:
     """Print one line per event of the namespace's shared subscription, until
     SIGINT or SIGTERM: they cancel a scope, which (unlike one cancellation of
     the main task) goes on cancelling until the iteration has ended."""
-    failure: Exception | None = None
-    async with anyio.create_task_group() as group:
-        group.start_soon(_stop_on_signal, group.cancel_scope)
-        try:
-            async for event in discovery.subscriber:
-                worker = event.metadata
-                line = f"{worker.uid} {worker.address} {worker.pid} {worker.version}"
-                print(event.type, line, flush=True)
-        except Exception as error:  # raised as it is, not in a group
-            failure = error
-        group.cancel_scope.cancel()
-    if failure is not None:
-        raise failure
-
-
-async def _stop_on_signal(scope: anyio.CancelScope) -> None:
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for _ in signals:
-            scope.cancel()
-            return
+    with anyio.CancelScope() as scope:
+        for number in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(number, scope.cancel)
+        async for event in discovery.subscriber:
+            worker = event.metadata
+            line = f"{worker.uid} {worker.address} {worker.pid} {worker.version}"
+            print(event.type, line, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,30 +25,24 @@ def check_client_option_names(
     options: Mapping[str, Any], *, scheme: str, unix: bool, url: str
 ) -> None:
     """Check that redis-py takes each option for a url of ``scheme``
-    (``unix``: a socket path).
+    (``unix``: a socket path; ``url``: redacted, for the message).
 
-    :param url: The url, redacted, for the message.
-    :raises ValueError: for a TLS option with a url without TLS.
-    :raises TypeError: for any other name redis-py does not take there,
-        naming the closest one it does.
+    :raises ValueError: for ``ssl`` or an ``ssl_*`` option without TLS.
+    :raises TypeError: for a name redis-py does not take there.
     """
     tls = scheme.startswith("rediss")
-    sentinel = scheme.endswith("+sentinel")
-    known = _client_option_names(unix, sentinel, tls)
-    if known is None:
-        return
+    known = _client_option_names(unix, scheme.endswith("+sentinel"), tls)
     for name in options:
-        if name in known:
-            continue
-        if not tls and (name == "ssl" or name in _tls_only_option_names()):
+        if not tls and (name == "ssl" or name.startswith("ssl_")):
             raise ValueError(
                 f"client_options {name} needs a TLS url (rediss:// or "
                 f"rediss+sentinel://), got {url!r}"
             )
-        raise TypeError(
-            f"client_options {name} is not a keyword of redis-py's client for "
-            f"a {scheme}:// url{did_you_mean(name, known)}"
-        )
+        if known is not None and name not in known:
+            raise TypeError(
+                f"client_options {name} is not a keyword of redis-py's client "
+                f"for a {scheme}:// url{did_you_mean(name, known)}"
+            )
 
 
 @functools.cache
@@ -56,8 +50,8 @@ def _client_option_names(
     unix: bool, sentinel: bool, tls: bool
 ) -> frozenset[str] | None:
     """The keywords of the connection class redis-py builds for a url of
-    this kind, of its pool (and of ``Sentinel``), and ``ssl_context``;
-    ``None`` if a signature ends in ``**kwargs`` no class names."""
+    this kind, of its pool (and ``Sentinel``), and ``ssl_context``; ``None``
+    if some ``**kwargs`` cannot be followed."""
     connection: type
     if sentinel:
         connection = SentinelManagedSSLConnection if tls else SentinelManagedConnection
@@ -77,14 +71,6 @@ def _client_option_names(
             names.add("ssl")  # what the url says already
     # Set from the url and by the pool: never the caller's.
     return frozenset(names - {"sentinels"})
-
-
-@functools.cache
-def _tls_only_option_names() -> frozenset[str]:
-    """The keywords redis-py takes for a TLS connection only (``ssl_*``)."""
-    return frozenset(_keywords(SSLConnection) or ()) - frozenset(
-        _keywords(redis_connection.Connection) or ()
-    )
 
 
 def _keywords(cls: type, *, own: bool = False) -> set[str] | None:

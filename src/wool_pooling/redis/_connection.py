@@ -37,15 +37,8 @@ if TYPE_CHECKING:
 #: What Redis appends to an error raised in a script.
 _SCRIPT_SUFFIX = re.compile(r"\s*script: [0-9a-f]+, on @user_script:\d+\.?$")
 
-_SCHEMES = (
-    "redis",
-    "rediss",
-    "unix",
-    "redis+sentinel",
-    "rediss+sentinel",
-    "redis+cluster",
-    "rediss+cluster",
-)
+#: The schemes docs/redis.rst lists under *Urls*.
+_SCHEME = re.compile(r"rediss?|unix|rediss?\+(sentinel|cluster)")
 
 #: ``client_options`` the discovery sets itself: each connection must name
 #: itself, read bytes, and end (not silently reconnect) when it is lost.
@@ -63,6 +56,7 @@ RESERVED_CLIENT_OPTIONS = frozenset(
         "port",
         "path",
         "db",
+        "startup_nodes",
     }
 )
 
@@ -129,7 +123,7 @@ def parse_url(url: object) -> Target:
         raise TypeError(f"a Redis url must be a str, got {type(url).__name__}")
     scheme, sep, _ = url.partition("://")
     scheme = scheme.lower()
-    if not sep or scheme not in _SCHEMES:
+    if not sep or not _SCHEME.fullmatch(scheme):
         raise ValueError(
             f"a Redis url starts with redis://, rediss://, unix://, redis+sentinel://, "
             f"rediss+sentinel://, redis+cluster:// or rediss+cluster://, "
@@ -142,7 +136,7 @@ def parse_url(url: object) -> Target:
 
 
 def _parse(url: str, scheme: str) -> Target:
-    """What ``url`` names; each node's part is read by redis-py's ``parse_url``."""
+    """What ``url`` names, each node read by redis-py's ``parse_url``."""
     if scheme == "unix":
         found = parse_redis_url(url)
         path = found.get("path", "")
@@ -201,7 +195,7 @@ def _without_passwords(query: str) -> str:
 
 
 def redact(url: str) -> str:
-    """``url`` with its password removed (after the user, and any
+    """``url`` without its passwords (after the user, and in any
     ``password=`` or ``sentinel_password=`` query parameter), for messages
     and logs; malformed urls included."""
     scheme, sep, rest = url.partition("://")
@@ -231,17 +225,13 @@ _CODES: tuple[tuple[type[BaseException], str], ...] = (
 
 
 def reason(error: BaseException) -> str:
-    """What went wrong, as the server or the OS said it: the error's type
-    and message, or its cause's if it has none (redis-py 8's ``repr`` drops
-    them)."""
+    """The error's type and message, or its cause's if it has none."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         text = _SCRIPT_SUFFIX.sub("", str(current)).strip()
         if text:
-            if text.startswith("invalid username-password pair"):
-                text = f"WRONGPASS {text}"  # redis-py's text for it
             # (a SentinelAuthenticationError quotes the sentinel's reason, code
             # included)
             codes = () if isinstance(current, SentinelAuthenticationError) else _CODES
@@ -255,70 +245,44 @@ def reason(error: BaseException) -> str:
     return type(error).__name__
 
 
-def check_client_options(
-    options: Mapping[str, Any] | None, target: Target
-) -> dict[str, Any]:
-    """A copy of ``options``, checked against ``target``.
+def check_client_options(options: Mapping[str, Any], target: Target) -> None:
+    """Check ``options`` against ``target`` (docs/redis.rst, *Options and
+    their precedence*).
 
-    :raises TypeError: if it is not a mapping of ``str`` keys, its
-        ``ssl_context`` is not an :class:`ssl.SSLContext`, or redis-py's
-        client does not take a key for the url's scheme.
-    :raises ValueError: for an option the discovery sets itself, or a TLS
-        option for a url without TLS.
+    :raises TypeError: if a key is not a ``str``, ``ssl_context`` is not an
+        :class:`ssl.SSLContext`, or redis-py's client does not take a key
+        for the url's scheme.
+    :raises ValueError: for an option the discovery sets itself, a TLS
+        option for a url without TLS, or ``ssl_context`` with a Redis
+        Cluster url.
     """
-    if options is None:
-        return {}
-    if not isinstance(options, Mapping):  # pyright: ignore[reportUnnecessaryIsInstance]
-        raise TypeError(
-            f"client_options must be a mapping, got {type(options).__name__}"
-        )
-    checked = dict(options)
-    for name in checked:
+    for name in options:
         if not isinstance(name, str):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise TypeError(f"client_options keys must be str, got {name!r}")
-    reserved = sorted(RESERVED_CLIENT_OPTIONS.intersection(checked))
+    reserved = sorted(RESERVED_CLIENT_OPTIONS.intersection(options))
     if reserved:
         raise ValueError(
             f"client_options may not set {', '.join(reserved)}: the discovery "
-            "sets those itself (the url gives host, port, path and db)"
+            "sets those itself (the url gives host, port, path, db and a "
+            "cluster's seed nodes)"
         )
-    if target.cluster:
-        _check_cluster_options(checked, target)
-    if "ssl_context" in checked:
-        if not isinstance(checked["ssl_context"], ssl.SSLContext):
-            raise TypeError(
-                "client_options ssl_context must be an ssl.SSLContext, got "
-                f"{type(checked['ssl_context']).__name__}"
-            )
-        if not target.scheme.startswith("rediss"):
-            raise ValueError(
-                "client_options ssl_context needs a TLS url (rediss:// or "
-                f"rediss+sentinel://), got {redact(target.url)!r}"
-            )
-    check_client_option_names(
-        checked,
-        scheme=target.scheme,
-        unix=target.path is not None,
-        url=redact(target.url),
-    )
-    return checked
-
-
-def _check_cluster_options(options: Mapping[str, Any], target: Target) -> None:
-    """redis-py's ``RedisCluster`` takes the ``ssl_*`` options, not an
-    ``ssl_context``."""
-    if "ssl_context" in options:
+    url = redact(target.url)
+    if target.cluster and "ssl_context" in options:
         raise ValueError(
             "client_options ssl_context is not supported with a Redis Cluster "
             "url (redis-py's RedisCluster builds its own TLS connections): give "
             "the ssl_* options (ssl_ca_certs, ssl_certfile, ssl_keyfile, ...) "
-            f"in its place, for {redact(target.url)!r}"
+            f"in its place, for {url!r}"
         )
-    if "startup_nodes" in options:
-        raise ValueError(
-            "client_options may not set startup_nodes: the url gives the "
-            f"cluster's seed nodes, for {redact(target.url)!r}"
+    context = options.get("ssl_context")
+    if "ssl_context" in options and not isinstance(context, ssl.SSLContext):
+        raise TypeError(
+            "client_options ssl_context must be an ssl.SSLContext, got "
+            f"{type(context).__name__}"
         )
+    check_client_option_names(
+        options, scheme=target.scheme, unix=target.path is not None, url=url
+    )
 
 
 class _GivenContextSSLConnection(SSLConnection):
@@ -329,13 +293,10 @@ class _GivenContextSSLConnection(SSLConnection):
         self.ssl_context.context = given_ssl_context
 
 
-class _GivenContextSentinelSSLConnection(SentinelManagedSSLConnection):
-    """redis-py's TLS connection to a Sentinel-monitored master, with the
-    ``ssl.SSLContext`` it is given."""
-
-    def __init__(self, *, given_ssl_context: ssl.SSLContext, **kwargs: Any) -> None:
-        super().__init__(**kwargs)  # pyright: ignore[reportUnknownMemberType]
-        self.ssl_context.context = given_ssl_context
+class _GivenContextSentinelSSLConnection(
+    _GivenContextSSLConnection, SentinelManagedSSLConnection
+):
+    """The same, to a Sentinel-monitored master."""
 
 
 def _escape(text: str) -> str:
@@ -360,9 +321,9 @@ class SentinelAuthenticationError(redis_errors.AuthenticationError):
 
 
 class _Sentinels(Sentinel):
-    """redis-py's ``Sentinel``, saying so when the sentinels refuse
-    authentication (which redis-py reports as ``MasterNotFoundError``): then
-    each sentinel is pinged, and the first refusal is raised in its place."""
+    """redis-py's ``Sentinel``; when no master is found, the first sentinel
+    refusing authentication is named (docs/redis.rst, *Sentinel with
+    passwords*)."""
 
     async def discover_master(self, service_name: str) -> Any:
         try:
@@ -387,8 +348,7 @@ class _Sentinels(Sentinel):
 
 
 def _no_client_commands() -> dict[str, Any]:
-    """Options that make redis-py send no ``CLIENT SETINFO`` nor ``CLIENT
-    MAINT_NOTIFICATIONS`` (redis-py 7 and later) of its own."""
+    """Options that make redis-py send no ``CLIENT`` command of its own."""
     quiet: dict[str, Any] = (
         {"driver_info": None}
         if importlib.util.find_spec("redis.driver_info") is not None
@@ -419,14 +379,6 @@ class Connection:
                     await each.aclose()
 
 
-def _retry(timeout: float, retries: int) -> Retry:
-    """redis-py's retry of a failed command: ``retries`` times, with jittered
-    backoff up to ``timeout``."""
-    if retries:
-        return Retry(EqualJitterBackoff(cap=timeout, base=0.05), retries)
-    return Retry(NoBackoff(), 0)
-
-
 def open_client(
     target: Target,
     role: str,
@@ -435,10 +387,9 @@ def open_client(
     retries: int,
     client_options: Mapping[str, Any] | None = None,
 ) -> Connection:
-    """A client for ``target`` with the namespace, timeout, naming and client
-    options of ``settings`` (``client_options`` in place of its own if given);
-    the url wins over them, they over the defaults (docs/redis.rst, *Options
-    and their precedence*)."""
+    """A client for ``target`` with the options of ``settings``
+    (``client_options`` in place of its own if given), by the precedence of
+    docs/redis.rst, *Options and their precedence*."""
     timeout, named = settings.connect_timeout, settings.name_connections
     options: dict[str, Any] = {
         "socket_connect_timeout": timeout,
@@ -452,56 +403,44 @@ def open_client(
         settings.client_options if client_options is None else client_options
     )
     given = options.pop("ssl_context", None)
-    if given is not None:
-        options["given_ssl_context"] = given
-        options["connection_class"] = (
-            _GivenContextSentinelSSLConnection
-            if target.sentinel
-            else _GivenContextSSLConnection
-        )
+    quiet = {} if named else _no_client_commands()
     options.update(
+        quiet,
         client_name=client_name(role, settings.namespace) if named else None,
-        retry=_retry(timeout, retries),
+        retry=Retry(EqualJitterBackoff(cap=timeout, base=0.05), retries),
         retry_on_error=[redis_errors.ConnectionError, redis_errors.TimeoutError],
     )
-    if not named:
-        options.update(_no_client_commands())
-    if target.cluster:
-        # The seeds' user, password and query options, from the url.
-        options.update(parse_redis_url(node_url(target.url, address(*target.hosts[0]))))
-        for name in ("host", "port", "db"):
-            options.pop(name, None)
-        if options.pop("connection_class", None) is SSLConnection:
-            options["ssl"] = True
-        nodes = [ClusterNode(host, port) for host, port in target.hosts]
-        return Connection(RedisCluster(startup_nodes=nodes, **options))
-    if not target.sentinel:
+    if given is not None:
+        options["given_ssl_context"] = given
+    if not (target.cluster or target.sentinel):
         # The url wins over the options; a given context's class over the url's.
         arguments: dict[str, Any] = {**options, **parse_redis_url(target.url)}
         if given is not None:
             arguments["connection_class"] = _GivenContextSSLConnection
         return Connection(aioredis.Redis.from_pool(ConnectionPool(**arguments)))
+    # The seeds' user, password and query options, from the url.
     seed = parse_redis_url(node_url(target.url, address(*target.hosts[0])))
-    credentials = {
-        key: value for key, value in seed.items() if key in ("username", "password")
-    }
-    options.update(credentials)
-    if target.scheme.startswith("rediss"):
-        options["ssl"] = True
+    for name in ("host", "port", "db", "connection_class"):
+        seed.pop(name, None)
+    options.update(seed, ssl=target.scheme.startswith("rediss"))
+    if target.cluster:
+        nodes = [ClusterNode(host, port) for host, port in target.hosts]
+        return Connection(RedisCluster(startup_nodes=nodes, **options))
+    if given is not None:
+        options["connection_class"] = _GivenContextSentinelSSLConnection
     sentinel_options = options.pop("sentinel_kwargs", None)
     if sentinel_options is None:
-        sentinel_options = {
-            name: value for name, value in options.items() if name.startswith("socket_")
-        }
         # The url names the sentinels: its credentials are theirs too.
-        sentinel_options.update(credentials)
-        if not named:
-            sentinel_options.update(_no_client_commands())
+        sentinel_options = {
+            name: value
+            for name, value in options.items()
+            if name.startswith("socket_") or name in seed or name in quiet
+        }
     # One attempt per sentinel: the next sentinel is the retry (redis-py's
     # default retry would ask a refusing sentinel again for seconds).
     sentinel_options = {"retry": Retry(NoBackoff(), 0), **sentinel_options}
     sentinel = _Sentinels(
-        list(target.hosts), sentinel_kwargs=dict(sentinel_options), **options
+        list(target.hosts), sentinel_kwargs=sentinel_options, **options
     )
     client = sentinel.master_for(  # pyright: ignore[reportUnknownMemberType]
         target.service or "", db=target.db

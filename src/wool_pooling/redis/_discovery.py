@@ -17,19 +17,12 @@ from wool import WorkerMetadata
 from .._core.signatures import suggest_keywords
 from .._pooling.restart import RestartPolicy
 from .._wool.afilter import afilter
-from ._connection import check_client_options
-from ._connection import parse_url
 from ._connection import redact
 from ._errors import DEFAULT_RECONNECT
 from ._publisher import RedisPublisher
 from ._scripts import DEFAULT_KEY_PREFIX
 from ._settings import DiscoverySettings
 from ._settings import argument
-from ._settings import check_flag
-from ._settings import check_hosts
-from ._settings import check_key_prefix
-from ._settings import check_namespace
-from ._settings import check_reconnect
 from ._settings import check_seconds
 from ._settings import rebuild
 from ._statistics import Counters
@@ -43,55 +36,38 @@ from ._stream import note_options
 @suggest_keywords
 @final
 class RedisDiscovery:
-    """A wool ``DiscoveryLike`` on one Redis server, Sentinel-monitored master
-    or Redis Cluster; see docs/redis.rst for its guarantees (ordering by the
-    namespace's version, one shared subscription per connection, namespace
-    and process, reconnects, leases; asyncio only).
+    """A wool ``DiscoveryLike`` on a Redis server, Sentinel-monitored master
+    or Redis Cluster, with one shared subscription per connection, namespace
+    and process; asyncio only. It pickles as its arguments, every one, and
+    equals a discovery whose subscribers share its subscription. See
+    docs/redis.rst for its guarantees.
 
-    It pickles as the arguments it was built with, every one, and so do its
-    publisher and subscribers. It equals a discovery whose subscribers share
-    its subscription (same normalised connection, key prefix and namespace).
-
-    :param url: The server: ``redis://``, ``rediss://``, ``unix://``,
-        ``redis+sentinel://`` or ``redis+cluster://`` (docs/redis.rst,
-        *Urls*). Checked here.
-    :param namespace: Workers are shared between discoveries of one
-        namespace only (a non-empty ``str``).
-    :param bind_host: Where wool binds the workers this discovery's
-        publisher announces (``"0.0.0.0"`` for other machines to reach them).
+    :param url: ``redis://``, ``rediss://``, ``unix://``,
+        ``redis+sentinel://`` or ``redis+cluster://`` (docs/redis.rst, *Urls*).
+    :param namespace: Workers are shared within one namespace only.
+    :param bind_host: Where wool binds the workers its publisher announces.
     :param advertise_host: The host announced for a worker bound to a
         wildcard; ``None``: this host's default-route address.
-    :param lease: Seconds a worker's record lives without renewal (renewed
-        every ``lease / 3`` by its publisher).
-    :param reap_interval: Seconds between a subscription's sweeps of
-        expired leases; ``None``: ``lease / 4``.
-    :param connect_timeout: Bound, in seconds, on connecting, subscribing
-        and taking a snapshot, and on each command.
-    :param reconnect: How a subscription retries a lost connection;
-        unlimited attempts by default. Its ``settle`` and ``restart_on_end``
-        must be left as they are: a Redis subscription cannot apply them.
-    :param shared: ``False`` gives every iteration of every subscriber its
-        own connections (for comparison).
-    :param client_options: Keyword arguments for redis-py's client (its
-        ``ssl_*`` options, ``password``, ``sentinel_kwargs``, ...), and
-        ``ssl_context``: an :class:`ssl.SSLContext` for TLS to the server.
-        The url wins over them; they win over the defaults (docs/redis.rst,
-        *Options and their precedence*). They must pickle for the subscriber
-        to be sent to another process.
-    :param key_prefix: The prefix of every key and channel, ``"wool:"`` by
-        default (no braces).
+    :param lease: Seconds a worker's record lives without renewal.
+    :param reap_interval: Seconds between sweeps of expired leases;
+        ``None``: ``lease / 4``.
+    :param connect_timeout: Bound, in seconds, on connecting, subscribing,
+        taking a snapshot and each command.
+    :param reconnect: How a subscription retries a lost connection
+        (``settle`` and ``restart_on_end`` cannot apply).
+    :param shared: ``False`` gives every iteration its own connections.
+    :param client_options: Keyword arguments for redis-py's client, and
+        ``ssl_context`` (docs/redis.rst, *Options and their precedence*).
+    :param key_prefix: The prefix of every key and channel (no braces).
     :param liveness_timeout: Seconds the pub/sub connection may stay silent
-        (a ``PING`` is sent at half of it) before it is treated as lost
-        (docs/redis.rst, *Dead connections*).
-    :param name_connections: ``True``: each connection names itself with
-        ``CLIENT SETNAME``; ``False``: no ``CLIENT`` command is sent at all,
-        for servers that refuse them. Passed on to the publisher.
+        before it is treated as lost (docs/redis.rst, *Dead connections*).
+    :param name_connections: ``False``: send no ``CLIENT`` command at all
+        (docs/redis.rst, *Managed services*); passed on to the publisher.
     :raises TypeError: if an argument has the wrong type, or
         ``client_options`` has a key redis-py does not take.
-    :raises ValueError: for a ``reconnect`` that sets ``settle`` or
-        ``restart_on_end``, a malformed url, an empty namespace, a duration
-        that is not a finite number > 0, a reserved or TLS-only client
-        option out of place, or braces in ``key_prefix``.
+    :raises ValueError: if an argument is out of range or malformed, a
+        reserved or TLS-only client option is given, or ``reconnect`` sets
+        ``settle`` or ``restart_on_end``.
     """
 
     def __init__(
@@ -111,37 +87,11 @@ class RedisDiscovery:
         liveness_timeout: float = 10.0,
         name_connections: bool = True,
     ) -> None:
-        target = parse_url(url)
-        check_namespace(namespace)
-        lease = check_seconds("lease", lease)
-        connect_timeout = check_seconds("connect_timeout", connect_timeout)
-        liveness_timeout = check_seconds("liveness_timeout", liveness_timeout)
-        check_flag("name_connections", name_connections)
-        reap_interval = (
-            lease / 4
-            if reap_interval is None
-            else check_seconds("reap_interval", reap_interval)
-        )
-        check_reconnect(reconnect)
-        options = check_client_options(client_options, target)
-        check_key_prefix(key_prefix)
-        # A publisher's settings, checked now rather than at first use.
-        check_hosts(bind_host, advertise_host)
-        self._settings: DiscoverySettings = DiscoverySettings(
-            url=url,
-            namespace=namespace,
-            bind_host=bind_host,
-            advertise_host=advertise_host,
-            lease=lease,
-            reap_interval=reap_interval,
-            connect_timeout=connect_timeout,
-            reconnect=reconnect,
-            shared=shared,
-            client_options=options,
-            key_prefix=key_prefix,
-            liveness_timeout=liveness_timeout,
-            name_connections=name_connections,
-        )
+        if reap_interval is None:
+            reap_interval = check_seconds("lease", lease) / 4
+        arguments = locals().copy()  # every argument: none left out of the record
+        del arguments["self"]
+        self._settings: DiscoverySettings = DiscoverySettings(**arguments)
 
     url: str = argument("url")
     namespace: str = argument("namespace")
@@ -182,15 +132,10 @@ class RedisDiscovery:
     def subscribe(
         self, filter: Callable[[WorkerMetadata], bool] | None = None
     ) -> DiscoverySubscriberLike:
-        """A subscriber to this namespace, filtered by ``filter`` if given.
-
-        With ``shared=True`` the process's subscribers of one normalised
-        connection, key prefix and namespace share one subscription, with
-        the options of the first (docs/redis.rst, *One subscription per
-        connection*); each filter applies to its own consumer. A
-        subscriber given other options than a live one of its key warns
-        (:exc:`RuntimeWarning`).
-        """
+        """A subscriber to this namespace, filtered by ``filter`` if given;
+        a shared one warns (:exc:`RuntimeWarning`) if given other options
+        than a live one of its key (docs/redis.rst, *One subscription per
+        connection*)."""
         settings = self._settings
         self._counters  # noqa: B018  (held from the first subscriber on)
         if self.shared:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import re
 from collections.abc import Awaitable
 from collections.abc import Generator
@@ -18,21 +17,13 @@ from ._connection import reason
 from ._connection import redact
 from ._state import Resync
 
-logger = logging.getLogger("wool_pooling.redis")
-
 T = TypeVar("T")
 
-#: Errors that mean "the connection is gone": reconnect and resynchronise.
-CONNECTION_ERRORS = (
-    redis_errors.ConnectionError,
-    redis_errors.TimeoutError,
-    OSError,
-    TimeoutError,
-)
+#: Errors that mean "the connection is gone" (``OSError`` includes
+#: :exc:`TimeoutError`): reconnect and resynchronise.
+CONNECTION_ERRORS = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
 
-#: Errors a running subscription retries under its reconnect policy: a lost
-#: connection, a sequence it cannot trust, a command the server refused (a
-#: key holding the wrong data, an ACL changed meanwhile).
+#: Errors a running subscription retries under its reconnect policy.
 RETRIED = (*CONNECTION_ERRORS, Resync, redis_errors.ResponseError)
 
 #: Shortest wait for an announcement, in seconds.
@@ -68,12 +59,8 @@ def require_asyncio(what: str) -> None:
 
 
 async def watched(awaitable: Awaitable[T]) -> T:
-    """Await a redis-py call; re-raise a cancellation that it swallowed.
-
-    A task cancelled as redis-py's ``asyncio.timeout`` expires can get the
-    timeout's result in place of its ``CancelledError``; its pending
-    cancellation count says it was cancelled.
-    """
+    """Await a redis-py call; re-raise a cancellation that its own
+    ``asyncio.timeout`` swallowed (the task's cancellation count says so)."""
     task = asyncio.current_task()
     before = task.cancelling() if task is not None else 0
     try:
@@ -89,9 +76,8 @@ async def watched(awaitable: Awaitable[T]) -> T:
 
 @contextlib.contextmanager
 def within(seconds: float, message: str = "") -> Generator[None]:
-    """Cut the block short after ``seconds`` with a :exc:`TimeoutError` of
-    ``message`` (by default: no answer within ``seconds``); redis-py's own
-    timeouts pass as they are."""
+    """Raise :exc:`TimeoutError` of ``message`` after ``seconds`` (redis-py's
+    own timeouts pass as they are)."""
     try:
         with anyio.fail_after(max(seconds, MIN_WAIT)):
             yield
@@ -101,10 +87,8 @@ def within(seconds: float, message: str = "") -> Generator[None]:
         raise TimeoutError(message or f"no answer within {seconds:g}s") from None
 
 
-#: How a server that refuses ``CLIENT SETNAME`` says so: an ACL's ``NOPERM
-#: ... 'client|setname' command`` (Redis 6: ``... the 'client' command``), an
-#: ``unknown command 'CLIENT'`` (a proxy, a managed service), or redis-py's
-#: ``Error setting client name``.
+#: How a server refusing ``CLIENT SETNAME`` says so: an ACL, an unknown
+#: command (a proxy, a managed service), or redis-py's own message.
 _REFUSED_CLIENT = re.compile(
     r"client\|setname|[`'\"]client[`'\"]|command [`'\"]?client\b"
     r"|setting client name",

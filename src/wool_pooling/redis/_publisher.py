@@ -21,7 +21,6 @@ from wool import WorkerMetadata
 
 from .._core.signatures import suggest_keywords
 from ._connection import Connection
-from ._connection import check_client_options
 from ._connection import open_client
 from ._connection import parse_url
 from ._connection import reason
@@ -39,11 +38,6 @@ from ._scripts import idle_expiry_ms
 from ._scripts import sharded
 from ._settings import PublisherSettings
 from ._settings import argument
-from ._settings import check_flag
-from ._settings import check_hosts
-from ._settings import check_key_prefix
-from ._settings import check_namespace
-from ._settings import check_seconds
 from ._settings import is_wildcard
 from ._settings import rebuild
 
@@ -78,36 +72,23 @@ def _process_alive(pid: int) -> bool:
 @suggest_keywords
 @final
 class RedisPublisher:
-    """Announces workers in a namespace's Redis hash, each with a renewed lease.
+    """Announces workers in a namespace's Redis hash, each with a lease it
+    renews every ``lease / 3`` seconds while entered and the worker's process
+    (``metadata.pid``, on this host) is alive; an error that stops the
+    renewal is logged at once and raised from the next :meth:`publish` or
+    the exit (docs/redis.rst, *Leases*). Asyncio only. It pickles as its
+    arguments (unentered), and equals a publisher of equal arguments.
 
-    wool enters it (``async with``) before the first :meth:`publish` and
-    exits it after the last. While entered, every ``lease / 3`` seconds it
-    renews the lease of each worker it published whose process
-    (``metadata.pid``, on this host) is alive, adding again a record the
-    server lost; a worker it stops renewing expires ``lease`` seconds after
-    its last renewal. An unexpected error that stops the renewal is logged
-    on ``wool_pooling.redis`` at once and raised from the next
-    :meth:`publish` or the exit. Commands are retried 3 times on a lost
-    connection. See docs/redis.rst, *Leases*. Asyncio only.
-
-    It pickles as its arguments, every one (the copy is unentered, with none
-    of this one's workers), and equals a publisher of equal arguments.
-
-    :param bind_host: Where wool binds the workers announced here. A worker
-        bound to a wildcard (``0.0.0.0``) is announced at ``advertise_host``
-        if given, else at this host's default-route address.
+    :param bind_host: Where wool binds the workers announced here; one bound
+        to a wildcard is announced at ``advertise_host``, else at this
+        host's default-route address.
     :param lease: Seconds a worker's record lives without renewal.
     :param connect_timeout: Bound, in seconds, on connecting and on each
-        command.
+        command (retried 3 times on a lost connection).
 
     ``url``, ``namespace``, ``advertise_host``, ``client_options``,
-    ``key_prefix`` and ``name_connections`` are as for
-    :class:`RedisDiscovery`.
-
-    :raises TypeError: if an argument has the wrong type, as for
-        :class:`RedisDiscovery`.
-    :raises ValueError: if an argument is invalid, as for
-        :class:`RedisDiscovery`.
+    ``key_prefix`` and ``name_connections``, and the errors raised, are as
+    for :class:`RedisDiscovery`.
     """
 
     url: str = argument("url")
@@ -132,22 +113,11 @@ class RedisPublisher:
         key_prefix: str = DEFAULT_KEY_PREFIX,
         name_connections: bool = True,
     ) -> None:
+        arguments = locals().copy()  # every argument: none left out of the record
+        del arguments["self"]
+        self._settings: PublisherSettings = PublisherSettings(**arguments)
         self._target = parse_url(url)
-        check_namespace(namespace)
-        check_hosts(bind_host, advertise_host)
-        self._settings: PublisherSettings = PublisherSettings(
-            url=url,
-            namespace=namespace,
-            bind_host=bind_host,
-            advertise_host=advertise_host,
-            lease=check_seconds("lease", lease),
-            connect_timeout=check_seconds("connect_timeout", connect_timeout),
-            client_options=check_client_options(client_options, self._target),
-            key_prefix=check_key_prefix(key_prefix),
-            name_connections=check_flag("name_connections", name_connections),
-        )
-        #: An attribute, as wool's ``DiscoveryPublisherLike`` declares it (the
-        #: record's value is the one that pickles and compares).
+        #: An attribute, as wool's ``DiscoveryPublisherLike`` declares it.
         self.bind_host: str = bind_host
         self.keys_for = Keys.of(namespace, self._target.db, key_prefix)
         self._connection: Connection | None = None
@@ -162,8 +132,7 @@ class RedisPublisher:
         self._renewer_failed: BaseException | None = None
 
     def __eq__(self, other: object) -> bool:
-        """Equal to a publisher made of equal arguments (what either has
-        published is not compared)."""
+        """Equal to a publisher made of equal arguments."""
         if not isinstance(other, RedisPublisher):
             return NotImplemented
         return self._settings == other._settings
@@ -172,8 +141,7 @@ class RedisPublisher:
         return hash((RedisPublisher, self._settings))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickle as its arguments, every one: the copy is unentered, with
-        no connection and no worker of this one's."""
+        """Pickle as its arguments (the copy is unentered)."""
         return (rebuild, (RedisPublisher, self._settings))
 
     async def __aenter__(self) -> RedisPublisher:
@@ -257,12 +225,8 @@ class RedisPublisher:
         )
 
     async def publish(self, type: DiscoveryEventType, metadata: WorkerMetadata) -> None:
-        """Record (or remove) ``metadata`` and announce it, in one script.
-
-        ``worker-added`` and ``worker-updated`` store the worker's record and
-        set its lease (the same record again only renews it); a drop removes
-        it (a no-op for an unknown worker). A drop that fails is forgotten
-        at once and retried with each renewal and at exit.
+        """Record (or remove) ``metadata`` and announce it, in one script; a
+        drop that fails is retried with each renewal and at exit.
 
         :raises RuntimeError: if the publisher is not entered.
         :raises ValueError: for an unknown event type.
@@ -302,9 +266,8 @@ class RedisPublisher:
                 self._workers[uid] = (payload, metadata.pid)
 
     async def _renew_forever(self) -> None:
-        """Renew every ``lease / 3`` seconds; a lost connection is logged and
-        retried, any other error logged at once and kept for
-        :meth:`_raise_if_renewer_failed` (the leases are no longer renewed)."""
+        """Renew every ``lease / 3`` seconds until an error other than a lost
+        connection, logged at once and kept for the next call."""
         interval = self.lease / 3
         try:
             while True:

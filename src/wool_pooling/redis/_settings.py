@@ -1,4 +1,4 @@
-"""The constructor arguments: their checks, and the frozen records that hold
+"""The constructor arguments: one frozen record per object, whose fields check
 them (what pickling, equality and the pool key read)."""
 
 from __future__ import annotations
@@ -14,49 +14,10 @@ from typing import TypeVar
 import attrs
 
 from .._pooling.restart import RestartPolicy
+from ._connection import check_client_options
 from ._connection import parse_url
 
 T = TypeVar("T")
-
-
-def check_namespace(namespace: object) -> str:
-    if not isinstance(namespace, str):
-        raise TypeError(f"namespace must be a str, got {type(namespace).__name__}")
-    if not namespace:
-        raise ValueError("namespace must not be empty")
-    return namespace
-
-
-def check_key_prefix(prefix: object) -> str:
-    if not isinstance(prefix, str):
-        raise TypeError(f"key_prefix must be a str, got {type(prefix).__name__}")
-    if "{" in prefix or "}" in prefix:
-        raise ValueError(
-            "key_prefix must not contain braces (the namespace's hash tag), "
-            f"got {prefix!r}"
-        )
-    return prefix
-
-
-def check_hosts(bind_host: object, advertise_host: object) -> None:
-    """``bind_host`` and ``advertise_host`` (unless ``None``) are ``str``, and
-    ``advertise_host`` is no wildcard: a publisher puts them in the address
-    it announces."""
-    if not isinstance(bind_host, str):
-        raise TypeError(f"bind_host must be a str, got {type(bind_host).__name__}")
-    if advertise_host is None:
-        return
-    if not isinstance(advertise_host, str):
-        raise TypeError(
-            f"advertise_host must be a str or None, got {type(advertise_host).__name__}"
-        )
-    if is_wildcard(advertise_host):
-        raise ValueError(f"advertise_host must not be a wildcard: {advertise_host!r}")
-
-
-def is_wildcard(host: str) -> bool:
-    """Whether ``host`` binds every interface (so it cannot be announced)."""
-    return host in ("", "0.0.0.0", "::", "[::]")
 
 
 def check_seconds(name: str, value: object) -> float:
@@ -67,15 +28,74 @@ def check_seconds(name: str, value: object) -> float:
     return float(value)
 
 
+def _seconds(name: str) -> Callable[[object], float]:
+    return lambda value: check_seconds(name, value)
+
+
+def _str(_: object, field: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{field.name} must be a str, got {type(value).__name__}")
+
+
+def _flag(_: object, field: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{field.name} must be a bool, got {value!r}")
+
+
+def _url(_: object, __: attrs.Attribute[Any], url: object) -> None:
+    parse_url(url)
+
+
+def _namespace(_: object, __: attrs.Attribute[Any], namespace: str) -> None:
+    if not namespace:
+        raise ValueError("namespace must not be empty")
+
+
+def _advertise_host(_: object, __: attrs.Attribute[Any], host: object) -> None:
+    """``None``, or a ``str`` that is no wildcard: a publisher announces it."""
+    if host is not None and not isinstance(host, str):
+        raise TypeError(
+            f"advertise_host must be a str or None, got {type(host).__name__}"
+        )
+    if host is not None and is_wildcard(host):
+        raise ValueError(f"advertise_host must not be a wildcard: {host!r}")
+
+
+def is_wildcard(host: str) -> bool:
+    """Whether ``host`` binds every interface (so it cannot be announced)."""
+    return host in ("", "0.0.0.0", "::", "[::]")
+
+
+def _client_options(
+    settings: Any, _: attrs.Attribute[Any], options: Mapping[str, Any]
+) -> None:
+    check_client_options(options, parse_url(settings.url))
+
+
+def _copy(options: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise TypeError(
+            f"client_options must be a mapping, got {type(options).__name__}"
+        )
+    return dict(options)
+
+
+def _key_prefix(_: object, __: attrs.Attribute[Any], prefix: str) -> None:
+    if "{" in prefix or "}" in prefix:
+        raise ValueError(
+            "key_prefix must not contain braces (the namespace's hash tag), "
+            f"got {prefix!r}"
+        )
+
+
 _DEFAULT_POLICY = RestartPolicy()
 
 
-def check_reconnect(policy: object) -> RestartPolicy:
-    """:raises TypeError: if ``policy`` is not a :class:`RestartPolicy`.
-    :raises ValueError: if it sets ``settle`` or ``restart_on_end``, which
-        a Redis subscription cannot apply: each session lists every worker
-        in its snapshot (after a data loss, the missing ones are held for
-        ``lease`` seconds), and it never ends on its own."""
+def _reconnect(_: object, __: attrs.Attribute[Any], policy: object) -> None:
+    """:raises ValueError: if ``policy`` sets ``settle`` or ``restart_on_end``,
+    which a Redis subscription cannot apply (docs/redis.rst, *Reconnects*)."""
     if not isinstance(policy, RestartPolicy):
         raise TypeError(f"reconnect must be a RestartPolicy, got {policy!r}")
     for name, why in (
@@ -87,41 +107,36 @@ def check_reconnect(policy: object) -> RestartPolicy:
                 f"reconnect.{name} does not apply to a Redis subscription ({why}),"
                 f" got {getattr(policy, name)!r}"
             )
-    return policy
-
-
-def check_flag(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {value!r}")
-    return value
 
 
 @attrs.frozen
 class PublisherSettings:
     """The arguments of :class:`RedisPublisher`, checked, one field each."""
 
-    url: str
-    namespace: str
-    bind_host: str
-    advertise_host: str | None
-    lease: float
-    connect_timeout: float
-    #: Compared by value; out of the hash (a mapping is not hashable).
-    client_options: Mapping[str, Any] = attrs.field(hash=False)
-    key_prefix: str
-    name_connections: bool
+    url: str = attrs.field(validator=_url)
+    namespace: str = attrs.field(validator=[_str, _namespace])
+    bind_host: str = attrs.field(validator=_str)
+    advertise_host: str | None = attrs.field(validator=_advertise_host)
+    lease: float = attrs.field(converter=_seconds("lease"))
+    connect_timeout: float = attrs.field(converter=_seconds("connect_timeout"))
+    #: A checked copy, compared by value; out of the hash (a mapping is not
+    #: hashable).
+    client_options: Mapping[str, Any] = attrs.field(
+        hash=False, converter=_copy, validator=_client_options
+    )
+    key_prefix: str = attrs.field(validator=[_str, _key_prefix])
+    name_connections: bool = attrs.field(validator=_flag)
 
 
 @attrs.frozen
 class DiscoverySettings(PublisherSettings):
-    """The arguments of :class:`RedisDiscovery`, checked, one field each
-    (``reap_interval`` resolved: ``lease / 4`` when not given); what its
-    subscribers are made of, and equal for equal subscribers."""
+    """The arguments of :class:`RedisDiscovery`, checked: what its
+    subscribers are made of."""
 
-    reap_interval: float
-    reconnect: RestartPolicy
+    reap_interval: float = attrs.field(converter=_seconds("reap_interval"))
+    reconnect: RestartPolicy = attrs.field(validator=_reconnect)
     shared: bool
-    liveness_timeout: float
+    liveness_timeout: float = attrs.field(converter=_seconds("liveness_timeout"))
 
     def publisher(self) -> PublisherSettings:
         """The publisher's arguments: each of its fields, taken by name."""
@@ -129,8 +144,8 @@ class DiscoverySettings(PublisherSettings):
         return PublisherSettings(**{name: getattr(self, name) for name in names})
 
     def key(self) -> Hashable:
-        """What subscriptions are shared by: the normalised connection
-        (resolving host names), key prefix and namespace."""
+        """What subscriptions are shared by (docs/redis.rst, *One subscription
+        per connection*)."""
         return (parse_url(self.url).key, self.key_prefix, self.namespace)
 
     def options(self) -> tuple[object, ...]:
@@ -147,14 +162,13 @@ class DiscoverySettings(PublisherSettings):
 
 
 def rebuild(cls: Callable[..., T], settings: PublisherSettings) -> T:
-    """``cls`` called again with the arguments ``settings`` records (and
-    checked again): what an unpickled discovery or publisher is."""
+    """``cls`` built again from ``settings``: an unpickled discovery or
+    publisher."""
     return cls(**attrs.asdict(settings, recurse=False))
 
 
 def argument(name: str) -> Any:
-    """A read-only attribute: the constructor argument ``name``, read from the
-    object's one record (its ``_settings``)."""
+    """A read-only attribute: argument ``name`` from the object's record."""
     return property(
         operator.attrgetter(f"_settings.{name}"),
         doc=f"The ``{name}`` argument, as checked.",
