@@ -52,3 +52,14 @@ def test_any_ssl_option_needs_a_tls_url(name: str) -> None:
     redis-py's TLS connection does not take either."""
     with pytest.raises(ValueError, match=rf"^client_options {name} needs a TLS url"):
         RedisDiscovery("redis://127.0.0.1:1/0", "ns", client_options={name: "x"})
+
+
+@pytest.mark.parametrize("cls", [RedisDiscovery, RedisPublisher])
+def test_a_cluster_url_takes_the_options_only_a_cluster_client_takes(
+    cls: type[RedisDiscovery] | type[RedisPublisher],
+) -> None:
+    """``RedisCluster``'s own keywords pass on a cluster url, and only there."""
+    options = {"read_from_replicas": False, "require_full_coverage": True}
+    cls("redis+cluster://127.0.0.1:1", "ns", client_options=options)
+    with pytest.raises(TypeError, match="read_from_replicas is not a keyword"):
+        cls("redis://127.0.0.1:1/0", "ns", client_options=options)

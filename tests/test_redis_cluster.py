@@ -144,8 +144,12 @@ async def test_a_late_joiner_gets_the_snapshot_then_the_changes(
         await early.has(*(worker.uid for worker in workers[:3]))
         await publisher.publish("worker-dropped", workers[0])
         await early.has(workers[1].uid, workers[2].uid)
-        # Its own connections: another process, as far as the server sees.
-        joiner = discovery(cluster.url(seeds=2), namespace, shared=False)
+        # Its own connections: another process, as far as the server sees;
+        # with options only a cluster client takes.
+        options = {"read_from_replicas": False, "require_full_coverage": True}
+        joiner = discovery(
+            cluster.url(seeds=2), namespace, shared=False, client_options=options
+        )
         tg.start_soon(late.consume, joiner.subscribe())
         await late.has(workers[1].uid, workers[2].uid)
         assert [e.type for e in late.events] == ["worker-added"] * 2

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import redis.asyncio.connection as redis_connection
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import ConnectionPool
 from redis.asyncio.connection import SSLConnection
 from redis.asyncio.connection import UnixDomainSocketConnection
@@ -31,7 +32,9 @@ def check_client_option_names(
     :raises TypeError: for a name redis-py does not take there.
     """
     tls = scheme.startswith("rediss")
-    known = _client_option_names(unix, scheme.endswith("+sentinel"), tls)
+    known = _client_option_names(
+        unix, scheme.endswith("+sentinel"), tls, scheme.endswith("+cluster")
+    )
     for name in options:
         if not tls and (name == "ssl" or name.startswith("ssl_")):
             raise ValueError(
@@ -47,11 +50,11 @@ def check_client_option_names(
 
 @functools.cache
 def _client_option_names(
-    unix: bool, sentinel: bool, tls: bool
+    unix: bool, sentinel: bool, tls: bool, cluster: bool = False
 ) -> frozenset[str] | None:
     """The keywords of the connection class redis-py builds for a url of
-    this kind, of its pool (and ``Sentinel``), and ``ssl_context``; ``None``
-    if some ``**kwargs`` cannot be followed."""
+    this kind, of its pool (and ``Sentinel`` or ``RedisCluster``), and
+    ``ssl_context``; ``None`` if some ``**kwargs`` cannot be followed."""
     connection: type
     if sentinel:
         connection = SentinelManagedSSLConnection if tls else SentinelManagedConnection
@@ -64,6 +67,8 @@ def _client_option_names(
         return None
     names |= _keywords(ConnectionPool, own=True) or set()
     names.add("ssl_context")
+    if cluster:
+        names |= _keywords(RedisCluster, own=True) or set()
     if sentinel:
         names |= _keywords(Sentinel, own=True) or set()
         names.add("check_connection")
