@@ -28,19 +28,20 @@ class Gap(Resync):
     """An announcement is missing: its version was skipped."""
 
 
-Records = dict[bytes, tuple[bytes, WorkerMetadata]]
+#: Records decoded before: their payloads and metadata, by uid.
+Records = tuple[dict[bytes, bytes], dict[bytes, WorkerMetadata]]
 
 
 def decode(uid: bytes, payload: bytes, known: Records | None = None) -> WorkerMetadata:
     """The worker metadata a record holds.
 
-    :param known: records decoded before, by payload: one of ``uid`` found
-        there is not decoded again.
+    :param known: records decoded before: one found there with the same
+        payload is not decoded again.
     :raises Exception: if ``payload`` is not a ``WorkerMetadata`` protobuf
         of worker ``uid``.
     """
-    if known and (record := known.get(payload)) and record[0] == uid:
-        return record[1]
+    if known and known[0].get(uid) == payload:
+        return known[1][uid]
     metadata = WorkerMetadata.from_protobuf(protocol.WorkerMetadata.FromString(payload))
     if str(metadata.uid) != uid.decode():
         raise ValueError(f"record {uid!r} holds the metadata of worker {metadata.uid}")
@@ -67,7 +68,7 @@ class SubscriptionState:
         self.epoch: bytes | None = None
         self.version = 0
         self._invalid_records: set[tuple[bytes, bytes]] = set()
-        self._records: Records = {}
+        self._records: Records = ({}, {})
 
     @property
     def connected_before(self) -> bool:
@@ -83,7 +84,7 @@ class SubscriptionState:
         self.epoch, self.version = epoch, version
         current: dict[uuid.UUID, WorkerMetadata] = {}
         invalid: set[tuple[bytes, bytes]] = set()
-        records: Records = {}
+        records: Records = ({}, {})
         for index in range(0, len(flat) - 1, 2):
             uid, payload = flat[index], flat[index + 1]
             try:
@@ -94,7 +95,7 @@ class SubscriptionState:
                     self._invalid(uid, error)
                 continue
             current[metadata.uid] = metadata
-            records[payload] = (uid, metadata)
+            records[0][uid], records[1][uid] = payload, metadata
         self._invalid_records, self._records = invalid, records
         missing = [uid for uid in self.workers.workers if uid not in current]
         if lost:  # held: not dropped before the settle time
