@@ -84,19 +84,27 @@ def wrapper_blocks(paths: list[Path]) -> list[str]:
 
 
 def storm_redis_blocks(path: Path) -> list[str]:
-    """``storm_redis.py``: a server restart, every subscription's snapshot at once."""
+    """``storm_redis.py``: a blip and a restart, every subscription at once."""
     from storm_redis import markdown as storm_table  # its table, one home
 
     r = load(path)
     meta = r.get("meta", {})
     python = str(meta.get("python", "?")).split()[0]
+    parser = "hiredis" if meta.get("hiredis") else "its Python parser (no hiredis)"
+    load_average = meta.get("loadavg_before", ["?"])[0]
     return [
-        f"### Redis restart herd ({path.name})",
+        f"### Redis herds: a blip and a restart ({path.name})",
         f"`python benchmarks/storm_redis.py`: CPython {python}, redis-server "
-        f"{meta.get('redis_server', '?')}; "
+        f"{meta.get('redis_server', '?')}, redis-py {meta.get('redis_py', '?')} "
+        f"with {parser}, load average {load_average} at the start; "
         "P processes of unshared subscriptions watch W workers on one "
-        "`redis-server` (persistence on), the server is restarted, and every "
-        "subscription takes a new snapshot at once; timed until every view "
-        "equals the truth. The model built on it: docs/redis.rst, *Restart herd*.",
+        "`redis-server`. The blip: `CLIENT KILL TYPE pubsub` on a server that "
+        "keeps its keys, one worker published meanwhile. The restart: the data "
+        "lost (the records published again under a new epoch, one more "
+        "worker), so every subscription takes a full snapshot. Timed until "
+        "every view equals the truth; the server's CPU from `INFO CPU`. The "
+        "client's figures are one subscription's: fetching and parsing a "
+        "snapshot, decoding it fresh, applying it again to known records. "
+        "The model built on it: docs/redis.rst, *Restart herd*.",
         "\n".join(storm_table(r)),
     ]

@@ -1,48 +1,54 @@
-"""The restart herd of ``RedisDiscovery``: every subscriber snapshots at once.
+"""Herds of ``RedisDiscovery`` subscriptions: a blip and a restart, every
+process at once; and what one client's snapshot costs.
 
 Run from the repository root (needs the ``redis`` extra and ``redis-server``
-on ``PATH``)::
+on ``PATH``; the ``bench`` extra installs hiredis, redis-py's C parser)::
 
-    python benchmarks/storm_redis.py                  # W:P = 1000:16 10000:16 100000:4
-    python benchmarks/storm_redis.py --quick          # W:P = 200:4 2000:4
+    python benchmarks/storm_redis.py             # W:P = 1000:16 10000:16 100000:16
+    python benchmarks/storm_redis.py --quick     # W:P = 200:4
     python benchmarks/storm_redis.py --runs 10000:8 --subscriptions 2
+    python benchmarks/storm_redis.py --client 1000 10000 100000   # one client only
 
-For each run ``W:P`` it starts its own ``redis-server`` with persistence
-(an RDB file written on ``SHUTDOWN SAVE`` and loaded on start, nothing
-saved periodically), so the W records survive the restart and the herd is
-the worst case: P x S snapshots of all W records at once. (Without
-persistence the snapshots after a restart are empty; the load moves to the
-publishers, which add their workers again, each add announced to every
-subscriber.)
+For each run ``W:P`` it starts its own ``redis-server`` (nothing saved
+periodically):
 
 1. W workers are recorded through the publisher's own Lua script, in a
    pipeline (as W publishers would, with a lease of a day: nothing expires
    during the run).
-2. The cost of one snapshot against W: the subscriber's snapshot script,
-   run alone ``--snapshots`` times: its wall time, the server's CPU time
-   (from ``/proc/<pid>/stat``), the reply's bytes, the time a client
-   takes to decode it into ``WorkerMetadata``, and the time a subscription
-   that knows every record takes to apply it again (a resync: its
-   process's CPU, its event loop held).
+2. One client's snapshot against W: the subscriber's snapshot script run
+   alone ``--snapshots`` times (its wall time with redis-py's parser, the
+   server's CPU from ``/proc/<pid>/stat``, the reply's bytes), then what a
+   client spends on it: fetching and parsing the reply on redis-py's
+   asyncio client, decoding it into a fresh subscription's state (its
+   first snapshot), and applying a new reply to a subscription that knows
+   every record (a resync, its event loop held). ``--client W...`` measures
+   only this, and prints it.
 3. P subscriber processes start, each iterating ``--subscriptions`` (S)
    subscriptions of one ``RedisDiscovery(..., shared=False)``: every
-   iteration has its own connections and takes its own snapshot, as S
-   processes would. Each keeps a view (the set of workers its events
-   make). The reconnect policy is the default one.
-4. One more worker is recorded without an announcement (as if it was
-   announced while every subscriber was away), then the server is stopped
-   (``SHUTDOWN SAVE``) and started again on the same port and file. A view
-   equals the truth (W + 1 workers) only once its subscription has taken a
-   snapshot after the restart: the time from the server answering again to
-   the last view equal to the truth is the reconvergence. During it the
-   server's CPU is sampled every 0.1 s; its peak (percent of one core), its
-   CPU seconds and the bytes it sent (``INFO stats``) are recorded.
+   iteration has its own connections, as S processes would. Each keeps a
+   view (the set of workers its events make). The reconnect policy is the
+   default one.
+4. The blip herd: ``CLIENT KILL TYPE pubsub`` cuts every subscription's
+   pub/sub connection on a server that keeps its keys, and one more worker
+   is published right after (no subscriber hears it live). A view equals
+   the truth once its subscription has caught up after reconnecting,
+   whatever way the library does it.
+5. The restart herd: the server is stopped without saving and started
+   again on a data file written by another server, into which the same
+   records and one more worker were published: the data was lost (a new
+   epoch) and the publishers have recorded every worker again, so every
+   subscription must take a full snapshot.
 
-Every view must end equal to the truth, with no duplicate add and no
-unknown drop: the script exits 1 otherwise. A full run records
-``benchmarks/results/storm_redis-<interpreter>.json`` (with the load
-average: the figures depend on what else the machine runs); ``--quick``
-writes into a temporary folder; ``--out DIR`` into DIR.
+For each herd: the time from the cut (the server answering again, for a
+restart) to the last view equal to the truth, the server's CPU in it
+(``INFO CPU``: ``used_cpu_sys`` + ``used_cpu_user``), its peak (sampled
+from ``/proc`` every 0.1 s), the bytes it sent (``INFO stats``), and the
+subscriptions' ``RedisStatistics`` (full snapshots, and catch-ups where the
+library counts them). Every view must end equal to the truth, with no
+duplicate add and no unknown drop: the script exits 1 otherwise. A full
+run records ``benchmarks/results/storm_redis-<interpreter>.json`` with the
+load average (the figures depend on what else the machine runs);
+``--quick`` writes into a temporary folder; ``--out DIR`` into DIR.
 """
 
 from __future__ import annotations
@@ -50,7 +56,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib.util
 import json
 import logging
 import os
@@ -66,9 +71,10 @@ from typing import Any
 
 import _results
 import redis
+import redis.asyncio
+import redis.utils
 from wool import DiscoveryEvent
 from wool import WorkerMetadata
-from wool import protocol
 
 from wool_pooling.redis import RedisDiscovery
 from wool_pooling.redis._errors import DEFAULT_RECONNECT
@@ -85,9 +91,11 @@ CONVERGE = 600.0
 #: CPU sampling period, in seconds.
 PERIOD = 0.1
 TICK = os.sysconf("SC_CLK_TCK")
+HERDS = ("blip", "restart")
 
-FULL = ["1000:16", "10000:16", "100000:4"]
-QUICK = ["200:4", "2000:4"]
+FULL = ["1000:16", "10000:16", "100000:16"]
+QUICK = ["200:4"]
+CLIENT = [1000, 10_000, 100_000]
 
 
 def worker(index: int) -> WorkerMetadata:
@@ -103,13 +111,6 @@ def payload(metadata: WorkerMetadata) -> bytes:
     return metadata.to_protobuf().SerializeToString()
 
 
-def decoded(flat: list[bytes]) -> int:
-    """Decode a snapshot's records as a subscriber does; how many."""
-    for index in range(1, len(flat), 2):
-        WorkerMetadata.from_protobuf(protocol.WorkerMetadata.FromString(flat[index]))
-    return len(flat) // 2
-
-
 def resp_bytes(reply: Any) -> int:
     """The size of ``reply`` on the wire (RESP2), as the server sent it."""
     if isinstance(reply, int):
@@ -118,6 +119,10 @@ def resp_bytes(reply: Any) -> int:
         return len(f"${len(reply)}\r\n") + len(reply) + 2
     assert isinstance(reply, list)
     return len(f"*{len(reply)}\r\n") + sum(resp_bytes(item) for item in reply)  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+
+
+def loadavg() -> list[float]:
+    return [round(value, 2) for value in os.getloadavg()]
 
 
 # -- a subscriber process --
@@ -141,6 +146,16 @@ class View:
             self.workers.discard(uid)
 
 
+def counts(source: RedisDiscovery) -> dict[str, int]:
+    """The subscriptions' counters a herd changes (``resumes`` where the
+    library counts catch-ups apart from snapshots)."""
+    statistics = source.statistics()
+    names = ("reconnects", "snapshots", "resumes", "epoch_changes", "gaps")
+    return {
+        name: getattr(statistics, name) for name in names if hasattr(statistics, name)
+    }
+
+
 async def subscriber_process(
     url: str,
     namespace: str,
@@ -148,13 +163,16 @@ async def subscriber_process(
     connect_timeout: float,
     converge: float,
 ) -> None:
+    """Keep ``subscriptions`` views; after the first snapshots, for each
+    marker uid read from stdin, wait until every view holds it and print
+    what the herd took (one JSON line each)."""
     loop = asyncio.get_running_loop()
     source = RedisDiscovery(
         url, namespace, shared=False, connect_timeout=connect_timeout
     )
     views = [View() for _ in range(subscriptions)]
     marker: list[str] = []
-    #: Wall-clock time each view came to equal the truth after the restart.
+    #: Wall-clock time each view came to hold the marker.
     converged: list[float | None] = [None] * subscriptions
     progress = asyncio.Event()
 
@@ -169,11 +187,10 @@ async def subscriber_process(
         finally:
             progress.set()  # an ended subscription ends the waits below
 
-    line = await loop.run_in_executor(None, sys.stdin.readline)
-    expected = int(line)
+    expected = int(await loop.run_in_executor(None, sys.stdin.readline))
     began = time.monotonic()
     # One subscription at a time, each waiting for its first snapshot: the
-    # start is no herd (only the restart is measured).
+    # start is no herd (only the blip and the restart are measured).
     tasks: list[asyncio.Task[None]] = []
     for index in range(subscriptions):
         tasks.append(asyncio.create_task(consume(index)))
@@ -184,34 +201,40 @@ async def subscriber_process(
                 progress.clear()
                 await progress.wait()
     print(json.dumps({"initial_seconds": time.monotonic() - began}), flush=True)
-    marker.append((await loop.run_in_executor(None, sys.stdin.readline)).strip())
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(converge):
-            while None in converged and not any(task.done() for task in tasks):
-                progress.clear()
-                await progress.wait()
+    while line := (await loop.run_in_executor(None, sys.stdin.readline)).strip():
+        before = counts(source)
+        marker[:] = [line]
+        converged[:] = [None] * subscriptions
+        for view in views:
+            view.duplicates = view.unknown = 0
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(converge):
+                while None in converged and not any(task.done() for task in tasks):
+                    progress.clear()
+                    await progress.wait()
+        after = counts(source)
+        print(
+            json.dumps(
+                {
+                    "converged_at": converged,
+                    "sizes": [len(view.workers) for view in views],
+                    "duplicates": sum(view.duplicates for view in views),
+                    "unknown": sum(view.unknown for view in views),
+                    "counts": {name: after[name] - before[name] for name in after},
+                }
+            ),
+            flush=True,
+        )
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    print(
-        json.dumps(
-            {
-                "converged_at": converged,
-                "sizes": [len(view.workers) for view in views],
-                "duplicates": sum(view.duplicates for view in views),
-                "unknown": sum(view.unknown for view in views),
-                "reconnects": source.statistics().reconnects,
-            }
-        ),
-        flush=True,
-    )
 
 
 # -- the parent --
 
 
 class Server:
-    """A ``redis-server`` with persistence: ``SHUTDOWN SAVE``, then restart."""
+    """A ``redis-server`` of its own folder, started on a data file."""
 
     def __init__(self) -> None:
         executable = shutil.which("redis-server")
@@ -233,17 +256,21 @@ class Server:
         assert self.process is not None
         return self.process.pid
 
+    @property
+    def data(self) -> Path:
+        return Path(self.directory) / "storm.rdb"
+
     def start(self) -> None:
         self.process = subprocess.Popen(
             [self.executable, "--port", str(self.port), "--bind", "127.0.0.1",
              "--save", "", "--appendonly", "no", "--dir", self.directory,
-             "--dbfilename", "storm.rdb", "--maxclients", "10000"],
+             "--dbfilename", self.data.name, "--maxclients", "10000"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
 
     def wait_ready(self) -> None:
-        """Return once the server answers ``PING`` (its RDB file loaded).
+        """Return once the server answers ``PING`` (its data file loaded).
 
         A plain socket, polled every 5 ms: redis-py's own retries would add
         their backoff to the measured time.
@@ -261,14 +288,15 @@ class Server:
                 raise TimeoutError(f"redis-server on port {self.port} never answered")
             time.sleep(0.005)
 
-    def shutdown_save(self) -> None:
-        """``SHUTDOWN SAVE``, then wait for the process to exit.
+    def shutdown(self, save: bool) -> None:
+        """``SHUTDOWN SAVE`` (or ``NOSAVE``), then wait for the process to exit.
 
         Sent on a plain socket: redis-py retries a command whose connection
-        closes, which would add its backoff to the measured downtime.
+        closes.
         """
+        how = b"SAVE" if save else b"NOSAVE"
         with socket.create_connection(("127.0.0.1", self.port), timeout=60) as sock:
-            sock.sendall(b"*2\r\n$8\r\nSHUTDOWN\r\n$4\r\nSAVE\r\n")
+            sock.sendall(b"*2\r\n$8\r\nSHUTDOWN\r\n$%d\r\n%s\r\n" % (len(how), how))
             while sock.recv(1024):
                 pass
         assert self.process is not None
@@ -279,6 +307,7 @@ class Server:
         if process is not None:
             process.terminate()
             process.wait(10)
+        shutil.rmtree(self.directory, ignore_errors=True)
 
     def admin(self) -> Any:
         return redis.Redis(port=self.port, socket_timeout=60)
@@ -291,51 +320,84 @@ def cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
-def sent_bytes(client: Any) -> int:
-    return int(client.info("stats")["total_net_output_bytes"])
+def server_figures(client: Any) -> tuple[float, int]:
+    """The server's CPU seconds (``INFO CPU``) and bytes sent so far."""
+    cpu = client.info("cpu")
+    sent = client.info("stats")["total_net_output_bytes"]
+    return float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]), int(sent)
 
 
-def populate(client: Any, keys: Keys, count: int) -> list[str]:
-    """Record ``count`` workers through the publisher's script; their uids."""
+def populate(client: Any, keys: Keys, records: list[WorkerMetadata]) -> None:
+    """Record ``records`` through the publisher's script, each announced."""
     sha = client.script_load(PUBLISH)
     epoch = uuid.uuid4().hex
-    uids: list[str] = []
-    for start in range(0, count, 1000):
+    for start in range(0, len(records), 1000):
         pipe = client.pipeline(transaction=False)
-        for index in range(start, min(count, start + 1000)):
-            metadata = worker(index)
-            uids.append(str(metadata.uid))
+        for metadata in records[start : start + 1000]:
             pipe.evalsha(
                 sha, len(keys.keys), *keys.keys, keys.channel, epoch,
                 idle_expiry_ms(LEASE_MS / 1000),
-                "worker-added", uids[-1], payload(metadata), LEASE_MS,
+                "worker-added", str(metadata.uid), payload(metadata), LEASE_MS,
             )  # fmt: skip
         pipe.execute()
-    return uids
+
+
+def snapshot_arguments(keys: Keys) -> list[Any]:
+    keep = idle_expiry_ms(LEASE_MS / 1000)
+    return [len(keys.keys), *keys.keys, keys.channel, uuid.uuid4().hex, keep]
+
+
+async def client_cost(url: str, keys: Keys, repeats: int) -> dict[str, Any]:
+    """What one client spends on a snapshot (medians of ``repeats``): fetching
+    and parsing the reply on redis-py's asyncio client, as a subscription
+    does; decoding it into a fresh subscription's state; applying a new reply
+    to a subscription that knows every record (a resync)."""
+    client = redis.asyncio.Redis.from_url(url, socket_timeout=600)
+    try:
+        sha = await client.script_load(SNAPSHOT)
+        arguments = snapshot_arguments(keys)
+        fetch: list[float] = []
+        first: list[float] = []
+        resync: list[float] = []
+        for _ in range(repeats):
+            state = SubscriptionState(1.0, lambda uid, error: None)
+            for times in (first, resync):
+                began = time.perf_counter()
+                version, epoch, flat = await client.evalsha(sha, *arguments)
+                fetch.append(time.perf_counter() - began)
+                began = time.perf_counter()
+                state.snapshot(int(version), epoch, flat, now=0.0)
+                times.append(time.perf_counter() - began)
+                del flat
+    finally:
+        await client.aclose()
+
+    def median_ms(values: list[float]) -> float:
+        return round(sorted(values)[len(values) // 2] * 1000, 1)
+
+    return {
+        "records": len(state.workers),
+        "hiredis": redis.utils.HIREDIS_AVAILABLE,
+        "fetch_ms": median_ms(fetch),
+        "first_decode_ms": median_ms(first),
+        "resync_ms": median_ms(resync),
+        "client_resync_ms": round(median_ms(fetch) + median_ms(resync), 1),
+        "client_repeats": repeats,
+    }
 
 
 def snapshot_cost(server: Server, keys: Keys, count: int) -> dict[str, Any]:
     """One snapshot, run alone ``count`` times: its reply's bytes, its wall
     time (fetched and parsed by redis-py), the server's CPU time per
     snapshot (``/proc``: the script and writing the reply), the script's own
-    time (``INFO commandstats``), the time to decode its records, and the
-    time a subscription that knows them all takes to apply it again."""
+    time (``INFO commandstats``); then :func:`client_cost`."""
     client = server.admin()
     sha = client.script_load(SNAPSHOT)
-    keep = idle_expiry_ms(LEASE_MS / 1000)
-    arguments = [sha, len(keys.keys), *keys.keys, keys.channel, uuid.uuid4().hex, keep]
+    arguments = [sha, *snapshot_arguments(keys)]
     reply = client.evalsha(*arguments)
     wire = resp_bytes(reply)
-    began = time.perf_counter()
-    records = decoded(reply[2])
-    decode_seconds = time.perf_counter() - began
-    # A subscription that already knows every record takes a new snapshot:
-    # what its process spends on it (decode, compare), its loop held.
-    state = SubscriptionState(1.0, lambda uid, error: None)
-    state.snapshot(int(reply[0]), reply[1], reply[2], now=0.0)
-    began = time.perf_counter()
-    state.snapshot(int(reply[0]), reply[1], reply[2], now=0.0)
-    resync_seconds = time.perf_counter() - began
+    records = len(reply[2]) // 2
+    del reply
     walls: list[float] = []
     client.config_resetstat()
     before = cpu_ticks(server.pid)
@@ -347,7 +409,7 @@ def snapshot_cost(server: Server, keys: Keys, count: int) -> dict[str, Any]:
     script = client.info("commandstats")["cmdstat_evalsha"]["usec_per_call"]
     client.close()
     walls.sort()
-    return {
+    cost = {
         "records": records,
         "bytes": wire,
         "bytes_per_record": round(wire / max(records, 1), 1),
@@ -355,10 +417,11 @@ def snapshot_cost(server: Server, keys: Keys, count: int) -> dict[str, Any]:
         "wall_ms_min": round(walls[0] * 1000, 3),
         "server_cpu_ms": round(cpu * 1000, 3),
         "script_ms": round(float(script) / 1000, 3),
-        "decode_ms": round(decode_seconds * 1000, 1),
-        "resync_ms": round(resync_seconds * 1000, 1),
         "repeats": count,
     }
+    repeats = max(1, min(5, count, 100_000 // max(records, 1)))
+    cost.update(asyncio.run(client_cost(server.url, keys, repeats)))
+    return cost
 
 
 def spawn(*arguments: str) -> subprocess.Popen[str]:
@@ -368,6 +431,13 @@ def spawn(*arguments: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         text=True,
     )
+
+
+def tell(children: list[subprocess.Popen[str]], line: str) -> None:
+    for child in children:
+        assert child.stdin is not None
+        child.stdin.write(f"{line}\n")
+        child.stdin.flush()
 
 
 async def read_json(child: subprocess.Popen[str]) -> dict[str, Any]:
@@ -392,6 +462,55 @@ async def sample(server: Server, samples: list[tuple[float, float]]) -> None:
         ticks, at = now_ticks, now
 
 
+def herd_figures(
+    results: list[dict[str, Any]],
+    truth: int,
+    began: float,
+    samples: list[tuple[float, float]],
+    cpu: float,
+    sent: int,
+    snapshot_bytes: int,
+) -> dict[str, Any]:
+    """One herd's figures, its times from ``began`` (the cut, or the server
+    answering again)."""
+    times = sorted(t for r in results for t in r["converged_at"] if t is not None)
+    views = sum(len(r["converged_at"]) for r in results)
+    equal = sum(
+        size == truth and at is not None
+        for r in results
+        for size, at in zip(r["sizes"], r["converged_at"], strict=True)
+    )
+    herd = [c for at, c in samples if began - PERIOD <= at <= (times or [began])[-1]]
+
+    def after(index: float) -> float | None:
+        if not times:
+            return None
+        return round(times[min(len(times) - 1, int(index * len(times)))] - began, 3)
+
+    totals: dict[str, int] = {}
+    for r in results:
+        for name, value in r["counts"].items():
+            totals[name] = totals.get(name, 0) + value
+    return {
+        "reconverge_first_seconds": after(0),
+        "reconverge_median_seconds": after(0.5),
+        "reconverge_seconds": after(1.0),
+        "server_cpu_seconds": round(cpu, 3),
+        "server_peak_cpu_percent": round(max(herd, default=0.0), 1),
+        "herd_bytes": sent,
+        # About 1 per view when each takes a full snapshot; near 0 for catch-ups.
+        "snapshots_sent_per_view": round(sent / max(views, 1) / snapshot_bytes, 3),
+        "counts": totals,
+        "views": views,
+        "views_equal_truth": equal,
+        "duplicates": sum(r["duplicates"] for r in results),
+        "unknown_drops_or_updates": sum(r["unknown"] for r in results),
+        "cpu_samples": [
+            [round(at - began, 2), round(c)] for at, c in samples if c >= 1
+        ],
+    }
+
+
 async def storm(
     workers: int,
     processes: int,
@@ -400,20 +519,36 @@ async def storm(
     connect_timeout: float,
     converge: float,
 ) -> dict[str, Any]:
-    server = Server()
-    server.start()
-    await asyncio.to_thread(server.wait_ready)
     namespace = f"storm-{uuid.uuid4().hex[:8]}"
     keys = Keys.of(namespace)
+    records = [worker(index) for index in range(workers + 2)]
+    blip, restart = (str(each.uid) for each in records[workers:])
+    server, other = Server(), Server()
     children: list[subprocess.Popen[str]] = []
     try:
+        # The data file of the restart: every record published again, one
+        # more worker, another epoch.
+        other.start()
+        await asyncio.to_thread(other.wait_ready)
+        client = other.admin()
+        await asyncio.to_thread(populate, client, keys, records)
+        client.close()
+        await asyncio.to_thread(other.shutdown, True)
+        # What loading that file costs the server (no client yet): taken off
+        # the restart herd's CPU.
+        other.start()
+        await asyncio.to_thread(other.wait_ready)
+        client = other.admin()
+        load_cpu, _ = await asyncio.to_thread(server_figures, client)
+        client.close()
+        await asyncio.to_thread(other.shutdown, False)
+        server.start()
+        await asyncio.to_thread(server.wait_ready)
         client = server.admin()
         began = time.perf_counter()
-        uids = await asyncio.to_thread(populate, client, keys, workers)
+        await asyncio.to_thread(populate, client, keys, records[:workers])
         populate_seconds = time.perf_counter() - began
-        cost = await asyncio.to_thread(
-            snapshot_cost, server, keys, max(repeats, min(1000, 200_000 // workers))
-        )
+        cost = await asyncio.to_thread(snapshot_cost, server, keys, repeats)
         children = [
             spawn(
                 "--subscriber-child",
@@ -425,66 +560,61 @@ async def storm(
             )
             for _ in range(processes)
         ]
-        for child in children:
-            assert child.stdin is not None
-            child.stdin.write(f"{workers}\n")
-            child.stdin.flush()
+        tell(children, str(workers))
         initial = [await read_json(child) for child in children]
-        # A worker whose announcement every subscriber missed: only a
-        # snapshot taken after the restart shows it.
-        marker = worker(workers)
-        pipe = client.pipeline(transaction=True)
-        pipe.hset(keys.workers, str(marker.uid), payload(marker))
-        pipe.zadd(keys.leases, {str(marker.uid): time.time() * 1000 + LEASE_MS})
-        pipe.incr(keys.version)
-        pipe.execute()
+        figures: dict[str, Any] = {}
+        for herd in HERDS:
+            samples: list[tuple[float, float]] = []
+            load = loadavg()
+            if herd == "blip":
+                tell(children, blip)
+                cpu, sent = await asyncio.to_thread(server_figures, client)
+                sampler = asyncio.create_task(sample(server, samples))
+                # One write: no subscription hears the new worker live.
+                pipe = client.pipeline(transaction=False)
+                pipe.client_kill_filter(_type="pubsub")
+                pipe.evalsha(
+                    client.script_load(PUBLISH), len(keys.keys), *keys.keys,
+                    keys.channel, uuid.uuid4().hex, idle_expiry_ms(LEASE_MS / 1000),
+                    "worker-added", blip, payload(records[workers]), LEASE_MS,
+                )  # fmt: skip
+                start = time.time()
+                await asyncio.to_thread(pipe.execute)
+                truth = workers + 1
+            else:
+                tell(children, restart)
+                client.close()
+                stopped = time.time()
+                await asyncio.to_thread(server.shutdown, False)
+                shutil.copy(other.data, server.data)
+                server.start()
+                sampler = asyncio.create_task(sample(server, samples))
+                await asyncio.to_thread(server.wait_ready)
+                start = time.time()
+                client = server.admin()
+                # A new process: its counts start at 0, its CPU at loading.
+                cpu, sent = load_cpu, 0
+                figures["restart_down_seconds"] = round(start - stopped, 3)
+                figures["restart_load_cpu_seconds"] = round(load_cpu, 3)
+                truth = workers + 2
+            results = [await read_json(child) for child in children]
+            sampler.cancel()
+            await asyncio.gather(sampler, return_exceptions=True)
+            cpu_after, sent_after = await asyncio.to_thread(server_figures, client)
+            figures[herd] = herd_figures(
+                results, truth, start, samples, cpu_after - cpu,
+                sent_after - sent, cost["bytes"],
+            )  # fmt: skip
+            figures[herd]["loadavg_before"] = load
+        tell(children, "")
+        stored = client.hlen(keys.workers)
         client.close()
-        truth = set(uids) | {str(marker.uid)}
-        for child in children:
-            assert child.stdin is not None
-            child.stdin.write(f"{marker.uid}\n")
-            child.stdin.flush()
-        samples: list[tuple[float, float]] = []
-        load = os.getloadavg()
-        stopped = time.time()
-        await asyncio.to_thread(server.shutdown_save)
-        down = time.time()
-        server.start()
-        started = time.time()
-        ticks_before = cpu_ticks(server.pid)
-        sampler = asyncio.create_task(sample(server, samples))
-        await asyncio.to_thread(server.wait_ready)
-        ready = time.time()
-        results = [await read_json(child) for child in children]
-        ticks_after = cpu_ticks(server.pid)
-        sampler.cancel()
-        await asyncio.gather(sampler, return_exceptions=True)
-        admin = server.admin()
-        herd_bytes = sent_bytes(admin)
-        stored = admin.hlen(keys.workers)
-        admin.close()
     finally:
         for child in children:
             child.kill()
             child.wait()
         server.stop()
-        shutil.rmtree(server.directory, ignore_errors=True)
-    times = sorted(t for r in results for t in r["converged_at"] if t is not None)
-    views = sum(len(r["converged_at"]) for r in results)
-    equal = sum(
-        size == len(truth) and at is not None
-        for r in results
-        for size, at in zip(r["sizes"], r["converged_at"], strict=True)
-    )
-    herd = [
-        cpu for at, cpu in samples if ready - PERIOD <= at <= (times or [ready])[-1]
-    ]
-
-    def after_ready(index: float) -> float | None:
-        if not times:
-            return None
-        return round(times[min(len(times) - 1, int(index * len(times)))] - ready, 3)
-
+        other.stop()
     return {
         "workers": workers,
         "processes": processes,
@@ -497,56 +627,82 @@ async def storm(
         "initial_snapshot_seconds_max": round(
             max(r["initial_seconds"] for r in initial), 2
         ),
-        "loadavg_before_restart": [round(value, 2) for value in load],
-        "shutdown_save_seconds": round(down - stopped, 3),
-        "load_seconds": round(ready - started, 3),
-        "reconverge_first_seconds": after_ready(0),
-        "reconverge_median_seconds": after_ready(0.5),
-        "reconverge_seconds": after_ready(1.0),
-        "reconverge_from_shutdown_seconds": (
-            round(times[-1] - stopped, 3) if times else None
-        ),
-        "server_peak_cpu_percent": round(max(herd, default=0.0), 1),
-        "server_cpu_seconds": round((ticks_after - ticks_before) / TICK, 2),
-        "herd_bytes": herd_bytes,
-        "herd_bytes_per_snapshot": round(herd_bytes / max(views, 1)),
-        # Above 1: snapshots sent to subscribers that had given up on them.
-        "snapshots_sent_per_view": round(herd_bytes / max(views, 1) / cost["bytes"], 2),
-        "reconnects": sum(r["reconnects"] for r in results),
-        "views": views,
-        "views_equal_truth": equal,
-        "duplicates": sum(r["duplicates"] for r in results),
-        "unknown_drops_or_updates": sum(r["unknown"] for r in results),
+        **figures,
         "stored_after": stored,
-        "cpu_samples": [
-            [round(at - ready, 2), round(cpu)] for at, cpu in samples if cpu >= 1
-        ],
     }
 
 
 def markdown(report: dict[str, Any]) -> list[str]:
-    """A result file as a Markdown table: one row per run (W, herd)."""
+    """A result file as a Markdown table: one row per run (W, herd) and herd."""
     lines = [
         "| workers (W) | herd (P x S) | snapshot | server CPU per snapshot "
-        "| client: fetch / resync | reconverged (median / last) | server peak CPU "
-        "| server CPU in the herd | bytes sent in the herd | views equal "
+        "| client: fetch / first decode / resync | herd | reconverged "
+        "(median / last) | server CPU in the herd | server peak CPU "
+        "| bytes sent per view | full snapshots / catch-ups | views equal "
         "| load average |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in report["rows"]:
         shot = row["snapshot"]
+        for herd in HERDS:
+            figures = row[herd]
+            made = figures["counts"]
+            cpu = f"{figures['server_cpu_seconds'] * 1000:,.1f} ms"
+            if herd == "blip" and row["restart"]["server_cpu_seconds"] > 0:
+                ratio = (
+                    figures["server_cpu_seconds"] / row["restart"]["server_cpu_seconds"]
+                )
+                cpu += f" ({ratio:.1%} of the restart's)"
+            lines.append(
+                f"| {row['workers']:,} | {row['processes']} x "
+                f"{row['subscriptions_per_process']} | {shot['bytes'] / 1e6:.2f} MB "
+                f"| {shot['server_cpu_ms']:.1f} ms "
+                f"| {shot['fetch_ms']:.0f} / {shot['first_decode_ms']:.0f} / "
+                f"{shot['resync_ms']:.0f} ms | {herd} "
+                f"| {figures['reconverge_median_seconds']} / "
+                f"{figures['reconverge_seconds']} s "
+                f"| {cpu} "
+                f"| {figures['server_peak_cpu_percent']:.0f}% "
+                f"| {figures['herd_bytes'] / max(figures['views'], 1) / 1e6:.3f} MB "
+                f"| {made.get('snapshots', '?')} / {made.get('resumes', '-')} "
+                f"| {figures['views_equal_truth']} / {figures['views']} "
+                f"| {figures['loadavg_before'][0]:.1f} |"
+            )
+    return lines
+
+
+def client_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| workers (W) | hiredis | fetch and parse | first decode | resync "
+        "| fetch + resync |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    for row in rows:
         lines.append(
-            f"| {row['workers']:,} | {row['processes']} x "
-            f"{row['subscriptions_per_process']} | {shot['bytes'] / 1e6:.2f} MB "
-            f"| {shot['server_cpu_ms']:.1f} ms "
-            f"| {shot['wall_ms_median']:.0f} / {shot['resync_ms']:.0f} ms "
-            f"| {row['reconverge_median_seconds']} / {row['reconverge_seconds']} s "
-            f"| {row['server_peak_cpu_percent']:.0f}% "
-            f"| {row['server_cpu_seconds']:.2f} s | {row['herd_bytes'] / 1e6:.1f} MB "
-            f"| {row['views_equal_truth']} / {row['views']} "
-            f"| {row['loadavg_before_restart'][0]:.1f} |"
+            f"| {row['records']:,} | {'yes' if row['hiredis'] else 'no'} "
+            f"| {row['fetch_ms']:,.1f} ms | {row['first_decode_ms']:,.1f} ms "
+            f"| {row['resync_ms']:,.1f} ms | {row['client_resync_ms']:,.1f} ms |"
         )
     return lines
+
+
+def client_only(counts: list[int], repeats: int) -> list[dict[str, Any]]:
+    """:func:`client_cost` at each W, each on a fresh server."""
+    rows: list[dict[str, Any]] = []
+    for workers in counts:
+        server = Server()
+        try:
+            server.start()
+            server.wait_ready()
+            keys = Keys.of(f"storm-{uuid.uuid4().hex[:8]}")
+            client = server.admin()
+            populate(client, keys, [worker(index) for index in range(workers)])
+            client.close()
+            rows.append(asyncio.run(client_cost(server.url, keys, repeats)))
+        finally:
+            server.stop()
+        print("\n".join(client_table(rows[-1:])[2:]), flush=True)
+    return rows
 
 
 def parse_run(text: str) -> tuple[int, int]:
@@ -559,6 +715,15 @@ def parse_run(text: str) -> tuple[int, int]:
     return workers, processes
 
 
+def redis_server_version() -> str:
+    with contextlib.suppress(OSError, IndexError, subprocess.CalledProcessError):
+        done = subprocess.run(
+            ["redis-server", "--version"], capture_output=True, text=True, check=True
+        )
+        return done.stdout.split("v=")[1].split()[0]
+    return "?"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -567,7 +732,7 @@ def main(argv: list[str] | None = None) -> int:
         type=parse_run,
         default=None,
         metavar="W:P",
-        help="W workers watched by P processes, each run on a fresh server "
+        help="W workers watched by P processes, each run on fresh servers "
         f"(default {' '.join(FULL)}; --quick {' '.join(QUICK)})",
     )
     parser.add_argument(
@@ -580,8 +745,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--snapshots",
         type=int,
-        default=20,
-        help="repeats of the lone snapshot (more for small W), default 20",
+        default=None,
+        help="repeats of the lone snapshot, default 20 (--quick 3); the "
+        "client's figures take at most 5",
+    )
+    parser.add_argument(
+        "--client",
+        nargs="*",
+        type=int,
+        default=None,
+        metavar="W",
+        help="measure one client's snapshot only, at each W (default "
+        f"{' '.join(map(str, CLIENT))}), print it and record nothing",
     )
     parser.add_argument("--quick", action="store_true", help="small W and P")
     parser.add_argument("--out", type=Path, default=None, help="write DIR/...json")
@@ -598,7 +773,7 @@ def main(argv: list[str] | None = None) -> int:
         default=30.0,
         help="the subscribers' connect_timeout, which bounds each snapshot's "
         "transfer and parse: default 30 (RedisDiscovery's own 5 can be too "
-        "short for 100,000 records parsed without hiredis on a loaded machine)",
+        "short for 100,000 records on a loaded machine)",
     )
     parser.add_argument(
         "--converge",
@@ -612,7 +787,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(markdown(json.loads(arguments.render.read_text()))))
         return 0
     # Every reconnect is logged as a warning: expected here, by the hundred.
-    logging.getLogger("wool_pooling.redis").setLevel(logging.ERROR)
+    logging.getLogger("wool_pooling").setLevel(logging.ERROR)
     if arguments.subscriber_child:
         url, namespace, subscriptions, timeout, converge = arguments.subscriber_child
         asyncio.run(
@@ -621,12 +796,22 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         return 0
+    repeats = arguments.snapshots or (3 if arguments.quick else 20)
+    if arguments.client is not None:
+        print(
+            f"one client's snapshot; load average {loadavg()}\n"
+            + "\n".join(client_table([])),
+            flush=True,
+        )
+        client_only(arguments.client or CLIENT, min(5, repeats))
+        return 0
     if arguments.subscriptions < 1:
         parser.error("--subscriptions must be at least 1")
     runs = arguments.runs or [
         parse_run(text) for text in (QUICK if arguments.quick else FULL)
     ]
     out = _results.folder(arguments.out, arguments.quick)
+    load = loadavg()
     began = time.perf_counter()
     rows: list[dict[str, Any]] = []
     for workers, processes in runs:
@@ -635,7 +820,7 @@ def main(argv: list[str] | None = None) -> int:
                 workers,
                 processes,
                 arguments.subscriptions,
-                arguments.snapshots,
+                repeats,
                 arguments.connect_timeout,
                 arguments.converge,
             )
@@ -644,44 +829,37 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"W={workers:,} herd={row['herd']}: snapshot "
             f"{row['snapshot']['bytes']:,} B, {row['snapshot']['server_cpu_ms']} ms "
-            f"server CPU, {row['snapshot']['resync_ms']} ms to resync; restart "
-            f"{row['load_seconds']} s to load, reconverged in "
-            f"{row['reconverge_seconds']} s (median {row['reconverge_median_seconds']}"
-            f" s), server peak {row['server_peak_cpu_percent']}% CPU, "
-            f"{row['herd_bytes']:,} B sent; {row['views_equal_truth']}/{row['views']}"
-            " views equal the truth",
+            f"server CPU, client {row['snapshot']['client_resync_ms']} ms to fetch "
+            "and resync; "
+            + "; ".join(
+                f"{herd}: reconverged in {row[herd]['reconverge_seconds']} s, "
+                f"{row[herd]['server_cpu_seconds']} s server CPU, "
+                f"{row[herd]['views_equal_truth']}/{row[herd]['views']} views equal"
+                for herd in HERDS
+            ),
             flush=True,
-        )
-    version = "?"
-    with contextlib.suppress(OSError, IndexError, subprocess.CalledProcessError):
-        version = (
-            subprocess.run(
-                ["redis-server", "--version"],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            .stdout.split("v=")[1]
-            .split()[0]
         )
     meta = _results.meta(arguments.quick, time.perf_counter() - began)
     meta.update(
-        redis_server=version,
-        persistence="RDB on SHUTDOWN SAVE, loaded on start",
+        redis_server=redis_server_version(),
+        redis_py=redis.__version__,
+        hiredis=redis.utils.HIREDIS_AVAILABLE,
+        restart="data lost: a data file of the same records published again "
+        "(another epoch), one more worker",
         reconnect=repr(DEFAULT_RECONNECT),
-        cpus=os.cpu_count(),
-        hiredis=importlib.util.find_spec("hiredis") is not None,
-        loadavg_after=[round(value, 2) for value in os.getloadavg()],
+        loadavg_before=load,
+        loadavg_after=loadavg(),
     )
     path = out / f"storm_redis-{_results.interpreter()}.json"
     report = {"meta": meta, "rows": rows}
     path.write_text(json.dumps(report, indent=2) + "\n")
     print("\n".join(markdown(report)), flush=True)
     ok = all(
-        row["views_equal_truth"] == row["views"]
-        and row["duplicates"] == 0
-        and row["unknown_drops_or_updates"] == 0
+        row[herd]["views_equal_truth"] == row[herd]["views"]
+        and row[herd]["duplicates"] == 0
+        and row[herd]["unknown_drops_or_updates"] == 0
         for row in rows
+        for herd in HERDS
     )
     print(f"storm_redis: {'OK' if ok else 'FAILED'}", flush=True)
     return 0 if ok else 1

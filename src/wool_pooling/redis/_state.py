@@ -28,12 +28,20 @@ class Gap(Resync):
     """An announcement is missing: its version was skipped."""
 
 
-def decode(uid: bytes, payload: bytes) -> WorkerMetadata:
+#: Records decoded before: their payloads and metadata, by uid.
+Records = tuple[dict[bytes, bytes], dict[bytes, WorkerMetadata]]
+
+
+def decode(uid: bytes, payload: bytes, known: Records | None = None) -> WorkerMetadata:
     """The worker metadata a record holds.
 
+    :param known: records decoded before: one found there with the same
+        payload is not decoded again.
     :raises Exception: if ``payload`` is not a ``WorkerMetadata`` protobuf
         of worker ``uid``.
     """
+    if known and known[0].get(uid) == payload:
+        return known[1][uid]
     metadata = WorkerMetadata.from_protobuf(protocol.WorkerMetadata.FromString(payload))
     if str(metadata.uid) != uid.decode():
         raise ValueError(f"record {uid!r} holds the metadata of worker {metadata.uid}")
@@ -44,8 +52,8 @@ def decode(uid: bytes, payload: bytes) -> WorkerMetadata:
 class SubscriptionState:
     """The workers a subscription has yielded, and where its sequence stands.
 
-    Memory held: one metadata per known worker, and the
-    invalid records of the last snapshot (each warned about once).
+    Memory held: one metadata per known worker, the records of the last
+    snapshot (a resync decodes only the changed ones), and its invalid ones.
     """
 
     def __init__(
@@ -60,6 +68,7 @@ class SubscriptionState:
         self.epoch: bytes | None = None
         self.version = 0
         self._invalid_records: set[tuple[bytes, bytes]] = set()
+        self._records: Records = ({}, {})
 
     @property
     def connected_before(self) -> bool:
@@ -75,17 +84,19 @@ class SubscriptionState:
         self.epoch, self.version = epoch, version
         current: dict[uuid.UUID, WorkerMetadata] = {}
         invalid: set[tuple[bytes, bytes]] = set()
+        records: Records = ({}, {})
         for index in range(0, len(flat) - 1, 2):
             uid, payload = flat[index], flat[index + 1]
             try:
-                metadata = decode(uid, payload)
+                metadata = decode(uid, payload, self._records)
             except Exception as error:
                 invalid.add((uid, payload))
                 if (uid, payload) not in self._invalid_records:
                     self._invalid(uid, error)
                 continue
             current[metadata.uid] = metadata
-        self._invalid_records = invalid
+            records[0][uid], records[1][uid] = payload, metadata
+        self._invalid_records, self._records = invalid, records
         missing = [uid for uid in self.workers.workers if uid not in current]
         if lost:  # held: not dropped before the settle time
             for uid in missing:
