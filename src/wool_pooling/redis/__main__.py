@@ -126,6 +126,7 @@ async def _listing(discovery: RedisDiscovery, lease: float) -> list[str]:
         client_options=discovery.client_options,
         key_prefix=discovery.key_prefix,
         name_connections=False,
+        change_log=discovery.change_log,
     )
     connection = open_client(target, "operator", settings, retries=0)
     try:

@@ -22,9 +22,11 @@ from ._connection import parse_url
 from ._connection import redact
 from ._errors import DEFAULT_RECONNECT
 from ._publisher import RedisPublisher
+from ._scripts import DEFAULT_CHANGE_LOG
 from ._scripts import DEFAULT_KEY_PREFIX
 from ._settings import DiscoverySettings
 from ._settings import argument
+from ._settings import check_change_log
 from ._settings import check_flag
 from ._settings import check_hosts
 from ._settings import check_key_prefix
@@ -86,12 +88,17 @@ class RedisDiscovery:
     :param name_connections: ``True``: each connection names itself with
         ``CLIENT SETNAME``; ``False``: no ``CLIENT`` command is sent at all,
         for servers that refuse them. Passed on to the publisher.
+    :param change_log: How many changes the namespace's change log keeps
+        for subscriptions resuming after a lost connection (``0``: none, a
+        new snapshot every time); passed on to the publisher
+        (docs/redis.rst, *Resuming*).
     :raises TypeError: if an argument has the wrong type, or
         ``client_options`` has a key redis-py does not take.
     :raises ValueError: for a ``reconnect`` that sets ``settle`` or
         ``restart_on_end``, a malformed url, an empty namespace, a duration
-        that is not a finite number > 0, a reserved or TLS-only client
-        option out of place, or braces in ``key_prefix``.
+        that is not a finite number > 0, a negative ``change_log``, a
+        reserved or TLS-only client option out of place, or braces in
+        ``key_prefix``.
     """
 
     def __init__(
@@ -110,6 +117,7 @@ class RedisDiscovery:
         key_prefix: str = DEFAULT_KEY_PREFIX,
         liveness_timeout: float = 10.0,
         name_connections: bool = True,
+        change_log: int = DEFAULT_CHANGE_LOG,
     ) -> None:
         target = parse_url(url)
         check_namespace(namespace)
@@ -141,6 +149,7 @@ class RedisDiscovery:
             key_prefix=key_prefix,
             liveness_timeout=liveness_timeout,
             name_connections=name_connections,
+            change_log=check_change_log(change_log),
         )
 
     url: str = argument("url")
@@ -158,6 +167,7 @@ class RedisDiscovery:
     key_prefix: str = argument("key_prefix")
     liveness_timeout: float = argument("liveness_timeout")
     name_connections: bool = argument("name_connections")
+    change_log: int = argument("change_log")
 
     @functools.cached_property
     def _key(self) -> Hashable:

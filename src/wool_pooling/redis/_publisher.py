@@ -31,6 +31,7 @@ from ._errors import failed
 from ._errors import require_asyncio
 from ._errors import watched
 from ._errors import within
+from ._scripts import DEFAULT_CHANGE_LOG
 from ._scripts import DEFAULT_KEY_PREFIX
 from ._scripts import PUBLISH
 from ._scripts import RENEW
@@ -39,6 +40,7 @@ from ._scripts import idle_expiry_ms
 from ._scripts import sharded
 from ._settings import PublisherSettings
 from ._settings import argument
+from ._settings import check_change_log
 from ._settings import check_flag
 from ._settings import check_hosts
 from ._settings import check_key_prefix
@@ -101,7 +103,7 @@ class RedisPublisher:
         command.
 
     ``url``, ``namespace``, ``advertise_host``, ``client_options``,
-    ``key_prefix`` and ``name_connections`` are as for
+    ``key_prefix``, ``name_connections`` and ``change_log`` are as for
     :class:`RedisDiscovery`.
 
     :raises TypeError: if an argument has the wrong type, as for
@@ -118,6 +120,7 @@ class RedisPublisher:
     client_options: Mapping[str, Any] = argument("client_options")
     key_prefix: str = argument("key_prefix")
     name_connections: bool = argument("name_connections")
+    change_log: int = argument("change_log")
 
     def __init__(
         self,
@@ -131,6 +134,7 @@ class RedisPublisher:
         client_options: Mapping[str, Any] | None = None,
         key_prefix: str = DEFAULT_KEY_PREFIX,
         name_connections: bool = True,
+        change_log: int = DEFAULT_CHANGE_LOG,
     ) -> None:
         self._target = parse_url(url)
         check_namespace(namespace)
@@ -145,6 +149,7 @@ class RedisPublisher:
             client_options=check_client_options(client_options, self._target),
             key_prefix=check_key_prefix(key_prefix),
             name_connections=check_flag("name_connections", name_connections),
+            change_log=check_change_log(change_log),
         )
         #: An attribute, as wool's ``DiscoveryPublisherLike`` declares it (the
         #: record's value is the one that pickles and compares).

@@ -18,6 +18,9 @@ DEFAULT_KEY_PREFIX = "wool:"
 #: ``reap_interval`` after the last script of its publishers and subscribers.
 IDLE_EXPIRY_LEASES = 10
 
+#: The changes a namespace's log keeps, unless ``change_log`` says otherwise.
+DEFAULT_CHANGE_LOG = 10_000
+
 
 def idle_expiry_ms(lease: float, reap_interval: float = 0.0) -> int:
     """How long, in ms, a caller with this ``lease`` (and ``reap_interval``)

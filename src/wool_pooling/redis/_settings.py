@@ -90,6 +90,14 @@ def check_reconnect(policy: object) -> RestartPolicy:
     return policy
 
 
+def check_change_log(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"change_log must be an int, got {value!r}")
+    if value < 0:
+        raise ValueError(f"change_log must be >= 0, got {value!r}")
+    return value
+
+
 def check_flag(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {value!r}")
@@ -110,6 +118,7 @@ class PublisherSettings:
     client_options: Mapping[str, Any] = attrs.field(hash=False)
     key_prefix: str
     name_connections: bool
+    change_log: int
 
 
 @attrs.frozen
@@ -143,6 +152,7 @@ class DiscoverySettings(PublisherSettings):
             self.client_options,
             self.liveness_timeout,
             self.name_connections,
+            self.change_log,
         )
 
 
