@@ -72,6 +72,7 @@ from wool import protocol
 
 from wool_pooling.redis import RedisDiscovery
 from wool_pooling.redis._errors import DEFAULT_RECONNECT
+from wool_pooling.redis._scripts import DEFAULT_CHANGE_LOG
 from wool_pooling.redis._scripts import PUBLISH
 from wool_pooling.redis._scripts import SNAPSHOT
 from wool_pooling.redis._scripts import Keys
@@ -307,7 +308,7 @@ def populate(client: Any, keys: Keys, count: int) -> list[str]:
             uids.append(str(metadata.uid))
             pipe.evalsha(
                 sha, len(keys.keys), *keys.keys, keys.channel, epoch,
-                idle_expiry_ms(LEASE_MS / 1000),
+                idle_expiry_ms(LEASE_MS / 1000), DEFAULT_CHANGE_LOG,
                 "worker-added", uids[-1], payload(metadata), LEASE_MS,
             )  # fmt: skip
         pipe.execute()
@@ -324,6 +325,7 @@ def snapshot_cost(server: Server, keys: Keys, count: int) -> dict[str, Any]:
     sha = client.script_load(SNAPSHOT)
     keep = idle_expiry_ms(LEASE_MS / 1000)
     arguments = [sha, len(keys.keys), *keys.keys, keys.channel, uuid.uuid4().hex, keep]
+    arguments.append(DEFAULT_CHANGE_LOG)
     reply = client.evalsha(*arguments)
     wire = resp_bytes(reply)
     began = time.perf_counter()

@@ -251,7 +251,8 @@ class RedisPublisher:
 
     def _args(self, *rest: Any) -> list[Any]:
         keep = idle_expiry_ms(self.lease)
-        return [self.keys_for.channel, uuid.uuid4().hex, keep, *rest]
+        log = self.change_log
+        return [self.keys_for.channel, uuid.uuid4().hex, keep, log, *rest]
 
     async def _run_publish(self, type: str, uid: str, payload: bytes) -> None:
         lease_ms = max(1, round(self.lease * 1000))

@@ -25,8 +25,14 @@ class RedisStatistics:
     #: Connections to the server the subscribers hold now: two per live
     #: subscription (pub/sub and commands), however many consumers share it.
     connections: int = 0
-    #: Snapshots taken: one per connection and per reconnection.
+    #: Full snapshots taken: one per connection, and per reconnection that
+    #: could not resume.
     snapshots: int = 0
+    #: Reconnections that read only the changes missed from the namespace's
+    #: change log, not a snapshot.
+    resumes: int = 0
+    #: Changes read from the change log by those resumes.
+    changes_read: int = 0
     #: Announcements received on the pub/sub connection (duplicates and
     #: invalid ones included).
     announcements: int = 0
@@ -51,6 +57,8 @@ class Counters:
     reconnects: int = 0
     connections: int = 0
     snapshots: int = 0
+    resumes: int = 0
+    changes_read: int = 0
     announcements: int = 0
     gaps: int = 0
     epoch_changes: int = 0

@@ -178,17 +178,20 @@ class _Sessions:
         self.session: Session | None = None
 
     async def connect(self) -> list[DiscoveryEvent]:
-        """Open a session and take its snapshot: the events to it.
+        """Open a session and read what it missed from the change log, or
+        take a snapshot: the events to it.
 
         :raises RedisDiscoveryError: if this is the first session and it fails.
         """
-        stream, state = self.stream, self.state
+        stream, state, counted = self.stream, self.state, self.stream.counted
         reconnecting = state.connected_before
         session = self.session = Session(stream.target, stream.settings)
-        stream.counted.connections += 2
+        counted.connections += 2
         try:
             with within(stream.settings.connect_timeout):
-                snapshot = await session.open()
+                version, epoch, read, resumed, *change = await session.open(
+                    state.since()
+                )
         except Exception as error:
             if reconnecting:
                 raise
@@ -199,15 +202,25 @@ class _Sessions:
             else:
                 action = "connecting"
             raise failed(stream.url, action, error) from error
-        events, lost = state.snapshot(*snapshot, now=time.monotonic())
-        stream.counted.snapshots += 1
-        stream.counted.epoch_changes += lost
+        lost = False
+        if resumed:
+            events = state.resume(read)
+            counted.resumes += 1
+            counted.changes_read += len(read)
+            how = f"resumed, {len(read)} changes missed"
+        else:
+            now = time.monotonic()
+            events, lost = state.snapshot(int(version), epoch, read, now, *change)
+            counted.snapshots += 1
+            counted.epoch_changes += lost
+            how = "resynchronising"
         if reconnecting:
-            stream.counted.reconnects += 1
+            counted.reconnects += 1
             logger.warning(
-                "reconnected to %s (namespace %s): resynchronising%s",
+                "reconnected to %s (namespace %s): %s%s",
                 redact(stream.url),
                 stream.namespace,
+                how,
                 f" (the server lost its data: waiting {stream.settings.lease:.1f}s "
                 "for publishers to renew their workers)"
                 if lost
@@ -285,8 +298,8 @@ def note_options(
             "a RedisDiscovery subscriber shares the subscription of an earlier "
             "one to the same connection and namespace but was given other "
             "options (connect_timeout, reap_interval, reconnect, lease, "
-            "client_options, liveness_timeout, name_connections): the earlier "
-            "subscriber's apply",
+            "client_options, liveness_timeout, name_connections, change_log): "
+            "the earlier subscriber's apply",
             RuntimeWarning,
             stacklevel=3,
         )
