@@ -143,6 +143,39 @@ async def test_a_reconnect_the_log_cannot_serve_takes_a_snapshot(
         tg.cancel_scope.cancel()
 
 
+async def test_a_server_that_lost_the_last_change_applied_takes_a_snapshot(
+    redis_server: RedisServer,
+) -> None:
+    """A server of the same epoch that lacks the last change the
+    subscription applied, and has since given its version to another change
+    (a failover to a replica that had not received the master's last
+    write): the log's entry differs from the change applied, so the
+    reconnection takes a snapshot rather than trusting the version."""
+    found = discovery(subscriber_url(redis_server))
+    lost, other = fake_worker(1), fake_worker(2)
+    view = View()
+    # (a long lease: no renewal adds the lost worker back within the test)
+    publisher = RedisPublisher(redis_server.url, found.namespace, lease=600.0)
+    keys = Keys.of(found.namespace)
+    async with publisher, anyio.create_task_group() as tg:
+        await publisher.publish("worker-added", lost)
+        tg.start_soon(view.consume, found.subscribe())
+        await view.has(lost.uid)
+
+        async def publish() -> None:
+            client = admin(redis_server.url)  # the state before that write
+            client.delete(keys.changes, keys.workers, keys.leases)
+            client.set(keys.version, 0)
+            client.close()
+            await publisher.publish("worker-added", other)  # version 1 again
+
+        await away(redis_server, found, publish)
+        await view.has(other.uid)
+        stats = found.statistics()
+        assert (stats.snapshots, stats.resumes, stats.epoch_changes) == (2, 0, 0)
+        tg.cancel_scope.cancel()
+
+
 # -- the model: random interleavings against a real server --
 
 #: Workers the programs change; and as many more, added first and left
