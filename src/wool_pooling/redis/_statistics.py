@@ -49,28 +49,26 @@ class RedisStatistics:
     seconds_since_last_message: float | None = None
 
 
+def _zeros() -> dict[str, int]:
+    counts = attrs.asdict(RedisStatistics())
+    del counts["seconds_since_last_message"]
+    return counts
+
+
 @attrs.define
 class Counters:
-    """The running counts of one key (an attribute update per announcement)."""
+    """The running counts of one key, by :class:`RedisStatistics` field name
+    (one dict update per announcement)."""
 
-    invalid_records: int = 0
-    reconnects: int = 0
-    connections: int = 0
-    snapshots: int = 0
-    resumes: int = 0
-    changes_read: int = 0
-    announcements: int = 0
-    gaps: int = 0
-    epoch_changes: int = 0
+    counts: dict[str, int] = attrs.Factory(_zeros)
     #: ``time.monotonic()`` of the last message read, if any.
     heard: float | None = None
 
     def statistics(self) -> RedisStatistics:
         """The counts as they stand."""
-        counts = attrs.asdict(self)
-        heard = counts.pop("heard")
+        heard = self.heard
         since = None if heard is None else max(0.0, time.monotonic() - heard)
-        return RedisStatistics(**counts, seconds_since_last_message=since)
+        return RedisStatistics(**self.counts, seconds_since_last_message=since)
 
 
 #: The counters of each key, held by its discoveries and subscribers: an

@@ -145,14 +145,14 @@ class RedisStream:
             pinged = False
             if message.get("type") not in ("message", "smessage"):
                 continue  # a pong: the connection answers
-            counted.announcements += 1
+            counted.counts["announcements"] += 1
             event = state.message(message.get("data"))
             if event is not None:
                 yield event
                 heard = max(heard, time.monotonic())
 
     def invalid(self, what: bytes, error: BaseException) -> None:
-        self.counted.invalid_records += 1
+        self.counted.counts["invalid_records"] += 1
         logger.warning(
             "skipping a record of namespace %s at %s that is not valid worker "
             "metadata (%r): %s",
@@ -186,7 +186,7 @@ class _Sessions:
         stream, state, counted = self.stream, self.state, self.stream.counted
         reconnecting = state.connected_before
         session = self.session = Session(stream.target, stream.settings)
-        counted.connections += 2
+        counted.counts["connections"] += 2
         try:
             with within(stream.settings.connect_timeout):
                 version, epoch, read, resumed, *change = await session.open(
@@ -205,17 +205,17 @@ class _Sessions:
         lost = False
         if resumed:
             events = state.resume(read)
-            counted.resumes += 1
-            counted.changes_read += len(read)
+            counted.counts["resumes"] += 1
+            counted.counts["changes_read"] += len(read)
             how = f"resumed, {len(read)} changes missed"
         else:
             now = time.monotonic()
             events, lost = state.snapshot(int(version), epoch, read, now, *change)
-            counted.snapshots += 1
-            counted.epoch_changes += lost
+            counted.counts["snapshots"] += 1
+            counted.counts["epoch_changes"] += lost
             how = "resynchronising"
         if reconnecting:
-            counted.reconnects += 1
+            counted.counts["reconnects"] += 1
             logger.warning(
                 "reconnected to %s (namespace %s): %s%s",
                 redact(stream.url),
@@ -246,7 +246,7 @@ class _Sessions:
                 async for event in follow:
                     yield event
         except RETRIED as error:
-            stream.counted.gaps += isinstance(error, Gap)
+            stream.counted.counts["gaps"] += isinstance(error, Gap)
             logger.warning(
                 "lost %s (namespace %s): %s; reconnecting as the policy says",
                 redact(stream.url),
@@ -264,7 +264,7 @@ class _Sessions:
         if session is not None:
             with anyio.CancelScope(shield=True):
                 await session.aclose()
-            self.stream.counted.connections -= 2
+            self.stream.counted.counts["connections"] -= 2
 
     def __repr__(self) -> str:
         return repr(self.stream)
