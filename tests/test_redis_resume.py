@@ -1,7 +1,8 @@
 """A subscription that reconnects to a server that kept its data resumes from
 the namespace's change log: it reads only the changes it missed, not a
 snapshot (docs/redis.rst, *Resuming*), and falls back to a snapshot when the
-log cannot tell it everything.
+log cannot tell it everything. (On a Cluster, tests/test_redis_cluster.py's
+failover resumes.)
 
 redis-py's client runs on asyncio only, so these tests run on asyncio only.
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -18,7 +18,6 @@ import pytest
 import redis.asyncio
 from _loops import asyncio_backend
 from _redis import RedisServer
-from _redis_cluster import RedisCluster
 from hypothesis import HealthCheck
 from hypothesis import given
 from hypothesis import settings
@@ -33,7 +32,6 @@ from redis_views import namespace
 from wool import WorkerMetadata
 from wool import protocol
 
-from wool_pooling import RestartPolicy
 from wool_pooling.redis import RedisDiscovery
 from wool_pooling.redis import RedisPublisher
 from wool_pooling.redis._scripts import PUBLISH
@@ -280,60 +278,6 @@ def test_resumes_keep_every_view_equal_to_the_server(
     redis_server: RedisServer, program: list[Step], log: int
 ) -> None:
     anyio.run(run_model, redis_server.url, program, log, backend="asyncio")
-
-
-# -- a real cluster --
-
-
-@pytest.fixture
-def cluster() -> Iterator[RedisCluster]:
-    group = RedisCluster()
-    try:
-        yield group
-    finally:
-        group.cleanup()
-
-
-async def test_a_cluster_failover_to_a_replica_resumes(cluster: RedisCluster) -> None:
-    """SIGKILL the namespace's master once its replica holds every write: the
-    subscription reconnects to the promoted replica and resumes from its
-    copy of the change log (no second snapshot), and the view follows the
-    changes made there."""
-    name = namespace()
-    found = RedisDiscovery(
-        cluster.url(),
-        name,
-        lease=10.0,
-        connect_timeout=2.0,
-        reconnect=RestartPolicy(attempts=None, backoff=0.05, max_backoff=0.3),
-    )
-    slot = cluster.slot_of(Keys.of(name).channel)
-    workers = [fake_worker(port) for port in range(1, 4)]
-    view = View()
-    async with found.publisher as publisher, anyio.create_task_group() as tg:
-        await publisher.publish("worker-added", workers[0])
-        tg.start_soon(view.consume, found.subscribe())
-        await view.has(workers[0].uid)
-        await publisher.publish("worker-added", workers[1])
-        await view.has(workers[0].uid, workers[1].uid)
-        old = cluster.owner(slot)
-        await eventually(lambda: cluster.replicated(old))
-        old.kill()
-        await anyio.to_thread.run_sync(cluster.wait_promoted, slot, old)
-        await eventually(lambda: found.statistics().reconnects >= 1)
-        with anyio.fail_after(30):
-            while True:  # until the cluster's layout names the new master
-                try:
-                    await publisher.publish("worker-dropped", workers[0])
-                    break
-                except Exception:
-                    await anyio.sleep(0.1)
-        await publisher.publish("worker-added", workers[2])
-        await view.has(workers[1].uid, workers[2].uid)
-        stats = found.statistics()
-        assert stats.snapshots == 1
-        assert stats.resumes == stats.reconnects >= 1
-        tg.cancel_scope.cancel()
 
 
 @pytest.mark.parametrize(
