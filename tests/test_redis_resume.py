@@ -174,6 +174,42 @@ async def test_a_server_that_lost_the_last_change_applied_takes_a_snapshot(
         tg.cancel_scope.cancel()
 
 
+async def test_an_invalid_change_in_the_log_ends_the_resume_with_a_snapshot(
+    redis_server: RedisServer,
+) -> None:
+    """A logged change that is not valid worker metadata (warned about and
+    counted): the changes before it are passed on, and the rest comes from
+    a snapshot in the same session, so the view still equals the server's
+    valid records."""
+    found = discovery(subscriber_url(redis_server))
+    workers = [fake_worker(port) for port in range(1, 6)]
+    view = View()
+    publisher = RedisPublisher(redis_server.url, found.namespace, lease=10.0)
+    keys = Keys.of(found.namespace)
+    async with publisher, anyio.create_task_group() as tg:
+        for worker in workers[:3]:
+            await publisher.publish("worker-added", worker)
+        tg.start_soon(view.consume, found.subscribe())
+        await view.has(*(worker.uid for worker in workers[:3]))
+
+        async def publish() -> None:
+            await publisher.publish("worker-added", workers[3])
+            client = admin(redis_server.url)
+            garbage = [keys.channel, "e", 600_000, 10_000, "worker-added"]
+            client.register_script(PUBLISH)(
+                keys=keys.keys, args=[*garbage, str(uuid.uuid4()), b"?", 600_000]
+            )
+            client.close()
+            await publisher.publish("worker-added", workers[4])
+
+        await away(redis_server, found, publish)
+        await view.has(*(worker.uid for worker in workers))
+        stats = found.statistics()
+        assert (stats.resumes, stats.snapshots) == (1, 2)
+        assert stats.invalid_records >= 1
+        tg.cancel_scope.cancel()
+
+
 # -- the model: random interleavings against a real server --
 
 #: Workers the programs change; and as many more, added first and left

@@ -84,9 +84,7 @@ class Session:
         return parse_url(node_url(self.target.url, self.node))
 
     async def open(self, since: list[object]) -> list[Any]:
-        """Subscribe, wait for the server's confirmation, then read on the
-        command connection the changes after ``since`` (the epoch, version
-        and change last applied) or a snapshot: the snapshot script's reply.
+        """Subscribe, wait for the server's confirmation, then :meth:`read`.
 
         Subscribing first is what makes that read and the announcements
         after it meet with no gap.
@@ -115,6 +113,12 @@ class Session:
             message = await watched(self.pubsub.get_message(timeout=None))
             if message is not None and message["type"] == confirmation:
                 break
+        return await self.read(since)
+
+    async def read(self, since: list[object]) -> list[Any]:
+        """The changes after ``since`` (the epoch, version and change last
+        applied) or a snapshot, on the command connection: the snapshot
+        script's reply."""
         self.stage = "taking a snapshot"
         return cast(list[Any], await self._run("snapshot", *since))
 

@@ -76,13 +76,19 @@ class SubscriptionState:
             return ["", "", ""]
         return [self.epoch, self.version, self.change]
 
-    def resume(self, changes: list[bytes]) -> list[DiscoveryEvent]:
-        """The events the changes after :attr:`version` make.
-
-        :raises Resync: as :meth:`message` does.
-        """
-        events = (self.message(change) for change in changes)
-        return [event for event in events if event is not None]
+    def resume(self, changes: list[bytes]) -> tuple[list[DiscoveryEvent], bool]:
+        """The events the changes after :attr:`version` make, and whether
+        every one applied (one that does not parse stops them: a snapshot
+        must follow)."""
+        events: list[DiscoveryEvent] = []
+        try:
+            for change in changes:
+                event = self.message(change)
+                if event is not None:
+                    events.append(event)
+        except Resync:
+            return events, False
+        return events, True
 
     def snapshot(
         self,

@@ -189,9 +189,7 @@ class _Sessions:
         counted.counts["connections"] += 2
         try:
             with within(stream.settings.connect_timeout):
-                version, epoch, read, resumed, *change = await session.open(
-                    state.since()
-                )
+                reply = await session.open(state.since())
         except Exception as error:
             if reconnecting:
                 raise
@@ -202,15 +200,20 @@ class _Sessions:
             else:
                 action = "connecting"
             raise failed(stream.url, action, error) from error
-        lost = False
-        if resumed:
-            events = state.resume(read)
+        events: list[DiscoveryEvent] = []
+        lost, how = False, f"resumed, {len(reply[2])} changes missed"
+        if reply[3]:
+            events, complete = state.resume(reply[2])
             counted.counts["resumes"] += 1
-            counted.counts["changes_read"] += len(read)
-            how = f"resumed, {len(read)} changes missed"
-        else:
+            counted.counts["changes_read"] += len(reply[2])
+            if not complete:  # the rest from a snapshot
+                with within(stream.settings.connect_timeout):
+                    reply = await session.read(state.since())
+        if not reply[3]:
+            version, epoch, flat, _, change = reply
             now = time.monotonic()
-            events, lost = state.snapshot(int(version), epoch, read, now, *change)
+            more, lost = state.snapshot(int(version), epoch, flat, now, change)
+            events += more
             counted.counts["snapshots"] += 1
             counted.counts["epoch_changes"] += lost
             how = "resynchronising"
