@@ -45,8 +45,8 @@ def decode(uid: bytes, payload: bytes) -> WorkerMetadata:
 class SubscriptionState:
     """The workers a subscription has yielded, and where its sequence stands.
 
-    Memory held: one metadata per known worker, the last change applied,
-    and the invalid records of the last snapshot (each warned about once).
+    Memory held: one metadata per known worker, and the
+    invalid records of the last snapshot (each warned about once).
     """
 
     def __init__(
@@ -60,8 +60,9 @@ class SubscriptionState:
         self.settle_until = 0.0
         self.epoch: bytes | None = None
         self.version = 0
-        #: The change of :attr:`version`, as logged, if known: a later
-        #: session resumes after it if the server's log still holds it.
+        #: The change of :attr:`version`, as logged, if known (held: one
+        #: announcement): a later session resumes after it if the server's
+        #: log still holds it.
         self.change: bytes | None = None
         self._invalid_records: set[tuple[bytes, bytes]] = set()
 
