@@ -78,6 +78,7 @@ from wool import WorkerMetadata
 
 from wool_pooling.redis import RedisDiscovery
 from wool_pooling.redis._errors import DEFAULT_RECONNECT
+from wool_pooling.redis._scripts import DEFAULT_CHANGE_LOG
 from wool_pooling.redis._scripts import PUBLISH
 from wool_pooling.redis._scripts import SNAPSHOT
 from wool_pooling.redis._scripts import Keys
@@ -336,7 +337,7 @@ def populate(client: Any, keys: Keys, records: list[WorkerMetadata]) -> None:
         for metadata in records[start : start + 1000]:
             pipe.evalsha(
                 sha, len(keys.keys), *keys.keys, keys.channel, epoch,
-                idle_expiry_ms(LEASE_MS / 1000),
+                idle_expiry_ms(LEASE_MS / 1000), DEFAULT_CHANGE_LOG,
                 "worker-added", str(metadata.uid), payload(metadata), LEASE_MS,
             )  # fmt: skip
         pipe.execute()
@@ -344,7 +345,10 @@ def populate(client: Any, keys: Keys, records: list[WorkerMetadata]) -> None:
 
 def snapshot_arguments(keys: Keys) -> list[Any]:
     keep = idle_expiry_ms(LEASE_MS / 1000)
-    return [len(keys.keys), *keys.keys, keys.channel, uuid.uuid4().hex, keep]
+    return [
+        len(keys.keys), *keys.keys, keys.channel, uuid.uuid4().hex, keep,
+        DEFAULT_CHANGE_LOG,
+    ]  # fmt: skip
 
 
 async def client_cost(url: str, keys: Keys, repeats: int) -> dict[str, Any]:
@@ -363,7 +367,7 @@ async def client_cost(url: str, keys: Keys, repeats: int) -> dict[str, Any]:
             state = SubscriptionState(1.0, lambda uid, error: None)
             for times in (first, resync):
                 began = time.perf_counter()
-                version, epoch, flat = await client.evalsha(sha, *arguments)
+                version, epoch, flat = (await client.evalsha(sha, *arguments))[:3]
                 fetch.append(time.perf_counter() - began)
                 began = time.perf_counter()
                 state.snapshot(int(version), epoch, flat, now=0.0)
@@ -576,7 +580,8 @@ async def storm(
                 pipe.evalsha(
                     client.script_load(PUBLISH), len(keys.keys), *keys.keys,
                     keys.channel, uuid.uuid4().hex, idle_expiry_ms(LEASE_MS / 1000),
-                    "worker-added", blip, payload(records[workers]), LEASE_MS,
+                    DEFAULT_CHANGE_LOG, "worker-added", blip, payload(records[workers]),
+                    LEASE_MS,
                 )  # fmt: skip
                 start = time.time()
                 await asyncio.to_thread(pipe.execute)

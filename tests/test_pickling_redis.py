@@ -123,6 +123,7 @@ publisher_options = st.fixed_dictionaries(
         "client_options": client_options,
         "key_prefix": key_prefixes,
         "name_connections": st.booleans(),
+        "change_log": st.integers(min_value=0, max_value=10**6),
     }
 )
 #: One value per optional argument of RedisDiscovery.
@@ -139,6 +140,7 @@ discovery_options = st.fixed_dictionaries(
         "key_prefix": key_prefixes,
         "liveness_timeout": seconds,
         "name_connections": st.booleans(),
+        "change_log": st.integers(min_value=0, max_value=10**6),
     }
 )
 

@@ -218,7 +218,7 @@ async def test_a_key_prefix_moves_every_key_and_the_channel(
     assert f"tenant-a:{{{name}}}:workers" in keys
     assert {key for key in keys if key.startswith("tenant-a:")} == {
         f"tenant-a:{{{name}}}:{part}"
-        for part in ("workers", "leases", "version", "epoch")
+        for part in ("workers", "leases", "version", "epoch", "changes")
     }
     with pytest.raises(ValueError, match="braces"):
         RedisDiscovery(redis_server.url, name, key_prefix="{x}")

@@ -80,7 +80,7 @@ async def test_an_idle_namespace_leaves_no_key_behind(
         await view.has()
         tg.cancel_scope.cancel()
     left = keys_of(client, subject.namespace)
-    assert {name.rsplit(":", 1)[1] for name in left} == {"version", "epoch"}
+    assert {name.rsplit(":", 1)[1] for name in left} == {"version", "epoch", "changes"}
     assert all(0 < ttl <= IDLE * 1000 for ttl in left.values()), left
     await eventually(lambda: keys_of(client, subject.namespace) == {})
 
@@ -158,7 +158,7 @@ async def test_a_living_publisher_keeps_its_workers_record_and_the_epoch(
             assert client.hexists(f"{base}:workers", str(worker.uid))
             assert client.get(f"{base}:epoch") == epoch
             ttls = keys_of(client, subject.namespace)
-            assert len(ttls) == 4
+            assert len(ttls) == 5
             assert all(ttl > 0 for ttl in ttls.values()), ttls
 
         await hold_for(3 * IDLE, kept)
@@ -184,6 +184,6 @@ async def test_a_short_lease_never_shortens_a_longer_expiry(
         await hold_for(LEASE, lambda: None)  # a few of its reaps
         tg.cancel_scope.cancel()
     ttls = keys_of(client, subject.namespace)
-    assert len(ttls) == 4
+    assert len(ttls) == 5
     assert all(IDLE * 1000 < ttl <= 10 * long_lease * 1000 for ttl in ttls.values())
     client.delete(*ttls)

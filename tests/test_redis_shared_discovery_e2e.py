@@ -100,5 +100,6 @@ async def test_a_worker_dispatches_through_the_shipped_discovery_under_its_key_p
     assert pid != os.getpid()
     base = f"{PREFIX}{{{namespace}}}"
     assert keys == {
-        f"{base}:{name}" for name in ("workers", "leases", "version", "epoch")
+        f"{base}:{name}"
+        for name in ("workers", "leases", "version", "epoch", "changes")
     }

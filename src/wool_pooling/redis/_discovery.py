@@ -20,6 +20,7 @@ from .._wool.afilter import afilter
 from ._connection import redact
 from ._errors import DEFAULT_RECONNECT
 from ._publisher import RedisPublisher
+from ._scripts import DEFAULT_CHANGE_LOG
 from ._scripts import DEFAULT_KEY_PREFIX
 from ._settings import DiscoverySettings
 from ._settings import argument
@@ -63,6 +64,10 @@ class RedisDiscovery:
         before it is treated as lost (docs/redis.rst, *Dead connections*).
     :param name_connections: ``False``: send no ``CLIENT`` command at all
         (docs/redis.rst, *Managed services*); passed on to the publisher.
+    :param change_log: How many changes the namespace's change log keeps for
+        subscriptions resuming after a lost connection (``0``: none, a
+        snapshot every time); passed on to the publisher (docs/redis.rst,
+        *Resuming*).
     :raises TypeError: if an argument has the wrong type, or
         ``client_options`` has a key redis-py does not take.
     :raises ValueError: if an argument is out of range or malformed, a
@@ -86,6 +91,7 @@ class RedisDiscovery:
         key_prefix: str = DEFAULT_KEY_PREFIX,
         liveness_timeout: float = 10.0,
         name_connections: bool = True,
+        change_log: int = DEFAULT_CHANGE_LOG,
     ) -> None:
         if reap_interval is None:
             reap_interval = check_seconds("lease", lease) / 4
@@ -108,6 +114,7 @@ class RedisDiscovery:
     key_prefix: str = argument("key_prefix")
     liveness_timeout: float = argument("liveness_timeout")
     name_connections: bool = argument("name_connections")
+    change_log: int = argument("change_log")
 
     @functools.cached_property
     def _key(self) -> Hashable:

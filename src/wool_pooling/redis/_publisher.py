@@ -30,6 +30,7 @@ from ._errors import failed
 from ._errors import require_asyncio
 from ._errors import watched
 from ._errors import within
+from ._scripts import DEFAULT_CHANGE_LOG
 from ._scripts import DEFAULT_KEY_PREFIX
 from ._scripts import PUBLISH
 from ._scripts import RENEW
@@ -87,8 +88,8 @@ class RedisPublisher:
         command (retried 3 times on a lost connection).
 
     ``url``, ``namespace``, ``advertise_host``, ``client_options``,
-    ``key_prefix`` and ``name_connections``, and the errors raised, are as
-    for :class:`RedisDiscovery`.
+    ``key_prefix``, ``name_connections`` and ``change_log``, and the errors
+    raised, are as for :class:`RedisDiscovery`.
     """
 
     url: str = argument("url")
@@ -99,6 +100,7 @@ class RedisPublisher:
     client_options: Mapping[str, Any] = argument("client_options")
     key_prefix: str = argument("key_prefix")
     name_connections: bool = argument("name_connections")
+    change_log: int = argument("change_log")
 
     def __init__(
         self,
@@ -112,6 +114,7 @@ class RedisPublisher:
         client_options: Mapping[str, Any] | None = None,
         key_prefix: str = DEFAULT_KEY_PREFIX,
         name_connections: bool = True,
+        change_log: int = DEFAULT_CHANGE_LOG,
     ) -> None:
         arguments = locals().copy()  # every argument: none left out of the record
         del arguments["self"]
@@ -214,7 +217,8 @@ class RedisPublisher:
 
     def _args(self, *rest: Any) -> list[Any]:
         keep = idle_expiry_ms(self.lease)
-        return [self.keys_for.channel, uuid.uuid4().hex, keep, *rest]
+        log = self.change_log
+        return [self.keys_for.channel, uuid.uuid4().hex, keep, log, *rest]
 
     async def _run_publish(self, type: str, uid: str, payload: bytes) -> None:
         lease_ms = max(1, round(self.lease * 1000))

@@ -83,11 +83,10 @@ class Session:
         self.node = address(str(node.host), int(node.port))
         return parse_url(node_url(self.target.url, self.node))
 
-    async def open(self) -> tuple[int, bytes, list[bytes]]:
-        """Subscribe, wait for the server's confirmation, then take the
-        snapshot on the command connection: (version, epoch, flat hash).
+    async def open(self, since: list[object]) -> list[Any]:
+        """Subscribe, wait for the server's confirmation, then :meth:`read`.
 
-        Subscribing first is what makes the snapshot and the announcements
+        Subscribing first is what makes that read and the announcements
         after it meet with no gap.
         """
         target, options = self.target, self.settings.client_options
@@ -114,13 +113,19 @@ class Session:
             message = await watched(self.pubsub.get_message(timeout=None))
             if message is not None and message["type"] == confirmation:
                 break
-        self.stage = "taking a snapshot"
-        version, epoch, flat = await self._run("snapshot")
-        return int(version), cast(bytes, epoch), cast(list[bytes], flat)
+        return await self.read(since)
 
-    async def _run(self, script: str) -> Any:
-        keep = idle_expiry_ms(self.settings.lease, self.settings.reap_interval)
-        args = [self.keys.channel, uuid.uuid4().hex, keep]
+    async def read(self, since: list[object]) -> list[Any]:
+        """The changes after ``since`` (the epoch, version and change last
+        applied) or a snapshot, on the command connection: the snapshot
+        script's reply."""
+        self.stage = "taking a snapshot"
+        return cast(list[Any], await self._run("snapshot", *since))
+
+    async def _run(self, script: str, *rest: object) -> Any:
+        settings = self.settings
+        keep = idle_expiry_ms(settings.lease, settings.reap_interval)
+        args = [self.keys.channel, uuid.uuid4().hex, keep, settings.change_log, *rest]
         return await watched(self.scripts[script](keys=self.keys.keys, args=args))
 
     async def next_message(self, wait: float) -> dict[str, Any] | None:

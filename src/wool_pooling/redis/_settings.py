@@ -42,6 +42,13 @@ def _flag(_: object, field: attrs.Attribute[Any], value: object) -> None:
         raise TypeError(f"{field.name} must be a bool, got {value!r}")
 
 
+def _change_log(_: object, __: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"change_log must be an int, got {value!r}")
+    if value < 0:
+        raise ValueError(f"change_log must be >= 0, got {value!r}")
+
+
 def _url(_: object, __: attrs.Attribute[Any], url: object) -> None:
     parse_url(url)
 
@@ -126,6 +133,7 @@ class PublisherSettings:
     )
     key_prefix: str = attrs.field(validator=[_str, _key_prefix])
     name_connections: bool = attrs.field(validator=_flag)
+    change_log: int = attrs.field(validator=_change_log)
 
 
 @attrs.frozen
@@ -158,6 +166,7 @@ class DiscoverySettings(PublisherSettings):
             self.client_options,
             self.liveness_timeout,
             self.name_connections,
+            self.change_log,
         )
 
 

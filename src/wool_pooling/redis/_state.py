@@ -20,8 +20,9 @@ _TYPES: tuple[str, ...] = get_args(DiscoveryEventType)
 
 
 class Resync(Exception):
-    """The subscription can no longer trust its sequence: take a new snapshot
-    (an announcement is missing, did not parse, or is from another epoch)."""
+    """The subscription can no longer trust its sequence: read again what it
+    missed (an announcement is missing, did not parse, or is from another
+    epoch)."""
 
 
 class Gap(Resync):
@@ -67,6 +68,10 @@ class SubscriptionState:
         self.settle_until = 0.0
         self.epoch: bytes | None = None
         self.version = 0
+        #: The change of :attr:`version`, as logged, if known (held: one
+        #: announcement): a later session resumes after it if the server's
+        #: log still holds it.
+        self.change: bytes | None = None
         self._invalid_records: set[tuple[bytes, bytes]] = set()
         self._records: Records = ({}, {})
 
@@ -74,14 +79,42 @@ class SubscriptionState:
     def connected_before(self) -> bool:
         return self.epoch is not None
 
+    def since(self) -> list[object]:
+        """The epoch, version and change last applied, for the snapshot
+        script (empty when a session cannot resume)."""
+        if self.change is None:
+            return ["", "", ""]
+        return [self.epoch, self.version, self.change]
+
+    def resume(self, changes: list[bytes]) -> tuple[list[DiscoveryEvent], bool]:
+        """The events the changes after :attr:`version` make, and whether
+        every one applied (one that does not parse stops them: a snapshot
+        must follow)."""
+        events: list[DiscoveryEvent] = []
+        try:
+            for change in changes:
+                event = self.message(change)
+                if event is not None:
+                    events.append(event)
+        except Resync:
+            return events, False
+        return events, True
+
     def snapshot(
-        self, version: int, epoch: bytes, flat: list[bytes], now: float
+        self,
+        version: int,
+        epoch: bytes,
+        flat: list[bytes],
+        now: float,
+        change: bytes | None = None,
     ) -> tuple[list[DiscoveryEvent], bool]:
         """The events to the snapshot, and whether the server lost its data
         (a new epoch: the workers missing from it are then held until
-        :attr:`settle_until`, not dropped)."""
+        :attr:`settle_until`, not dropped). ``change``: the logged change of
+        ``version``, if any."""
         lost = self.epoch is not None and epoch != self.epoch
         self.epoch, self.version = epoch, version
+        self.change = change
         current: dict[uuid.UUID, WorkerMetadata] = {}
         invalid: set[tuple[bytes, bytes]] = set()
         records: Records = ({}, {})
@@ -112,13 +145,15 @@ class SubscriptionState:
         """The event announcement ``data`` makes, if any.
 
         :raises Resync: on a gap, another epoch, or an announcement that does
-            not parse (reported through ``invalid``).
+            not parse (reported through ``invalid``; the next session then
+            takes a snapshot).
         """
         raw = data if isinstance(data, bytes) else b"?"
         parts = raw.split(b" ", 4)
         if len(parts) != 5 or not parts[0].isdigit():
             malformed = "not '<version> <epoch> <type> <uid> <metadata>'"
             self._invalid(raw[:60], ValueError(malformed))
+            self.change = None
             raise Resync("an announcement did not parse")
         number, epoch, kind, uid, payload = parts
         version = int(number)
@@ -141,8 +176,9 @@ class SubscriptionState:
             metadata = decode(uid, payload)
         except Exception as error:
             self._invalid(raw[:60], error)
+            self.change = None
             raise Resync("an announcement did not parse") from error
-        self.version = version
+        self.version, self.change = version, raw
         self.held.discard(metadata.uid)
         event = DiscoveryEvent(cast(DiscoveryEventType, text), metadata=metadata)
         return self.workers.apply(event)  # never a second add, nor an unknown drop

@@ -25,8 +25,14 @@ class RedisStatistics:
     #: Connections to the server the subscribers hold now: two per live
     #: subscription (pub/sub and commands), however many consumers share it.
     connections: int = 0
-    #: Snapshots taken: one per connection and per reconnection.
+    #: Full snapshots taken: one per connection, and per reconnection that
+    #: could not resume.
     snapshots: int = 0
+    #: Reconnections that read only the changes missed from the namespace's
+    #: change log, not a snapshot.
+    resumes: int = 0
+    #: Changes read from the change log by those resumes.
+    changes_read: int = 0
     #: Announcements received on the pub/sub connection (duplicates and
     #: invalid ones included).
     announcements: int = 0
@@ -43,26 +49,26 @@ class RedisStatistics:
     seconds_since_last_message: float | None = None
 
 
+def _zeros() -> dict[str, int]:
+    counts = attrs.asdict(RedisStatistics())
+    del counts["seconds_since_last_message"]
+    return counts
+
+
 @attrs.define
 class Counters:
-    """The running counts of one key (an attribute update per announcement)."""
+    """The running counts of one key, by :class:`RedisStatistics` field name
+    (one dict update per announcement)."""
 
-    invalid_records: int = 0
-    reconnects: int = 0
-    connections: int = 0
-    snapshots: int = 0
-    announcements: int = 0
-    gaps: int = 0
-    epoch_changes: int = 0
+    counts: dict[str, int] = attrs.Factory(_zeros)
     #: ``time.monotonic()`` of the last message read, if any.
     heard: float | None = None
 
     def statistics(self) -> RedisStatistics:
         """The counts as they stand."""
-        counts = attrs.asdict(self)
-        heard = counts.pop("heard")
+        heard = self.heard
         since = None if heard is None else max(0.0, time.monotonic() - heard)
-        return RedisStatistics(**counts, seconds_since_last_message=since)
+        return RedisStatistics(**self.counts, seconds_since_last_message=since)
 
 
 #: The counters of each key, held by its discoveries and subscribers: an

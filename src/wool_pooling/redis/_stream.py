@@ -145,14 +145,14 @@ class RedisStream:
             pinged = False
             if message.get("type") not in ("message", "smessage"):
                 continue  # a pong: the connection answers
-            counted.announcements += 1
+            counted.counts["announcements"] += 1
             event = state.message(message.get("data"))
             if event is not None:
                 yield event
                 heard = max(heard, time.monotonic())
 
     def invalid(self, what: bytes, error: BaseException) -> None:
-        self.counted.invalid_records += 1
+        self.counted.counts["invalid_records"] += 1
         logger.warning(
             "skipping a record of namespace %s at %s that is not valid worker "
             "metadata (%r): %s",
@@ -178,17 +178,18 @@ class _Sessions:
         self.session: Session | None = None
 
     async def connect(self) -> list[DiscoveryEvent]:
-        """Open a session and take its snapshot: the events to it.
+        """Open a session and read what it missed from the change log, or
+        take a snapshot: the events to it.
 
         :raises RedisDiscoveryError: if this is the first session and it fails.
         """
-        stream, state = self.stream, self.state
+        stream, state, counted = self.stream, self.state, self.stream.counted
         reconnecting = state.connected_before
         session = self.session = Session(stream.target, stream.settings)
-        stream.counted.connections += 2
+        counted.counts["connections"] += 2
         try:
             with within(stream.settings.connect_timeout):
-                snapshot = await session.open()
+                reply = await session.open(state.since())
         except Exception as error:
             if reconnecting:
                 raise
@@ -199,15 +200,30 @@ class _Sessions:
             else:
                 action = "connecting"
             raise failed(stream.url, action, error) from error
-        events, lost = state.snapshot(*snapshot, now=time.monotonic())
-        stream.counted.snapshots += 1
-        stream.counted.epoch_changes += lost
+        events: list[DiscoveryEvent] = []
+        lost, how = False, f"resumed, {len(reply[2])} changes missed"
+        if reply[3]:
+            events, complete = state.resume(reply[2])
+            counted.counts["resumes"] += 1
+            counted.counts["changes_read"] += len(reply[2])
+            if not complete:  # the rest from a snapshot
+                with within(stream.settings.connect_timeout):
+                    reply = await session.read(state.since())
+        if not reply[3]:
+            version, epoch, flat, _, change = reply
+            now = time.monotonic()
+            more, lost = state.snapshot(int(version), epoch, flat, now, change)
+            events += more
+            counted.counts["snapshots"] += 1
+            counted.counts["epoch_changes"] += lost
+            how = "resynchronising"
         if reconnecting:
-            stream.counted.reconnects += 1
+            counted.counts["reconnects"] += 1
             logger.warning(
-                "reconnected to %s (namespace %s): resynchronising%s",
+                "reconnected to %s (namespace %s): %s%s",
                 redact(stream.url),
                 stream.namespace,
+                how,
                 f" (the server lost its data: waiting {stream.settings.lease:.1f}s "
                 "for publishers to renew their workers)"
                 if lost
@@ -233,7 +249,7 @@ class _Sessions:
                 async for event in follow:
                     yield event
         except RETRIED as error:
-            stream.counted.gaps += isinstance(error, Gap)
+            stream.counted.counts["gaps"] += isinstance(error, Gap)
             logger.warning(
                 "lost %s (namespace %s): %s; reconnecting as the policy says",
                 redact(stream.url),
@@ -251,7 +267,7 @@ class _Sessions:
         if session is not None:
             with anyio.CancelScope(shield=True):
                 await session.aclose()
-            self.stream.counted.connections -= 2
+            self.stream.counted.counts["connections"] -= 2
 
     def __repr__(self) -> str:
         return repr(self.stream)
@@ -285,8 +301,8 @@ def note_options(
             "a RedisDiscovery subscriber shares the subscription of an earlier "
             "one to the same connection and namespace but was given other "
             "options (connect_timeout, reap_interval, reconnect, lease, "
-            "client_options, liveness_timeout, name_connections): the earlier "
-            "subscriber's apply",
+            "client_options, liveness_timeout, name_connections, change_log): "
+            "the earlier subscriber's apply",
             RuntimeWarning,
             stacklevel=3,
         )
