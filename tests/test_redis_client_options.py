@@ -59,7 +59,7 @@ def test_a_cluster_url_takes_the_options_only_a_cluster_client_takes(
     cls: type[RedisDiscovery] | type[RedisPublisher],
 ) -> None:
     """``RedisCluster``'s own keywords pass on a cluster url, and only there."""
-    options = {"read_from_replicas": False, "require_full_coverage": True}
+    options = {"reinitialize_steps": 3, "require_full_coverage": True}
     cls("redis+cluster://127.0.0.1:1", "ns", client_options=options)
-    with pytest.raises(TypeError, match="read_from_replicas is not a keyword"):
+    with pytest.raises(TypeError, match="reinitialize_steps is not a keyword"):
         cls("redis://127.0.0.1:1/0", "ns", client_options=options)

@@ -146,7 +146,7 @@ async def test_a_late_joiner_gets_the_snapshot_then_the_changes(
         await early.has(workers[1].uid, workers[2].uid)
         # Its own connections: another process, as far as the server sees;
         # with options only a cluster client takes.
-        options = {"read_from_replicas": False, "require_full_coverage": True}
+        options = {"reinitialize_steps": 3, "require_full_coverage": True}
         joiner = discovery(
             cluster.url(seeds=2), namespace, shared=False, client_options=options
         )
