@@ -291,14 +291,6 @@ async def run_model(url: str, program: list[Step], log: int) -> None:
             stats = found.statistics()
             assert stats.snapshots + stats.resumes == 1 + stats.reconnects
             assert stats.gaps == stats.epoch_changes == 0
-            print(
-                "STATS",
-                log,
-                stats.snapshots,
-                stats.resumes,
-                stats.changes_read,
-                len(program),
-            )
             tg.cancel_scope.cancel()
     finally:
         await client.aclose()
