@@ -146,8 +146,6 @@ class _End:
     error: BaseException | None = None
     traceback: types.TracebackType | None = None
     closed: bool = False
-    #: The pump was cancelled from outside (its event loop shut down, say).
-    cancelled: bool = False
 
     def __str__(self) -> str:
         return (
@@ -360,11 +358,12 @@ class Fanout(Generic[T]):
             self._wake_all()
         source, self._source = self._source, _NO_SOURCE
         pump = self._pump
-        if pump is None or pump.done is None:  # never pulled
+        if pump is None or pump.task is None:  # the pump never ran
             if first and hasattr(source, "__anext__"):
                 with anyio.CancelScope(shield=True):
                     await aclose_iterator(source)
-            return
+            if pump is None or pump.done is None:
+                return
         del source
         if not pump.done.is_set():
             loop = pump.loop
@@ -584,8 +583,7 @@ class Fanout(Generic[T]):
                     anyio.BrokenResourceError(
                         "the task iterating the fan-out's source was cancelled "
                         "from outside"
-                    ),
-                    cancelled=True,
+                    )
                 )
             else:
                 self._end = _End(error, error.__traceback__)
@@ -621,8 +619,6 @@ async def _iterate(ref: weakref.ref[Fanout[Any]], pump: _Pump) -> None:
         source = fanout._source
         del fanout
         if pump.stopping:  # closed before this task's first step
-            if hasattr(source, "__anext__"):
-                iterator = source
             return
         iterator = aiter(source)
         del source
@@ -825,13 +821,9 @@ class FanoutConsumer(Generic[T]):
             return node[0]
         if node is _ENDED:
             return _DONE
-        state = self._state
-        end = state._end
+        end = self._state._end
         if end is None:
             return _NOTHING
-        if end.cancelled and state._pump is not None:
-            state._pump.loop.check_current("this fan-out")
-        del state
         self.close()
         if end.error is not None:
             raise end.error.with_traceback(end.traceback)
