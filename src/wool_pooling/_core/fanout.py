@@ -362,9 +362,9 @@ class Fanout(Generic[T]):
             if first and hasattr(source, "__anext__"):
                 with anyio.CancelScope(shield=True):
                     await aclose_iterator(source)
-            if pump is None or pump.done is None:
-                return
         del source
+        if pump is None or pump.done is None:
+            return
         if not pump.done.is_set():
             loop = pump.loop
             if not loop.is_current():
