@@ -358,10 +358,10 @@ class Fanout(Generic[T]):
             self._wake_all()
         source, self._source = self._source, _NO_SOURCE
         pump = self._pump
-        if pump is None or pump.task is None:  # the pump never ran
-            if first and hasattr(source, "__anext__"):
-                with anyio.CancelScope(shield=True):
-                    await aclose_iterator(source)
+        never_ran = pump is None or pump.task is None
+        if never_ran and first and hasattr(source, "__anext__"):
+            with anyio.CancelScope(shield=True):
+                await aclose_iterator(source)
         del source
         if pump is None or pump.done is None:
             return

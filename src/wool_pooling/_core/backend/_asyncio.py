@@ -31,8 +31,7 @@ def _next_pass() -> Generator[None]:
 
 @final
 class AsyncioLoop(EventLoop):
-    """:class:`EventLoop` for an asyncio loop (uvloop and eager task
-    factories included)."""
+    """:class:`EventLoop` for an asyncio loop."""
 
     __slots__ = ("_loop_ref",)
     backend = "asyncio"
@@ -41,8 +40,7 @@ class AsyncioLoop(EventLoop):
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__()
         self._loop_ref = weakref.ref(loop)
-        # On asyncio's own loops a task's step costs more than classifying
-        # a pull's yields; on others (uvloop) less.
+        # A task's step costs more than classifying yields, but on uvloop.
         self.until_waits = (
             _UntilWaits if isinstance(loop, asyncio.BaseEventLoop) else None
         )
@@ -95,14 +93,9 @@ class AsyncioLoop(EventLoop):
 
 @final
 class _UntilWaits(Generator[Any, Any, Any]):
-    """:attr:`EventLoop.until_waits` for asyncio's own loops.
-
-    ``await wrapper.pull(awaitable)`` hands each step of ``awaitable`` to the
-    task unchanged, calling ``on_wait()`` before handing on a yield that may
-    last: a future, or a bare yield after the first. An iterator reused from
-    pull to pull (not a generator), so that classifying a pull costs less
-    than a task's step.
-    """
+    """:attr:`EventLoop.until_waits` for asyncio's own loops: ``await
+    wrapper.pull(awaitable)`` calls ``on_wait()`` before a yield on a future
+    or a second bare yield. Reused from pull to pull, for speed."""
 
     __slots__ = ("_on_wait", "_steps", "suspended")
 
@@ -188,7 +181,7 @@ class _FutureWaiters:
 @final
 class _TaskInterruptible:
     """asyncio: :meth:`cancel` cancels the task once; leaving the region
-    takes that one cancellation back (:meth:`asyncio.Task.uncancel`)."""
+    takes it back (:meth:`asyncio.Task.uncancel`)."""
 
     __slots__ = ("_inside", "_interrupted", "_task")
 
@@ -213,8 +206,7 @@ class _TaskInterruptible:
         self._task = None
         if not self._interrupted or task is None:
             return False
-        # One cancel() was ours: take it back. A cancellation still counted
-        # after that came from elsewhere and goes through.
+        # One cancel() was ours; one still counted came from elsewhere.
         if task.uncancel() > 0:
             return False
         return exc_type is not None and issubclass(exc_type, asyncio.CancelledError)
