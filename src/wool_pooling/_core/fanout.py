@@ -97,20 +97,16 @@ _Node = list[Any]
 @final
 class _Trap(list[Any]):
     """A node ``[None, None, seq]`` in front of ``covered`` that sends its
-    consumer's next read down the slow path: it lagged (:data:`_LAGGED`) or
-    a pull waits for it to read (:data:`_WATCHED`)."""
+    consumer's next read down the slow path: it lagged (``skipped`` items),
+    or a pull waits for it to read (``skipped`` 0)."""
 
-    __slots__ = ("covered", "kind", "skipped")
+    __slots__ = ("covered", "skipped")
 
-    def __init__(self, covered: _Node, seq: int, kind: str, skipped: int = 0) -> None:
+    def __init__(self, covered: _Node, seq: int, skipped: int = 0) -> None:
         super().__init__((None, None, seq))
         self.covered = covered
-        self.kind = kind
         self.skipped = skipped
 
-
-_LAGGED = "lagged"
-_WATCHED = "watched"
 
 #: What a consumer's read finds: nothing ready yet, or its end.
 _NOTHING: Any = object()
@@ -141,19 +137,17 @@ class FanoutStatistics:
 
 @attrs.frozen
 class _End:
-    """How the source ended: exhausted, failed or closed."""
+    """How the source ended: ``EXHAUSTED``, ``FAILED`` or ``CLOSED``."""
 
+    name: str
     error: BaseException | None = None
     traceback: types.TracebackType | None = None
-    closed: bool = False
 
     def __str__(self) -> str:
-        return (
-            "CLOSED" if self.closed else "EXHAUSTED" if self.error is None else "FAILED"
-        )
+        return self.name
 
 
-_CLOSED_END = _End(closed=True)
+_CLOSED_END = _End("CLOSED")
 
 
 @final
@@ -439,12 +433,12 @@ class Fanout(Generic[T]):
                 kept = node.covered if type(node) is _Trap else node
                 while kept[2] < oldest:
                     kept = kept[1]
-                if type(node) is _Trap and node.kind is _LAGGED:
+                if type(node) is _Trap and node.skipped:
                     node[2] = oldest
                     node.covered = kept
                     node.skipped += oldest - seq
                 else:
-                    trap = _Trap(kept, oldest, _LAGGED, oldest - seq)
+                    trap = _Trap(kept, oldest, oldest - seq)
                     if consumer._node is node:
                         consumer._node = trap
                         on_skip = consumer._on_skip
@@ -474,7 +468,7 @@ class Fanout(Generic[T]):
         for consumer in self._live():
             node = consumer._node
             if node is not _ENDED and node[2] == slowest and type(node) is not _Trap:
-                trap = _Trap(node, slowest, _WATCHED)
+                trap = _Trap(node, slowest)
                 if consumer._node is node:  # not ended meanwhile
                     consumer._node = trap
 
@@ -577,16 +571,17 @@ class Fanout(Generic[T]):
         """The pump's pull raised ``error``: end the fan-out with it."""
         if self._end is None:
             if isinstance(error, StopAsyncIteration):
-                self._end = _End()
+                self._end = _End("EXHAUSTED")
             elif isinstance(error, anyio.get_cancelled_exc_class()):
                 self._end = _End(
+                    "FAILED",
                     anyio.BrokenResourceError(
                         "the task iterating the fan-out's source was cancelled "
                         "from outside"
-                    )
+                    ),
                 )
             else:
-                self._end = _End(error, error.__traceback__)
+                self._end = _End("FAILED", error, error.__traceback__)
             self._wake_all()
 
 
@@ -809,7 +804,7 @@ class FanoutConsumer(Generic[T]):
         node = self._node
         while type(node) is _Trap:  # step onto the node it covers
             self._node = node.covered
-            if node.kind is _LAGGED:
+            if node.skipped:
                 skipped = node.skipped
                 del node  # the traceback must not pin the log
                 raise Lagged(skipped)
@@ -938,7 +933,7 @@ class FanoutConsumer(Generic[T]):
     def position(self) -> int:
         """Items of the log this consumer has moved past; ``-1`` once ended."""
         node = self._node
-        if type(node) is _Trap and node.kind is _LAGGED:
+        if type(node) is _Trap and node.skipped:
             return node[2] - node.skipped
         return node[2]
 
