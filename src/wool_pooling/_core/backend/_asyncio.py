@@ -58,10 +58,7 @@ class AsyncioLoop(EventLoop):
             return False
 
     def current_task(self) -> object:
-        task = asyncio.current_task()
-        if task is None:
-            raise RuntimeError("not in an asyncio task")
-        return task
+        return asyncio.current_task()
 
     def waiters(self) -> Waiters:
         return _FutureWaiters(self._loop())
@@ -183,16 +180,14 @@ class _TaskInterruptible:
     """asyncio: :meth:`cancel` cancels the task once; leaving the region
     takes it back (:meth:`asyncio.Task.uncancel`)."""
 
-    __slots__ = ("_inside", "_interrupted", "_task")
+    __slots__ = ("_interrupted", "_task")
 
     def __init__(self) -> None:
         self._task: asyncio.Task[Any] | None = None
-        self._inside = False
         self._interrupted = False
 
     def __enter__(self) -> object:
         self._task = asyncio.current_task()
-        self._inside = True
         return self
 
     def __exit__(
@@ -201,7 +196,6 @@ class _TaskInterruptible:
         exc: BaseException | None,
         traceback: types.TracebackType | None,
     ) -> bool:
-        self._inside = False
         task = self._task
         self._task = None
         if not self._interrupted or task is None:
@@ -212,7 +206,7 @@ class _TaskInterruptible:
         return exc_type is not None and issubclass(exc_type, asyncio.CancelledError)
 
     def cancel(self) -> None:
-        if self._interrupted or not self._inside or self._task is None:
+        if self._interrupted or self._task is None:
             return
         self._interrupted = True
         self._task.cancel()

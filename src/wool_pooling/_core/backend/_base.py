@@ -76,7 +76,7 @@ class EventLoop(ABC):
 
     @abstractmethod
     def current_task(self) -> object:
-        """The calling task; :exc:`RuntimeError` outside one of this backend."""
+        """The calling task."""
 
     @abstractmethod
     def is_current(self) -> bool:
