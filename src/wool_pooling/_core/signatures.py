@@ -70,6 +70,10 @@ class BindingMemo(Generic[Shape]):
             self._bound.setdefault(function, set()).add(shape)
 
 
+def _keywords(parameters: Mapping[str, inspect.Parameter]) -> list[str]:
+    return [name for name, each in parameters.items() if each.kind in _KEYWORD_KINDS]
+
+
 def did_you_mean(name: str, known: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the known name closest to ``name``, or ``""``."""
     matches = difflib.get_close_matches(name, list(known), n=1)
@@ -93,23 +97,15 @@ def check_keywords(
     if signature is None:
         return
     parameters = signature.parameters
-    takes_any = any(
-        parameter.kind is inspect.Parameter.VAR_KEYWORD
-        for parameter in parameters.values()
-    )
-    if not takes_any:
-        accepted = [
-            name
-            for name, parameter in parameters.items()
-            if parameter.kind in _KEYWORD_KINDS
-        ]
-        for name in keywords:
-            if name not in parameters:
-                takes = ", ".join(accepted) if accepted else "no keyword"
-                raise TypeError(
-                    f"{what} has no parameter {name!r}"
-                    f"{did_you_mean(name, accepted)}; it takes {takes}"
-                )
+    kinds = {parameter.kind for parameter in parameters.values()}
+    accepted = _keywords(parameters)
+    for name in keywords:
+        if name not in parameters and inspect.Parameter.VAR_KEYWORD not in kinds:
+            takes = ", ".join(accepted) if accepted else "no keyword"
+            raise TypeError(
+                f"{what} has no parameter {name!r}"
+                f"{did_you_mean(name, accepted)}; it takes {takes}"
+            )
     try:
         signature.bind(**keywords)
     except TypeError as error:
@@ -196,10 +192,7 @@ def suggest_keywords(target: Checked) -> Checked:
     function: Callable[..., Any] = (
         target.__init__ if isinstance(target, type) else target  # pyright: ignore[reportUnknownMemberType]
     )
-    parameters = inspect.signature(function).parameters
-    accepted = frozenset(
-        name for name, each in parameters.items() if each.kind in _KEYWORD_KINDS
-    )
+    accepted = frozenset(_keywords(inspect.signature(function).parameters))
     what = f"{function.__qualname__.removesuffix('.__init__')}()"
 
     @functools.wraps(function)
