@@ -96,9 +96,8 @@ _Node = list[Any]
 
 @final
 class _Trap(list[Any]):
-    """A node ``[None, None, seq]`` in front of ``covered`` that sends its
-    consumer's next read down the slow path: it lagged (``skipped`` items),
-    or a pull waits for it to read (``skipped`` 0)."""
+    """A node in front of ``covered``: its consumer lagged (``skipped``
+    items), or a pull waits for it to read (``skipped`` 0)."""
 
     __slots__ = ("covered", "skipped")
 
@@ -137,7 +136,8 @@ class FanoutStatistics:
 
 @attrs.frozen
 class _End:
-    """How the source ended: ``EXHAUSTED``, ``FAILED`` or ``CLOSED``."""
+    """How the source ended: ``EXHAUSTED``, ``FAILED``, ``CLOSED``, or
+    ``CANCELLED`` from outside (its loop shut down)."""
 
     name: str
     error: BaseException | None = None
@@ -152,8 +152,7 @@ _CLOSED_END = _End("CLOSED")
 
 @final
 class _Pump:
-    """The task that iterates a fan-out's source (holding the fan-out only
-    weakly), and the event loop it runs in."""
+    """The task that iterates a fan-out's source, and its event loop."""
 
     __slots__ = (
         "close_error",
@@ -417,8 +416,7 @@ class Fanout(Generic[T]):
         return end - min(self._positions(), default=end)
 
     def _drop_beyond_lag(self) -> None:
-        """``on_lag="error"``: move each consumer more than ``max_lag`` items
-        behind to the oldest item kept, behind a trap raising :exc:`Lagged`."""
+        """``on_lag="error"``: trap each consumer ``max_lag`` items behind."""
         max_lag = self._max_lag
         assert max_lag is not None
         end = self._tail[2]
@@ -495,8 +493,7 @@ class Fanout(Generic[T]):
         self._wake_space()
 
     def _release(self, pump: _Pump) -> None:
-        """The pump reads ahead with consumers waiting: wake them, or hold the
-        wake under a watch (:func:`_release_when_idle`). See :ref:`fanout`."""
+        """Wake the waiting consumers, or hold the wake under a watch."""
         if self._arrival is None or pump.deferred:
             return
         if pump.patience:
@@ -511,12 +508,7 @@ class Fanout(Generic[T]):
 
     def _wait(self, consumer: FanoutConsumer[T]) -> Awaitable[None]:
         """Register ``consumer`` (at the log's end) for one wake-up, asking
-        for a pull if none is in flight; return what to await.
-
-        :raises ~anyio.BusyResourceError: if another task waits on
-            ``consumer`` already.
-        :raises RuntimeError: if the fan-out is bound to another event loop.
-        """
+        for a pull if none is in flight; return what to await."""
         if consumer._busy is not None:
             raise anyio.BusyResourceError("receiving from")
         pump = self._pump
@@ -555,8 +547,7 @@ class Fanout(Generic[T]):
             pump.parking.wake()
 
     def _reads_ahead(self, pump: _Pump) -> bool:
-        """Whether the pump may pull once more unasked (see :ref:`fanout`);
-        counts the pull it allows."""
+        """Whether the pump may pull once more unasked, counting the pull."""
         if self._ahead >= self._read_ahead or not self._registry:
             return False
         if self._tail[2] + 1 >= self._horizon and (
@@ -574,7 +565,7 @@ class Fanout(Generic[T]):
                 self._end = _End("EXHAUSTED")
             elif isinstance(error, anyio.get_cancelled_exc_class()):
                 self._end = _End(
-                    "FAILED",
+                    "CANCELLED",
                     anyio.BrokenResourceError(
                         "the task iterating the fan-out's source was cancelled "
                         "from outside"
@@ -603,8 +594,7 @@ async def _run_pump(ref: weakref.ref[Fanout[Any]], pump: _Pump) -> None:
 
 
 async def _iterate(ref: weakref.ref[Fanout[Any]], pump: _Pump) -> None:
-    """Iterate the source once per demand or read-ahead, logging each item
-    in the step that receives it, then close it; holds the fan-out weakly."""
+    """Pull per demand or read-ahead, logging each item as it comes."""
     iterator: Any = None
     try:
         pump.task = pump.loop.current_task()
@@ -693,8 +683,7 @@ async def _iterate(ref: weakref.ref[Fanout[Any]], pump: _Pump) -> None:
 
 
 async def _release_when_idle(ref: weakref.ref[Fanout[Any]], pump: _Pump) -> None:
-    """Wake the held consumers once the log's end stayed put for three looks
-    (one per pass of the loop), unless woken otherwise."""
+    """Wake the held consumers once the log stayed put for three passes."""
     seen, still, logged, passes, paid = -1, 0, 0, 0, True
     try:
         while True:
@@ -797,8 +786,7 @@ class FanoutConsumer(Generic[T]):
         return item
 
     def _take(self) -> Any:
-        """The next item, :data:`_NOTHING` or :data:`_DONE` (a source may
-        raise anyio's exceptions as its error)."""
+        """The next item, :data:`_NOTHING` or :data:`_DONE`."""
         if self._busy is not None:
             raise anyio.BusyResourceError("receiving from")
         node = self._node
@@ -816,9 +804,13 @@ class FanoutConsumer(Generic[T]):
             return node[0]
         if node is _ENDED:
             return _DONE
-        end = self._state._end
+        state = self._state
+        end = state._end
         if end is None:
             return _NOTHING
+        if end.name == "CANCELLED" and state._pump is not None:
+            state._pump.loop.check_current("this fan-out")
+        del state
         self.close()
         if end.error is not None:
             raise end.error.with_traceback(end.traceback)
