@@ -10,15 +10,20 @@ from typing import Any
 from typing import final
 
 import trio
+from trio.lowlevel import Abort
+from trio.lowlevel import Task
 from trio.lowlevel import TrioToken
 from trio.lowlevel import current_task
 from trio.lowlevel import current_trio_token
+from trio.lowlevel import reschedule
 from trio.lowlevel import spawn_system_task
+from trio.lowlevel import wait_task_rescheduled
 
 from ._base import EventLoop
 from ._base import Interruptible
 from ._base import Waiters
 from ._base import guarded
+from ._base import ready
 
 
 @final
@@ -72,18 +77,36 @@ class TrioLoop(EventLoop):
 
 @final
 class _TrioWaiters:
-    """trio: one :class:`trio.Event`."""
+    """trio: the waiting tasks, parked and rescheduled (a one-shot
+    :class:`trio.lowlevel.ParkingLot`)."""
 
-    __slots__ = ("_event",)
+    __slots__ = ("_tasks", "_woken")
 
     def __init__(self) -> None:
-        self._event = trio.Event()
+        self._tasks: dict[Task, None] = {}
+        self._woken = False
 
     def wait(self) -> Awaitable[None]:
-        return self._event.wait()
+        if self._woken:
+            return ready()
+        task = current_task()
+        tasks = self._tasks
+        tasks[task] = None
+
+        def abort(_: object) -> Abort:
+            tasks.pop(task, None)
+            return Abort.SUCCEEDED
+
+        # Awaited by the caller, in its own frame (see Waiters.wait).
+        return wait_task_rescheduled(abort)  # noqa: ASYNC105
 
     def withdraw(self, waiting: Awaitable[None]) -> None:
-        pass  # the event has forgotten the task
+        pass  # the abort function has forgotten the task
 
     def wake(self) -> None:
-        self._event.set()
+        self._woken = True
+        tasks = self._tasks
+        if tasks:
+            self._tasks = {}
+            for task in tasks:
+                reschedule(task)
