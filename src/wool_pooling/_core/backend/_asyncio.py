@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import types
 import weakref
 from collections.abc import Awaitable
 from collections.abc import Callable
 from collections.abc import Generator
+from contextvars import Context
 from typing import Any
 from typing import final
 
+from ._base import AsyncFn
 from ._base import EventLoop
 from ._base import Interruptible
 from ._base import Waiters
@@ -66,12 +67,7 @@ class AsyncioLoop(EventLoop):
     def interruptible(self) -> Interruptible:
         return _TaskInterruptible()
 
-    def spawn(
-        self,
-        fn: Callable[..., Awaitable[Any]],
-        *args: Any,
-        context: contextvars.Context | None = None,
-    ) -> None:
+    def spawn(self, fn: AsyncFn, *args: Any, context: Context | None = None) -> None:
         task = self._loop().create_task(guarded(fn, *args), context=context)
         if not task.done():
             _running.add(task)

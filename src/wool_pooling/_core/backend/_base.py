@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import threading
 import types
@@ -10,6 +9,7 @@ from abc import ABC
 from abc import abstractmethod
 from collections.abc import Awaitable
 from collections.abc import Callable
+from contextvars import Context
 from typing import TYPE_CHECKING
 from typing import Any
 from typing import ClassVar
@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from ._asyncio import _UntilWaits
 
 logger = logging.getLogger("wool_pooling")
+
+#: A function whose call returns what a task awaits.
+AsyncFn = Callable[..., Awaitable[Any]]
 
 
 class Waiters(Protocol):
@@ -103,12 +106,7 @@ class EventLoop(ABC):
         """A new region that :meth:`Interruptible.cancel` can cut short."""
 
     @abstractmethod
-    def spawn(
-        self,
-        fn: Callable[..., Awaitable[Any]],
-        *args: Any,
-        context: contextvars.Context | None = None,
-    ) -> None:
+    def spawn(self, fn: AsyncFn, *args: Any, context: Context | None = None) -> None:
         """Start ``fn(*args)`` as a background task (in ``context``, by
         default a copy of the caller's); its error is logged."""
 
@@ -124,7 +122,7 @@ async def ready() -> None:
     """A wait that is over before it starts."""
 
 
-async def guarded(fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+async def guarded(fn: AsyncFn, *args: Any) -> None:
     """Await ``fn(*args)``, logging any exception but cancellation."""
     try:
         await fn(*args)
