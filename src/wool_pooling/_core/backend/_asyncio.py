@@ -186,12 +186,7 @@ class _TaskInterruptible:
         self._task = asyncio.current_task()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: types.TracebackType | None,
-    ) -> bool:
+    def __exit__(self, *exc_info: object) -> bool:
         task = self._task
         self._task = None
         if not self._interrupted or task is None:
@@ -199,7 +194,7 @@ class _TaskInterruptible:
         # One cancel() was ours; one still counted came from elsewhere.
         if task.uncancel() > 0:
             return False
-        return exc_type is not None and issubclass(exc_type, asyncio.CancelledError)
+        return isinstance(exc_info[1], asyncio.CancelledError)
 
     def cancel(self) -> None:
         if self._interrupted or self._task is None:
