@@ -608,12 +608,9 @@ async def _iterate(ref: weakref.ref[Fanout[Any]], pump: _Pump) -> None:
         iterator = aiter(source)
         del source
         thrown: BaseException | None = None
-        until_waits = pump.loop.until_waits
-        suspensions = (
-            None
-            if until_waits is None
-            else until_waits(functools.partial(_watch, pump, ref))
-        )
+        suspensions = None
+        if pump.loop.until_waits is not None:
+            suspensions = pump.loop.until_waits(functools.partial(_watch, pump, ref))
         classify = False
         suspends = True
         while True:
