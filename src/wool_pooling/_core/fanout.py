@@ -410,8 +410,6 @@ class Fanout(Generic[T]):
         ]
 
     def _buffered(self) -> int:
-        if self.closed:
-            return 0
         end = self._tail[2]
         return end - min(self._positions(), default=end)
 
@@ -873,7 +871,7 @@ class FanoutConsumer(Generic[T]):
         :returns: how many items were skipped.
         """
         skipped = self.buffered
-        if self._node is not _ENDED and not self._state.closed:
+        if self._node is not _ENDED:
             self._node = self._state._tail
             self._state._wake_space()
         return skipped
@@ -914,7 +912,7 @@ class FanoutConsumer(Generic[T]):
     @property
     def buffered(self) -> int:
         """Items already pulled that this consumer has yet to receive."""
-        if self._node is _ENDED or self._state.closed:
+        if self._node is _ENDED:
             return 0
         return self._state._tail[2] - self._node[2]
 
