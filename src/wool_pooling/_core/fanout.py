@@ -797,9 +797,7 @@ class FanoutConsumer(Generic[T]):
         if following is not None:
             self._node = following
             return node[0]
-        if node is _ENDED:
-            return _DONE
-        state = self._state
+        state = self._state  # an ended consumer's: a closed stand-in
         end = state._end
         if end is None:
             return _NOTHING
