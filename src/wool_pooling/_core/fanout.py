@@ -143,9 +143,6 @@ class _End:
     error: BaseException | None = None
     traceback: types.TracebackType | None = None
 
-    def __str__(self) -> str:
-        return self.name
-
 
 _CLOSED_END = _End("CLOSED")
 
@@ -375,7 +372,8 @@ class Fanout(Generic[T]):
 
     def __repr__(self) -> str:
         return (
-            f"<Fanout [{self._end or 'OPEN'}, consumers: {len(self._registry)}, "
+            f"<Fanout [{self._end.name if self._end else 'OPEN'}, "
+            f"consumers: {len(self._registry)}, "
             f"buffered: {self._buffered()}] of {self._source!r}>"
         )
 

@@ -175,8 +175,6 @@ def _called_through_its_class(function: object) -> bool:
     """Whether calling ``function`` calls its class's Python ``__call__``."""
     return (
         not isinstance(function, type)
-        and not inspect.isfunction(function)
-        and not inspect.ismethod(function)
         and callable(function)
         and inspect.isfunction(type(function).__call__)
         and getattr(function, "__signature__", None) is None
