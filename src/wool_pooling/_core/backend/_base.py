@@ -107,8 +107,8 @@ class EventLoop(ABC):
 
     @abstractmethod
     def spawn(self, fn: AsyncFn, *args: Any, context: Context | None = None) -> None:
-        """Start ``fn(*args)`` as a background task (in ``context``, by
-        default a copy of the caller's); its error is logged."""
+        """Start ``fn(*args)`` as a background task, from the loop's thread
+        (in ``context``, by default a copy of the caller's); its error is logged."""
 
     @abstractmethod
     def run_soon(self, fn: Callable[..., object], *args: Any) -> bool:
