@@ -1,13 +1,9 @@
 """Demand-driven multicast of one async iterator: a shared log, one cursor per consumer.
 
-The data path: a consumer with nothing to read waits (:meth:`Fanout._wait`)
-and asks the pump for a pull; the pump (:func:`_iterate`, one task per
-fan-out) logs the item in the step that receives it (:meth:`Fanout._push`)
-and may pull again unasked, up to ``read_ahead`` items; each consumer holds
-the next node it will read. A node is ``[item, next, seq]``; the fan-out
-holds only the empty node at the log's end, so an item is held by the
-consumers that have yet to read it and freed by reference counting when the
-last of them moves past it. See docs/guarantees.rst.
+A consumer with nothing to read waits (:meth:`Fanout._wait`); the pump
+(:func:`_iterate`) logs each item in the step that receives it. A node is
+``[item, next, seq]`` and the fan-out holds only the empty one at the end, so
+an item is freed when the last consumer moves past it. See docs/guarantees.rst.
 """
 
 from __future__ import annotations
@@ -78,22 +74,20 @@ DEFAULT_MAX_LAG = 1024
 
 def validate_read_ahead(read_ahead: int) -> int:
     """Check a ``read_ahead`` argument: an int >= 0."""
-    if (
-        isinstance(read_ahead, bool)
-        or not isinstance(read_ahead, int)  # pyright: ignore[reportUnnecessaryIsInstance]
-        or read_ahead < 0
-    ):
-        raise ValueError(f"read_ahead must be an int >= 0, got {read_ahead!r}")
-    return read_ahead
+    return _int_at_least("read_ahead", read_ahead, 0, "an int >= 0")
 
 
 def validate_max_lag(max_lag: int | None) -> int | None:
     """Check a ``max_lag`` argument: ``None`` or an int >= 1."""
     if max_lag is None:
         return None
-    if isinstance(max_lag, bool) or not isinstance(max_lag, int) or max_lag < 1:  # pyright: ignore[reportUnnecessaryIsInstance]
-        raise ValueError(f"max_lag must be None or an int >= 1, got {max_lag!r}")
-    return max_lag
+    return _int_at_least("max_lag", max_lag, 1, "None or an int >= 1")
+
+
+def _int_at_least(name: str, value: int, least: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    return value
 
 
 #: A log node: ``[item, next node or None, seq]``.
@@ -102,22 +96,16 @@ _Node = list[Any]
 
 @final
 class _Trap(list[Any]):
-    """A node ``[None, None, seq]`` in front of ``covered``: the consumer
-    holding it takes the slow path at its next read, because it lagged
-    (:data:`_LAGGED`: it raises :exc:`Lagged` first) or a pull waits for it
-    to read (:data:`_WATCHED`)."""
+    """A node in front of ``covered``: its consumer lagged (``skipped``
+    items), or a pull waits for it to read (``skipped`` 0)."""
 
-    __slots__ = ("covered", "kind", "skipped")
+    __slots__ = ("covered", "skipped")
 
-    def __init__(self, covered: _Node, seq: int, kind: str, skipped: int = 0) -> None:
+    def __init__(self, covered: _Node, seq: int, skipped: int = 0) -> None:
         super().__init__((None, None, seq))
         self.covered = covered
-        self.kind = kind
         self.skipped = skipped
 
-
-_LAGGED = "lagged"
-_WATCHED = "watched"
 
 #: What a consumer's read finds: nothing ready yet, or its end.
 _NOTHING: Any = object()
@@ -148,30 +136,20 @@ class FanoutStatistics:
 
 @attrs.frozen
 class _End:
-    """How the source ended: exhausted, failed or closed."""
+    """How the source ended: ``EXHAUSTED``, ``FAILED``, ``CLOSED``, or
+    ``CANCELLED`` from outside (its loop shut down)."""
 
+    name: str
     error: BaseException | None = None
     traceback: types.TracebackType | None = None
-    closed: bool = False
-    #: The pump was cancelled from outside (its event loop shut down, say).
-    cancelled: bool = False
-
-    def __str__(self) -> str:
-        return (
-            "CLOSED" if self.closed else "EXHAUSTED" if self.error is None else "FAILED"
-        )
 
 
-_CLOSED_END = _End(closed=True)
+_CLOSED_END = _End("CLOSED")
 
 
 @final
 class _Pump:
-    """The task that iterates a fan-out's source, and the event loop it runs in.
-
-    Bound at the fan-out's first wait; the task starts at the first demand
-    and holds the fan-out only weakly, so that dropping the fan-out stops it.
-    """
+    """The task that iterates a fan-out's source, and its event loop."""
 
     __slots__ = (
         "close_error",
@@ -190,29 +168,23 @@ class _Pump:
 
     def __init__(self, loop: EventLoop) -> None:
         self.loop = loop
-        # The first waiting consumer's context, which every pull runs in.
-        self.context = contextvars.copy_context()
-        # The region its pulls run in (stop() interrupts it); where the task
-        # waits for a demand, while it does; set once the task has ended
-        # (None until it starts); the task.
+        self.context = contextvars.copy_context()  # every pull runs in it
+        # stop() interrupts it; where the task waits for a demand; set once
+        # the task has ended (None until it starts).
         self.interruptible: Interruptible = loop.interruptible()
         self.parking: Waiters | None = None
         self.done: anyio.Event | None = None
         self.task: object = None
-        # A pull is asked for or in flight; the task is to close the source.
         self.pulling = False
         self.stopping = False
-        # What the source's aclose() raised, for Fanout.aclose() to raise.
         self.close_error: BaseException | None = None
-        # The wake of waiting consumers held back while reading ahead; a
-        # watch runs over it; releases that wake at once (Fanout._release).
+        # A held wake (Fanout._release), its watch, releases that wake at once.
         self.deferred = False
         self.watching = False
         self.patience = 0
 
     def stop(self) -> None:
-        """Have the task close the source and end; from the loop's thread,
-        outside the task."""
+        """Have the task close the source and end (from outside the task)."""
         self.stopping = True
         if self.parking is not None:
             self.parking.wake()
@@ -232,14 +204,8 @@ class Fanout(Generic[T]):
     """Multicast one async iterable to any number of independent consumers.
 
     Every consumer receives every item pulled after it registered, in source
-    order, exactly once. The source is advanced on demand, by one task (the
-    pump) for its whole life, with up to ``read_ahead`` items pulled ahead;
-    cancelling a consumer never cancels a pull or loses an item; an error of
-    the source reaches every consumer with its traceback, after the items
-    pulled before it; the log holds an item until every consumer registered
-    when it was pulled has received it or left, within ``max_lag`` if given.
-    A fan-out is bound to the event loop of its first wait. See
-    :ref:`fanout` for the full guarantees and their costs.
+    order, exactly once; one task (the pump) iterates the source on demand,
+    bound to the event loop of the first wait. See :ref:`fanout`.
 
     :param source: The async iterable to multicast; ``aiter(source)`` is
         called once, at the first pull, in the pump.
@@ -295,24 +261,18 @@ class Fanout(Generic[T]):
                 "on_lag='error' needs a max_lag: with max_lag=None no consumer "
                 "ever lags, so the policy could never act"
             )
-        # What the pump iterates (dropped at close); the log's end, the empty
-        # node the next item fills (its seq: items logged so far).
         self._source: AsyncIterable[T] = source
-        self._tail: _Node = [None, None, 0]
-        # Weak references to the consumers registered and not ended.
+        self._tail: _Node = [None, None, 0]  # its seq: items logged so far
         self._registry: set[weakref.ref[FanoutConsumer[T]]] = set()
         self._max_lag = max_lag
         self._drop_lagging = on_lag == "error"
-        # slowest + max_lag + 1, where slowest is a lower bound on every
-        # consumer's seq: no consumer can be past the bound before the log
-        # reaches it, so the lag check is one comparison until then.
+        # slowest + max_lag + 1, slowest a lower bound on every consumer's
+        # seq: the lag check is one comparison until the log reaches it.
         self._horizon = _NEVER if max_lag is None else max_lag + 1
-        # Items the pump may pull past the most advanced consumer's demand,
-        # and how many it has pulled since that consumer last waited.
         self._read_ahead = validate_read_ahead(read_ahead)
-        self._ahead = 0
+        self._ahead = 0  # pulled since the most advanced consumer waited
         self._end: _End | None = None
-        # Waits for the next item and for room under the bound (woken once).
+        # Waits for the next item and for room under the bound.
         self._arrival: Waiters | None = None
         self._space: Waiters | None = None
         self._pump: _Pump | None = None
@@ -322,11 +282,9 @@ class Fanout(Generic[T]):
     ) -> FanoutConsumer[T]:
         """Register a new consumer that receives every item pulled from now on.
 
-        :param on_skip: (``on_lag="error"``) called, synchronously and in the
-            step that logs the item that left the consumer behind, with the
-            number of items logged before the first it misses, once per
-            :exc:`Lagged` it will raise. It must not block; what it raises is
-            logged and ignored.
+        :param on_skip: (``on_lag="error"``) called synchronously, once per
+            :exc:`Lagged` to come, with the seq of the first item missed;
+            what it raises is logged. See :ref:`lag`.
         :raises TypeError: if ``on_skip`` is neither ``None`` nor a callable
             taking one argument.
         :raises ~anyio.ClosedResourceError: if the fan-out was closed.
@@ -343,8 +301,7 @@ class Fanout(Generic[T]):
         return consumer
 
     def inject(self, item: T) -> None:
-        """Log ``item`` for every consumer as if it had been pulled, outside
-        any pull; nothing happens once the fan-out has finished."""
+        """Log ``item`` for every consumer as if pulled; ignored once finished."""
         if self._end is None:
             self._push(item)
             self._wake_arrival()
@@ -375,19 +332,15 @@ class Fanout(Generic[T]):
     async def aclose(self) -> None:
         """End every consumer, cancel a pull in flight and close the source.
 
-        The pump closes the source and this waits for it. Idempotent; runs
-        shielded from cancellation. See :ref:`fanout`.
+        Idempotent and shielded. See :ref:`fanout`.
 
-        :raises Exception: what the source's ``aclose()`` raised, once, to
-            the first call after it.
+        :raises Exception: what the source's ``aclose()`` raised, once.
         :raises RuntimeError: if the source is iterated on another event
-            loop (the consumers are ended all the same, and the source is
-            closed in its own loop).
+            loop (the consumers end all the same; the source closes there).
         """
         first = not self.closed
         if first:
             self._end = _CLOSED_END
-            # Every consumer ends and lets go of this fan-out.
             for consumer in self._live():
                 consumer._node = _ENDED
                 consumer._state = _ended_state()
@@ -395,20 +348,19 @@ class Fanout(Generic[T]):
             self._wake_all()
         source, self._source = self._source, _NO_SOURCE
         pump = self._pump
-        if pump is None or pump.done is None:  # never pulled
-            if first and hasattr(source, "__anext__"):
-                with anyio.CancelScope(shield=True):
-                    await aclose_iterator(source)
-            return
+        never_ran = pump is None or pump.task is None
+        if never_ran and first and hasattr(source, "__anext__"):
+            with anyio.CancelScope(shield=True):
+                await aclose_iterator(source)
         del source
+        if pump is None or pump.done is None:
+            return
         if not pump.done.is_set():
             loop = pump.loop
             if not loop.is_current():
-                # The pump closes the source in its own loop: no wait here.
                 loop.run_soon(pump.stop)
                 loop.check_current("this fan-out")
-            if pump.task is loop.current_task():
-                # The source closes its own fan-out: the pump ends after.
+            if pump.task is loop.current_task():  # the source closes it
                 pump.stopping = True
                 return
             pump.stop()
@@ -420,7 +372,8 @@ class Fanout(Generic[T]):
 
     def __repr__(self) -> str:
         return (
-            f"<Fanout [{self._end or 'OPEN'}, consumers: {len(self._registry)}, "
+            f"<Fanout [{self._end.name if self._end else 'OPEN'}, "
+            f"consumers: {len(self._registry)}, "
             f"buffered: {self._buffered()}] of {self._source!r}>"
         )
 
@@ -438,9 +391,7 @@ class Fanout(Generic[T]):
             self._drop_beyond_lag()
 
     def _live(self) -> list[FanoutConsumer[T]]:
-        """The registered consumers not ended. The references are copied in
-        one step first: a finaliser run by garbage collection during the scan
-        may end a consumer."""
+        """The registered consumers not ended (a finaliser may end one meanwhile)."""
         live: list[FanoutConsumer[T]] = []
         for reference in list(self._registry):
             consumer = reference()
@@ -457,24 +408,18 @@ class Fanout(Generic[T]):
         ]
 
     def _buffered(self) -> int:
-        if self.closed:
-            return 0
         end = self._tail[2]
         return end - min(self._positions(), default=end)
 
     def _drop_beyond_lag(self) -> None:
-        """``on_lag="error"``: move each consumer more than ``max_lag`` items
-        behind the end to the oldest item kept, behind a trap raising
-        :exc:`Lagged`; the items it skipped are freed as it lets go of them."""
+        """``on_lag="error"``: trap each consumer ``max_lag`` items behind."""
         max_lag = self._max_lag
         assert max_lag is not None
         end = self._tail[2]
         oldest = end - max_lag
         slowest = end
         for consumer in self._live():
-            # A finaliser run by garbage collection at any allocation below
-            # may end this consumer: skip it then, and never trap it after.
-            node = consumer._node
+            node = consumer._node  # a finaliser may end it: never trap it then
             if node is _ENDED:
                 continue
             seq = node[2]
@@ -482,12 +427,12 @@ class Fanout(Generic[T]):
                 kept = node.covered if type(node) is _Trap else node
                 while kept[2] < oldest:
                     kept = kept[1]
-                if type(node) is _Trap and node.kind is _LAGGED:
+                if type(node) is _Trap and node.skipped:
                     node[2] = oldest
                     node.covered = kept
                     node.skipped += oldest - seq
                 else:
-                    trap = _Trap(kept, oldest, _LAGGED, oldest - seq)
+                    trap = _Trap(kept, oldest, oldest - seq)
                     if consumer._node is node:
                         consumer._node = trap
                         on_skip = consumer._on_skip
@@ -501,8 +446,7 @@ class Fanout(Generic[T]):
         self._horizon = slowest + max_lag + 1
 
     def _log_is_full(self) -> bool:
-        """``on_lag="wait"``: whether the slowest consumer is ``max_lag``
-        items behind (always false without a bound)."""
+        """``on_lag="wait"``: whether the slowest consumer is ``max_lag`` behind."""
         end = self._tail[2]
         if end + 1 < self._horizon:
             return False
@@ -512,15 +456,14 @@ class Fanout(Generic[T]):
         return end + 1 >= self._horizon
 
     def _watch_slowest(self) -> None:
-        """Trap the consumers at the oldest item, so that their next read
-        wakes a pull waiting for room."""
+        """Trap the slowest consumers: their next read wakes a wait for room."""
         assert self._max_lag is not None
         slowest = self._horizon - self._max_lag - 1
         for consumer in self._live():
             node = consumer._node
             if node is not _ENDED and node[2] == slowest and type(node) is not _Trap:
-                trap = _Trap(node, slowest, _WATCHED)
-                if consumer._node is node:  # not ended meanwhile (see above)
+                trap = _Trap(node, slowest)
+                if consumer._node is node:  # not ended meanwhile
                     consumer._node = trap
 
     # -- waking --------------------------------------------------------------
@@ -546,15 +489,7 @@ class Fanout(Generic[T]):
         self._wake_space()
 
     def _release(self, pump: _Pump) -> None:
-        """The pump pulls again, reading ahead, with consumers waiting: wake
-        them at once, or hold the wake back while pulls look quick, so that
-        a source whose pulls only pass a checkpoint wakes them once per
-        batch (docs/guarantees.rst, :ref:`fanout`). A watch
-        (:func:`_release_when_idle`) wakes them once the log stayed put for
-        two passes; on asyncio's own loops it starts only once a pull
-        suspends in a way that may last (``EventLoop.until_waits``). A watch
-        that did not pay makes the next ``read_ahead`` releases wake at once.
-        """
+        """Wake the waiting consumers, or hold the wake under a watch."""
         if self._arrival is None or pump.deferred:
             return
         if pump.patience:
@@ -568,17 +503,8 @@ class Fanout(Generic[T]):
     # -- waiting and pulling -------------------------------------------------
 
     def _wait(self, consumer: FanoutConsumer[T]) -> Awaitable[None]:
-        """Register ``consumer``'s task for one wake-up that may give it
-        something to read, asking for a pull if none is in flight; return
-        what to await. Call only while ``consumer`` is at the log's end and
-        the fan-out runs; the caller awaits in its own frame, then sets
-        ``consumer._busy`` back to ``None``, or on an error calls
-        ``consumer._give_up()``.
-
-        :raises ~anyio.BusyResourceError: if another task waits on
-            ``consumer`` already.
-        :raises RuntimeError: if the fan-out is bound to another event loop.
-        """
+        """Register ``consumer`` (at the log's end) for one wake-up, asking
+        for a pull if none is in flight; return what to await."""
         if consumer._busy is not None:
             raise anyio.BusyResourceError("receiving from")
         pump = self._pump
@@ -595,8 +521,7 @@ class Fanout(Generic[T]):
             self._ahead = 0  # the most advanced consumer has read everything
             if not pump.pulling:
                 self._demand(pump)
-                # An eager task factory runs the pump's first step in this
-                # call: it may have logged an item already.
+                # An eager task factory may have logged an item already.
                 if consumer._node is not self._tail or self._end is not None:
                     return ready()
             waiters = self._arrival
@@ -612,17 +537,13 @@ class Fanout(Generic[T]):
         if pump.done is None:
             pump.done = anyio.Event()
             loop = pump.loop
-            # Dropped while the pump lives: the pump closes the source and ends.
             weakref.finalize(self, loop.run_soon, pump.stop).atexit = False
             loop.spawn(_run_pump, weakref.ref(self), pump, context=pump.context)
         elif pump.parking is not None:
             pump.parking.wake()
 
     def _reads_ahead(self, pump: _Pump) -> bool:
-        """Whether the pump pulls once more with no consumer waiting: fewer
-        than ``read_ahead`` items wait unread by the most advanced consumer,
-        some consumer is registered, and the item cannot take the log past
-        ``max_lag``. Counts the pull it allows."""
+        """Whether the pump may pull once more unasked, counting the pull."""
         if self._ahead >= self._read_ahead or not self._registry:
             return False
         if self._tail[2] + 1 >= self._horizon and (
@@ -637,19 +558,17 @@ class Fanout(Generic[T]):
         """The pump's pull raised ``error``: end the fan-out with it."""
         if self._end is None:
             if isinstance(error, StopAsyncIteration):
-                self._end = _End()
+                self._end = _End("EXHAUSTED")
             elif isinstance(error, anyio.get_cancelled_exc_class()):
-                # Cancelled from outside (the loop is shutting down): the
-                # source is closed, and unusable from now on.
                 self._end = _End(
+                    "CANCELLED",
                     anyio.BrokenResourceError(
                         "the task iterating the fan-out's source was cancelled "
                         "from outside"
                     ),
-                    cancelled=True,
                 )
             else:
-                self._end = _End(error, error.__traceback__)
+                self._end = _End("FAILED", error, error.__traceback__)
             self._wake_all()
 
 
@@ -661,8 +580,7 @@ def _watch(pump: _Pump, ref: weakref.ref[Fanout[Any]]) -> None:
 
 
 async def _run_pump(ref: weakref.ref[Fanout[Any]], pump: _Pump) -> None:
-    """The pump's task: iterate the source in the region :meth:`_Pump.stop`
-    interrupts, and tell :meth:`Fanout.aclose` once done."""
+    """The pump's task, in the region :meth:`_Pump.stop` interrupts."""
     try:
         with pump.interruptible:
             await _iterate(ref, pump)
@@ -672,10 +590,7 @@ async def _run_pump(ref: weakref.ref[Fanout[Any]], pump: _Pump) -> None:
 
 
 async def _iterate(ref: weakref.ref[Fanout[Any]], pump: _Pump) -> None:
-    """Call ``aiter()`` on the source, ``__anext__()`` once per demand (and
-    per item read ahead), logging each item in the step that receives it, and
-    the iterator's ``aclose()`` at the end. The fan-out is held only weakly
-    while the source is awaited."""
+    """Pull per demand or read-ahead, logging each item as it comes."""
     iterator: Any = None
     try:
         pump.task = pump.loop.current_task()
@@ -685,20 +600,13 @@ async def _iterate(ref: weakref.ref[Fanout[Any]], pump: _Pump) -> None:
         source = fanout._source
         del fanout
         if pump.stopping:  # closed before this task's first step
-            if hasattr(source, "__anext__"):
-                iterator = source
             return
         iterator = aiter(source)
         del source
         thrown: BaseException | None = None
-        # asyncio's own loops: a held wake starts its watch only once a pull
-        # suspends in a way that may last; whether the last such pull did.
-        until_waits = pump.loop.until_waits
-        suspensions = (
-            None
-            if until_waits is None
-            else until_waits(functools.partial(_watch, pump, ref))
-        )
+        suspensions = None
+        if pump.loop.until_waits is not None:
+            suspensions = pump.loop.until_waits(functools.partial(_watch, pump, ref))
         classify = False
         suspends = True
         while True:
@@ -709,8 +617,7 @@ async def _iterate(ref: weakref.ref[Fanout[Any]], pump: _Pump) -> None:
                 else:
                     item = await iterator.__anext__()
             else:
-                # A cancellation of the source's own scope, met between pulls:
-                # the source gets it at its yield.
+                # The source's own scope's cancellation, met between pulls.
                 item = await throw_into(iterator, thrown)
                 thrown = None
             pump.pulling = False
@@ -726,9 +633,7 @@ async def _iterate(ref: weakref.ref[Fanout[Any]], pump: _Pump) -> None:
                 if fanout._reads_ahead(pump):
                     fanout._release(pump)
                     classify = pump.deferred and not pump.watching
-                    if classify and not suspends:
-                        # Items come without a yield: a watch costs a step
-                        # per pass of many items, classifying one per item.
+                    if classify and not suspends:  # a watch costs less then
                         _watch(pump, ref)
                         classify = False
                         suspends = True  # classify again at the next hold
@@ -771,10 +676,7 @@ async def _iterate(ref: weakref.ref[Fanout[Any]], pump: _Pump) -> None:
 
 
 async def _release_when_idle(ref: weakref.ref[Fanout[Any]], pump: _Pump) -> None:
-    """:meth:`Fanout._release`'s watch: once per pass of the loop, look at
-    the log's end; wake the waiting consumers once it stayed put between
-    three looks in a row. Ends without waking anyone once the wake was done
-    otherwise."""
+    """Wake the held consumers once the log stayed put for three passes."""
     seen, still, logged, passes, paid = -1, 0, 0, 0, True
     try:
         while True:
@@ -795,13 +697,10 @@ async def _release_when_idle(ref: weakref.ref[Fanout[Any]], pump: _Pump) -> None
                 if still == 2:
                     break
             del fanout
-        # With nothing logged, it paid if the source waited under it (it
-        # woke the consumers), not if the pump had parked before it looked.
-        paid = passes > 1
+        paid = passes > 1  # with nothing logged: unless the pump had parked
         if logged:
             paid = 5 * logged * len(fanout._registry) >= 4 * passes
     finally:
-        # Also when cancelled from outside: the consumers are woken.
         pump.watching = False
         fanout = ref()
         if fanout is not None:
@@ -812,7 +711,7 @@ async def _release_when_idle(ref: weakref.ref[Fanout[Any]], pump: _Pump) -> None
 
 @functools.cache
 def _ended_state() -> Fanout[Any]:
-    """The closed fan-out every ended consumer points to, holding nothing."""
+    """The closed fan-out every ended consumer points to."""
     fanout: Fanout[Any] = Fanout(_NO_SOURCE)
     fanout._end = _CLOSED_END
     return fanout
@@ -833,16 +732,11 @@ _NO_SOURCE: Any = _NoSource()
 
 @final
 class FanoutConsumer(Generic[T]):
-    """One consumer of a :class:`Fanout`: an async iterator over its items.
+    """One consumer of a :class:`Fanout`, made by :meth:`Fanout.consumer`.
 
-    Created by :meth:`Fanout.consumer`; receives every item pulled after its
-    registration, in order, exactly once. A buffered item is returned
-    without suspending. Cancelling a pending ``__anext__`` loses nothing:
-    the next read returns the item it would have received; leaving an
-    ``async for`` leaves the consumer where it was. One task at a time may
-    wait on it. :meth:`close` (or garbage collection, in any thread) ends it
-    and frees what it held, never affecting the source or the others. See
-    :ref:`fanout`.
+    An async iterator over every item pulled after it registered; cancelling
+    a read loses nothing, one task at a time may wait on it, and closing it
+    (or dropping it) frees what it held. See :ref:`fanout`.
     """
 
     __slots__ = ("__weakref__", "_busy", "_node", "_on_skip", "_state")
@@ -853,12 +747,9 @@ class FanoutConsumer(Generic[T]):
         node: _Node,
         on_skip: Callable[[int], object] | None = None,
     ) -> None:
-        # The fan-out while registered; once ended, a closed stand-in.
-        self._state: Fanout[Any] = state
-        # The next node to read (or a trap over it).
-        self._node: _Node = node
-        # The waiters its task is registered in, while one waits on it.
-        self._busy: Waiters | None = None
+        self._state: Fanout[Any] = state  # once ended, a closed stand-in
+        self._node: _Node = node  # the next to read, or a trap over it
+        self._busy: Waiters | None = None  # what its waiting task waits in
         self._on_skip = on_skip
 
     def __aiter__(self) -> FanoutConsumer[T]:
@@ -869,14 +760,10 @@ class FanoutConsumer(Generic[T]):
 
         :raises ~anyio.WouldBlock: if nothing is buffered and the source may
             still produce items.
-        :raises ~anyio.EndOfStream: if this consumer has ended: the source
-            was exhausted, the fan-out or this consumer was closed.
-        :raises Lagged: (``on_lag="error"``) if this consumer missed items;
-            the next read returns the oldest item held.
-        :raises ~anyio.BusyResourceError: if another task is waiting in this
-            consumer's ``__anext__``.
-        :raises Exception: the source's error, once, with its traceback;
-            then the consumer ends.
+        :raises ~anyio.EndOfStream: if this consumer has ended.
+        :raises Lagged: (``on_lag="error"``) if this consumer missed items.
+        :raises ~anyio.BusyResourceError: if another task waits on it.
+        :raises Exception: the source's error, once; then the consumer ends.
         """
         node = self._node
         following = node[1]
@@ -892,14 +779,13 @@ class FanoutConsumer(Generic[T]):
         return item
 
     def _take(self) -> Any:
-        """The next item, :data:`_NOTHING` or :data:`_DONE`: never one of
-        anyio's exceptions, which a source may raise as its error."""
+        """The next item, :data:`_NOTHING` or :data:`_DONE`."""
         if self._busy is not None:
             raise anyio.BusyResourceError("receiving from")
         node = self._node
         while type(node) is _Trap:  # step onto the node it covers
             self._node = node.covered
-            if node.kind is _LAGGED:
+            if node.skipped:
                 skipped = node.skipped
                 del node  # the traceback must not pin the log
                 raise Lagged(skipped)
@@ -909,13 +795,11 @@ class FanoutConsumer(Generic[T]):
         if following is not None:
             self._node = following
             return node[0]
-        if node is _ENDED:
-            return _DONE
-        state = self._state
+        state = self._state  # an ended consumer's: a closed stand-in
         end = state._end
         if end is None:
             return _NOTHING
-        if end.cancelled and state._pump is not None:
+        if end.name == "CANCELLED" and state._pump is not None:
             state._pump.loop.check_current("this fan-out")
         del state
         self.close()
@@ -952,11 +836,8 @@ class FanoutConsumer(Generic[T]):
             return item
 
     async def wait_readable(self) -> None:
-        """Wait until :meth:`receive_nowait` has an answer other than
-        :exc:`~anyio.WouldBlock`: an item, :exc:`Lagged` or the end.
-
-        Starts a pull if none is in flight; cancelling it withdraws this
-        consumer's demand only.
+        """Wait until :meth:`receive_nowait` would not raise
+        :exc:`~anyio.WouldBlock`, starting a pull if none is in flight.
 
         :raises ~anyio.BusyResourceError: if another task is waiting already.
         :raises RuntimeError: if the fan-out is bound to another event loop.
@@ -981,13 +862,12 @@ class FanoutConsumer(Generic[T]):
             self._busy = None
 
     def skip_buffered(self) -> int:
-        """Drop everything this consumer has yet to read (a pending
-        :exc:`Lagged` too) and resume at the log's end.
+        """Drop what this consumer has yet to read (and a pending :exc:`Lagged`).
 
         :returns: how many items were skipped.
         """
         skipped = self.buffered
-        if self._node is not _ENDED and not self._state.closed:
+        if self._node is not _ENDED:
             self._node = self._state._tail
             self._state._wake_space()
         return skipped
@@ -1017,29 +897,26 @@ class FanoutConsumer(Generic[T]):
 
     @property
     def fanout(self) -> Fanout[T]:
-        """The fan-out this consumer reads from (once ended, a closed
-        stand-in: an ended consumer keeps nothing of its fan-out alive)."""
+        """The fan-out this consumer reads from (once ended, a closed stand-in)."""
         return self._state
 
     @property
     def closed(self) -> bool:
-        """Whether this consumer has ended: closed, its fan-out closed, or
-        the source's end (or error) delivered to it."""
+        """Whether this consumer has ended (closed, or its fan-out's end delivered)."""
         return self._node is _ENDED
 
     @property
     def buffered(self) -> int:
         """Items already pulled that this consumer has yet to receive."""
-        if self._node is _ENDED or self._state.closed:
+        if self._node is _ENDED:
             return 0
         return self._state._tail[2] - self._node[2]
 
     @property
     def position(self) -> int:
-        """How many items of the log this consumer has moved past (a skip
-        counts once its :exc:`Lagged` is raised); ``-1`` once it has ended."""
+        """Items of the log this consumer has moved past; ``-1`` once ended."""
         node = self._node
-        if type(node) is _Trap and node.kind is _LAGGED:
+        if type(node) is _Trap and node.skipped:
             return node[2] - node.skipped
         return node[2]
 
@@ -1047,12 +924,9 @@ class FanoutConsumer(Generic[T]):
         if getattr(self, "_node", _ENDED) is _ENDED:
             return
         self._node = _ENDED
-        # Its reference leaves the registry by itself; a pull waiting for
-        # room is woken from the loop (a finaliser may run anywhere).
         state = self._state
         pump = state._pump
         if pump is not None and state._max_lag is not None and not state._drop_lagging:
-            # Held weakly: a fan-out dropped meanwhile is not kept for it.
             pump.loop.run_soon(_wake_space_of, weakref.ref(state))
 
     def __repr__(self) -> str:

@@ -1,10 +1,7 @@
 """Arguments checked, when given, against the signature that will receive them.
 
-A callable stored to be called later (a ``subscribe``, a key function, a
-predicate, a callback) fails at the line that passed it, with a
-:exc:`TypeError` naming the argument, not at its first call in another task
-or process. A callable whose signature cannot be read is accepted unchecked.
-See docs/guarantees.rst (Errors).
+A callable whose signature cannot be read is accepted unchecked. See
+docs/guarantees.rst (Errors).
 """
 
 from __future__ import annotations
@@ -50,10 +47,8 @@ def signature_of(function: Callable[..., Any]) -> inspect.Signature | None:
 
 
 class BindingMemo(Generic[Shape]):
-    """The shapes of call (how many positional arguments, which names) found
-    to bind to each callable, held weakly: binding a signature costs tens of
-    microseconds, and the same calls are checked on hot paths. A callable
-    that cannot be weakly referenced is checked every time."""
+    """The shapes of call found to bind to each callable, held weakly (a
+    binding costs tens of microseconds, on hot paths)."""
 
     __slots__ = ("_bound",)
 
@@ -75,6 +70,10 @@ class BindingMemo(Generic[Shape]):
             self._bound.setdefault(function, set()).add(shape)
 
 
+def _keywords(parameters: Mapping[str, inspect.Parameter]) -> list[str]:
+    return [name for name, each in parameters.items() if each.kind in _KEYWORD_KINDS]
+
+
 def did_you_mean(name: str, known: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the known name closest to ``name``, or ``""``."""
     matches = difflib.get_close_matches(name, list(known), n=1)
@@ -86,11 +85,9 @@ def check_keywords(
 ) -> None:
     """Check that ``function(**keywords)`` binds to ``function``'s signature.
 
-    :param what: How the message names the call, e.g.
-        ``"SharedDiscovery: LocalDiscovery.subscribe()"``.
-    :raises TypeError: naming a keyword ``function`` does not take (with the
-        closest accepted name and every accepted one), or saying why the
-        keywords do not bind.
+    :param what: How the message names the call.
+    :raises TypeError: naming a keyword ``function`` does not take, or
+        saying why the keywords do not bind.
     """
     plain: Any = function.__func__ if inspect.ismethod(function) else function
     names = (inspect.ismethod(function), *keywords)
@@ -100,23 +97,15 @@ def check_keywords(
     if signature is None:
         return
     parameters = signature.parameters
-    takes_any = any(
-        parameter.kind is inspect.Parameter.VAR_KEYWORD
-        for parameter in parameters.values()
-    )
-    if not takes_any:
-        accepted = [
-            name
-            for name, parameter in parameters.items()
-            if parameter.kind in _KEYWORD_KINDS
-        ]
-        for name in keywords:
-            if name not in parameters:
-                takes = ", ".join(accepted) if accepted else "no keyword"
-                raise TypeError(
-                    f"{what} has no parameter {name!r}"
-                    f"{did_you_mean(name, accepted)}; it takes {takes}"
-                )
+    kinds = {parameter.kind for parameter in parameters.values()}
+    accepted = _keywords(parameters)
+    for name in keywords:
+        if name not in parameters and inspect.Parameter.VAR_KEYWORD not in kinds:
+            takes = ", ".join(accepted) if accepted else "no keyword"
+            raise TypeError(
+                f"{what} has no parameter {name!r}"
+                f"{did_you_mean(name, accepted)}; it takes {takes}"
+            )
     try:
         signature.bind(**keywords)
     except TypeError as error:
@@ -125,23 +114,19 @@ def check_keywords(
     _binds.add(plain, names)
 
 
-#: Functions (a bound method: its function) found to take these keywords
-#: (whether bound first); some wrappers are rebuilt at every unpickling.
+#: Functions found to take these keywords (whether bound first).
 _binds: BindingMemo[tuple[object, ...]] = BindingMemo()
 
-#: Plain functions' shapes (see :func:`_shape`) found to take so many
-#: positional arguments: a function unpickled anew (a predicate wool ships
-#: with every task) is a new object each time, with the same shape.
+#: Plain functions' shapes found to take so many positional arguments: a
+#: function unpickled anew is a new object each time, with the same shape.
 _shape_takes: dict[tuple[int, ...], set[int]] = {}
 
 _VARIADIC = inspect.CO_VARARGS | inspect.CO_VARKEYWORDS
 
 
 def _shape(function: object) -> tuple[int, ...] | None:
-    """What decides which positional arguments bind to a plain Python
-    function with no attributes of its own (nothing a signature would
-    follow): its parameter counts, variadic flags and defaults. ``None`` for
-    anything else."""
+    """What decides which positional arguments bind to a plain function
+    without attributes; ``None`` for anything else."""
     if type(function) is not types.FunctionType or function.__dict__:
         return None
     code = function.__code__
@@ -160,16 +145,14 @@ def check_positional(
 ) -> None:
     """Check that ``function`` can be called with ``count`` positional arguments.
 
-    :param what: Called for the message's start, naming the callable, e.g.
-        ``"afilter predicate <function is_ready>"``.
-    :raises TypeError: when it cannot (too many or too few parameters).
+    :param what: Called for the message's start, naming the callable.
+    :raises TypeError: when it cannot.
     """
     plain: Any = function
     needed = count
     if inspect.ismethod(function):
         plain, needed = function.__func__, count + 1
     elif _called_through_its_class(function):
-        # Checked, and remembered, as its class's __call__.
         plain, needed = type(function).__call__, count + 1
     shape = _shape(plain)
     if shape is not None and needed in _shape_takes.get(shape, ()):
@@ -189,13 +172,9 @@ def check_positional(
 
 
 def _called_through_its_class(function: object) -> bool:
-    """Whether calling ``function`` calls its class's Python ``__call__``
-    with it first: an instance (not a class, function or method) with no
-    ``__signature__`` of its own, whose class's ``__call__`` is a function."""
+    """Whether calling ``function`` calls its class's Python ``__call__``."""
     return (
         not isinstance(function, type)
-        and not inspect.isfunction(function)
-        and not inspect.ismethod(function)
         and callable(function)
         and inspect.isfunction(type(function).__call__)
         and getattr(function, "__signature__", None) is None
@@ -206,20 +185,12 @@ Checked = TypeVar("Checked", bound=Callable[..., Any])
 
 
 def suggest_keywords(target: Checked) -> Checked:
-    """Make a misspelt keyword fail with the closest accepted name.
-
-    ``target`` is a function, or a class whose ``__init__`` is checked. A
-    call with a keyword it does not take raises Python's own
-    :exc:`TypeError` message followed by `` (did you mean 'x'?)``; other
-    calls pass through unchanged.
-    """
+    """Make a misspelt keyword of ``target`` (a function, or a class's
+    ``__init__``) fail with `` (did you mean 'x'?)``."""
     function: Callable[..., Any] = (
         target.__init__ if isinstance(target, type) else target  # pyright: ignore[reportUnknownMemberType]
     )
-    parameters = inspect.signature(function).parameters
-    accepted = frozenset(
-        name for name, each in parameters.items() if each.kind in _KEYWORD_KINDS
-    )
+    accepted = frozenset(_keywords(inspect.signature(function).parameters))
     what = f"{function.__qualname__.removesuffix('.__init__')}()"
 
     @functools.wraps(function)

@@ -1,13 +1,6 @@
-"""The one package that names asyncio or trio: tasks, waiters and threads.
-
-A fan-out's pump outlives whichever consumer asked first, timers outlive
-their caller, and a consumer dropped without ``aclose()`` is released from
-a garbage-collection callback: no task group fits these. :class:`EventLoop`
-is that seam, over the backends' public APIs; every task it starts is owned
-by the object that started it. ``_base`` holds the seam; ``_asyncio`` and
-``_trio`` a backend each (``_trio`` imported only once trio is, so an
-asyncio-only program never imports trio).
-"""
+"""The one package that names asyncio or trio: :class:`EventLoop`, for tasks
+that outlive their caller (no task group fits them) and wake-ups from any
+thread; ``_trio`` is imported only once trio is."""
 
 from __future__ import annotations
 
@@ -30,8 +23,7 @@ _handles: weakref.WeakKeyDictionary[object, EventLoop] = weakref.WeakKeyDictiona
 
 
 def current_loop() -> EventLoop:
-    """Return the handle of the event loop running in this thread (the same
-    one for as long as the loop lives).
+    """Return the handle of the event loop running in this thread.
 
     :raises RuntimeError: if no asyncio loop or trio run is active here.
     """
@@ -40,7 +32,7 @@ def current_loop() -> EventLoop:
     try:
         key = asyncio.get_running_loop()
     except RuntimeError:
-        if sys.modules.get("trio") is None:  # no trio run imported it
+        if sys.modules.get("trio") is None:
             raise RuntimeError(_NO_LOOP) from None
         from trio.lowlevel import current_trio_token
 

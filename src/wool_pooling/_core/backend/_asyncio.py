@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import types
 import weakref
 from collections.abc import Awaitable
 from collections.abc import Callable
 from collections.abc import Generator
+from contextvars import Context
 from typing import Any
 from typing import final
 
+from ._base import AsyncFn
 from ._base import EventLoop
 from ._base import Interruptible
 from ._base import Waiters
@@ -31,8 +32,7 @@ def _next_pass() -> Generator[None]:
 
 @final
 class AsyncioLoop(EventLoop):
-    """:class:`EventLoop` for an asyncio loop (uvloop and eager task
-    factories included)."""
+    """:class:`EventLoop` for an asyncio loop."""
 
     __slots__ = ("_loop_ref",)
     backend = "asyncio"
@@ -41,8 +41,7 @@ class AsyncioLoop(EventLoop):
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__()
         self._loop_ref = weakref.ref(loop)
-        # On asyncio's own loops a task's step costs more than classifying
-        # a pull's yields; on others (uvloop) less.
+        # A task's step costs more than classifying yields, but on uvloop.
         self.until_waits = (
             _UntilWaits if isinstance(loop, asyncio.BaseEventLoop) else None
         )
@@ -60,10 +59,7 @@ class AsyncioLoop(EventLoop):
             return False
 
     def current_task(self) -> object:
-        task = asyncio.current_task()
-        if task is None:
-            raise RuntimeError("not in an asyncio task")
-        return task
+        return asyncio.current_task()
 
     def waiters(self) -> Waiters:
         return _FutureWaiters(self._loop())
@@ -71,12 +67,7 @@ class AsyncioLoop(EventLoop):
     def interruptible(self) -> Interruptible:
         return _TaskInterruptible()
 
-    def spawn(
-        self,
-        fn: Callable[..., Awaitable[Any]],
-        *args: Any,
-        context: contextvars.Context | None = None,
-    ) -> None:
+    def spawn(self, fn: AsyncFn, *args: Any, context: Context | None = None) -> None:
         task = self._loop().create_task(guarded(fn, *args), context=context)
         if not task.done():
             _running.add(task)
@@ -95,14 +86,9 @@ class AsyncioLoop(EventLoop):
 
 @final
 class _UntilWaits(Generator[Any, Any, Any]):
-    """:attr:`EventLoop.until_waits` for asyncio's own loops.
-
-    ``await wrapper.pull(awaitable)`` hands each step of ``awaitable`` to the
-    task unchanged, calling ``on_wait()`` before handing on a yield that may
-    last: a future, or a bare yield after the first. An iterator reused from
-    pull to pull (not a generator), so that classifying a pull costs less
-    than a task's step.
-    """
+    """:attr:`EventLoop.until_waits` for asyncio's own loops: ``await
+    wrapper.pull(awaitable)`` calls ``on_wait()`` before a yield on a future
+    or a second bare yield. Reused from pull to pull, for speed."""
 
     __slots__ = ("_on_wait", "_steps", "suspended")
 
@@ -188,39 +174,30 @@ class _FutureWaiters:
 @final
 class _TaskInterruptible:
     """asyncio: :meth:`cancel` cancels the task once; leaving the region
-    takes that one cancellation back (:meth:`asyncio.Task.uncancel`)."""
+    takes it back (:meth:`asyncio.Task.uncancel`)."""
 
-    __slots__ = ("_inside", "_interrupted", "_task")
+    __slots__ = ("_interrupted", "_task")
 
     def __init__(self) -> None:
         self._task: asyncio.Task[Any] | None = None
-        self._inside = False
         self._interrupted = False
 
     def __enter__(self) -> object:
         self._task = asyncio.current_task()
-        self._inside = True
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: types.TracebackType | None,
-    ) -> bool:
-        self._inside = False
+    def __exit__(self, *exc_info: object) -> bool:
         task = self._task
         self._task = None
         if not self._interrupted or task is None:
             return False
-        # One cancel() was ours: take it back. A cancellation still counted
-        # after that came from elsewhere and goes through.
+        # One cancel() was ours; one still counted came from elsewhere.
         if task.uncancel() > 0:
             return False
-        return exc_type is not None and issubclass(exc_type, asyncio.CancelledError)
+        return isinstance(exc_info[1], asyncio.CancelledError)
 
     def cancel(self) -> None:
-        if self._interrupted or not self._inside or self._task is None:
+        if self._interrupted or self._task is None:
             return
         self._interrupted = True
         self._task.cancel()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import threading
 import types
@@ -10,6 +9,7 @@ from abc import ABC
 from abc import abstractmethod
 from collections.abc import Awaitable
 from collections.abc import Callable
+from contextvars import Context
 from typing import TYPE_CHECKING
 from typing import Any
 from typing import ClassVar
@@ -22,17 +22,19 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("wool_pooling")
 
+#: A function whose call returns what a task awaits.
+AsyncFn = Callable[..., Awaitable[Any]]
+
 
 class Waiters(Protocol):
-    """A one-shot event: tasks waiting for one thing, woken all at once. A
-    wait that starts after :meth:`wake` returns at once, so no wake is lost."""
+    """A one-shot event: a wait that starts after :meth:`wake` returns at once."""
 
     def wait(self) -> Awaitable[None]:
-        """What the calling task awaits until :meth:`wake` (cancellable)."""
+        """What the calling task awaits, in its own frame, until :meth:`wake`."""
         ...
 
     def withdraw(self, waiting: Awaitable[None]) -> None:
-        """Forget ``waiting``, given up (cancelled) before :meth:`wake`."""
+        """Forget ``waiting``, cancelled before :meth:`wake`."""
         ...
 
     def wake(self) -> None:
@@ -41,9 +43,8 @@ class Waiters(Protocol):
 
 
 class Interruptible(Protocol):
-    """A region of one task (``with region:``) that another task can
-    :meth:`cancel` once, as a cancellation of that task would; the region
-    takes that cancellation back, and lets one from elsewhere through."""
+    """A region of one task that another can :meth:`cancel` once; the region
+    takes that cancellation back and lets others through."""
 
     def __enter__(self) -> object: ...
 
@@ -69,10 +70,8 @@ class EventLoop(ABC):
     thread: int
     #: What a task awaits to let every task ready to run have its step first.
     next_pass: ClassVar[staticmethod[[], Awaitable[None]]]
-    #: ``until_waits(on_wait)``: what the pump awaits a pull through, calling
-    #: ``on_wait()`` as soon as the pull suspends in a way that may last (on
-    #: a future, or past one bare yield); ``None`` where that costs more than
-    #: a task's step (uvloop) or cannot be told (trio).
+    #: What the pump awaits a pull through, calling ``on_wait()`` once it may
+    #: wait long; ``None`` where that costs more than a step (uvloop, trio).
     until_waits: Callable[[Callable[[], object]], _UntilWaits] | None
 
     def __init__(self) -> None:
@@ -80,7 +79,7 @@ class EventLoop(ABC):
 
     @abstractmethod
     def current_task(self) -> object:
-        """The calling task; :exc:`RuntimeError` outside one of this backend."""
+        """The calling task."""
 
     @abstractmethod
     def is_current(self) -> bool:
@@ -107,20 +106,13 @@ class EventLoop(ABC):
         """A new region that :meth:`Interruptible.cancel` can cut short."""
 
     @abstractmethod
-    def spawn(
-        self,
-        fn: Callable[..., Awaitable[Any]],
-        *args: Any,
-        context: contextvars.Context | None = None,
-    ) -> None:
-        """Start ``fn(*args)`` as a background task, in ``context`` (a copy of
-        the caller's by default); an exception but cancellation escaping it
-        is logged. Call from the loop's thread."""
+    def spawn(self, fn: AsyncFn, *args: Any, context: Context | None = None) -> None:
+        """Start ``fn(*args)`` as a background task, from the loop's thread
+        (in ``context``, by default a copy of the caller's); its error is logged."""
 
     @abstractmethod
     def run_soon(self, fn: Callable[..., object], *args: Any) -> bool:
-        """Schedule ``fn(*args)`` on the loop, from any thread or
-        garbage-collection callback; ``False`` if the loop has finished."""
+        """Schedule ``fn(*args)`` from any thread; ``False`` once the loop ended."""
 
     def __repr__(self) -> str:
         return f"<EventLoop [{self.backend}]>"
@@ -130,7 +122,7 @@ async def ready() -> None:
     """A wait that is over before it starts."""
 
 
-async def guarded(fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+async def guarded(fn: AsyncFn, *args: Any) -> None:
     """Await ``fn(*args)``, logging any exception but cancellation."""
     try:
         await fn(*args)

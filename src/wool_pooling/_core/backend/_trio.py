@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import contextvars
 import weakref
 from collections.abc import Awaitable
 from collections.abc import Callable
+from contextvars import Context
+from contextvars import copy_context
 from typing import Any
 from typing import final
 
@@ -19,6 +20,7 @@ from trio.lowlevel import reschedule
 from trio.lowlevel import spawn_system_task
 from trio.lowlevel import wait_task_rescheduled
 
+from ._base import AsyncFn
 from ._base import EventLoop
 from ._base import Interruptible
 from ._base import Waiters
@@ -54,14 +56,9 @@ class TrioLoop(EventLoop):
     def interruptible(self) -> Interruptible:
         return trio.CancelScope()
 
-    def spawn(
-        self,
-        fn: Callable[..., Awaitable[Any]],
-        *args: Any,
-        context: contextvars.Context | None = None,
-    ) -> None:
+    def spawn(self, fn: AsyncFn, *args: Any, context: Context | None = None) -> None:
         if context is None:
-            context = contextvars.copy_context()
+            context = copy_context()
         spawn_system_task(guarded, fn, *args, context=context)
 
     def run_soon(self, fn: Callable[..., object], *args: Any) -> bool:
@@ -77,9 +74,8 @@ class TrioLoop(EventLoop):
 
 @final
 class _TrioWaiters:
-    """trio: the waiting tasks, parked and rescheduled (a
-    :class:`trio.lowlevel.ParkingLot` without the ordering and re-parking a
-    one-shot wake never needs)."""
+    """trio: the waiting tasks, parked and rescheduled (a one-shot
+    :class:`trio.lowlevel.ParkingLot`)."""
 
     __slots__ = ("_tasks", "_woken")
 
