@@ -118,14 +118,17 @@ class SharedSubscription(Generic[T_co]):
     async def wait_synced(self) -> None:
         """Wait until the shared view holds the source's whole first listing,
         for :meth:`workers`. A consumer that does not read then holds the
-        entry open until this object is garbage-collected (or waits again).
+        entry open until this object is dropped (or waits again).
         See :ref:`synced`.
 
         :raises RuntimeError: if the current pool is closed.
         :raises Exception: the source's error, if it fails before its
             listing is complete.
         """
-        consumer = await aiter(self).__aenter__()  # joins
+        # An equal twin's consumer: no cycle with this object, whose release
+        # then releases it at once.
+        twin = SharedSubscription[T_co](self._cls, self._key, self._args, self._kwargs)
+        consumer = await aiter(twin).__aenter__()  # joins
         try:
             assert consumer._entry is not None
             error = await _pull_listing(consumer._entry)
