@@ -304,7 +304,10 @@ class SentinelSet:
                 ),
             )
             if exited is None:
-                self.sentinels.append(process)
+                if index < len(self.sentinels):
+                    self.sentinels[index] = process
+                else:
+                    self.sentinels.append(process)
                 return
             self.sentinel_ports[index] = free_port()
         raise RuntimeError(f"a sentinel exited with {exited}")
@@ -318,9 +321,16 @@ class SentinelSet:
         deadline = time.monotonic() + 30
         while True:
             seen: dict[int, str] = {}
-            for port, process in zip(self.sentinel_ports, self.sentinels, strict=True):
+            ports = list(self.sentinel_ports)
+            for index, (port, process) in enumerate(
+                zip(ports, self.sentinels, strict=True)
+            ):
                 if process.poll() is not None:
+                    # Another process of a parallel run held its port, and
+                    # answered for it: started again on a fresh one.
                     seen[port] = f"exited with {process.returncode}"
+                    self.sentinel_ports[index] = free_port()
+                    self._start_sentinel(index)
                     continue
                 client = redis.Redis(
                     port=port, password=self.sentinel_password, socket_timeout=1
