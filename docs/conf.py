@@ -61,7 +61,6 @@ def _attrs_defaults(
 
 #: Private names a signature may carry, and what a reader is shown instead.
 _PUBLIC_NAMES = {
-    "_Decorator": "Callable[[type], Callable[P, SharedSubscription[T]]]",
     "_SyncContextDiscovery": "DiscoveryLike",
 }
 
@@ -111,7 +110,7 @@ nitpick_ignore_regex = [
     (r"py:class", r"wool_pooling\._.*"),
     (r"py:class", r"[A-Z](_co)?"),
     # The decorator's type aliases, spelled out in its docstring.
-    (r"py:class", r"KeyFunction|ViewFactory|_Decorator"),
+    (r"py:class", r"KeyFunction|ViewFactory"),
 ]
 
 # The inventories are committed (docs/_inventories/README.md says how they

@@ -105,7 +105,7 @@ def _signatures(page: str) -> list[str]:
 
 def test_signatures_show_public_names_and_literal_defaults(built: Path) -> None:
     """No signature in the reference names a private class
-    (``-> _Decorator``, ``inner: _SyncContextDiscovery``) or shows a
+    (``inner: _SyncContextDiscovery``) or shows a
     ``DEFAULT_`` constant where the value is what a reader needs
     (``max_lag: int | None = 1024``); a consumer's constructor, which users
     never call, is not shown."""
