@@ -1,6 +1,8 @@
 """``RedisDiscovery``: wool discovery on Redis, one subscription per process."""
 
 import functools
+import warnings
+import weakref
 from collections.abc import Callable
 from collections.abc import Hashable
 from collections.abc import Mapping
@@ -31,7 +33,6 @@ from ._statistics import RedisStatistics
 from ._statistics import counters
 from ._stream import RedisStream
 from ._stream import SharedRedisStream
-from ._stream import note_options
 
 
 @suggest_keywords
@@ -147,7 +148,7 @@ class RedisDiscovery:
         self._counters  # noqa: B018  (held from the first subscriber on)
         if self.shared:
             stream: Any = SharedRedisStream(settings)
-            note_options(self._key, stream, settings.options())
+            _note_options(self._key, stream, settings.options())
         else:
             stream = RedisStream(settings)
         if filter is None:
@@ -174,6 +175,28 @@ class RedisDiscovery:
 
     def __repr__(self) -> str:
         return f"RedisDiscovery({redact(self.url)!r}, {self.namespace!r})"
+
+
+#: The key and options of each live shared subscriber, by its ``id``: one
+#: given other options than a live one of its key is warned about.
+_live: dict[int, tuple[Hashable, tuple[object, ...]]] = {}
+
+
+def _note_options(
+    key: Hashable, subscriber: object, options: tuple[object, ...]
+) -> None:
+    if any(each == key and known != options for each, known in _live.values()):
+        warnings.warn(
+            "a RedisDiscovery subscriber shares the subscription of an earlier "
+            "one to the same connection and namespace but was given other "
+            "options (connect_timeout, reap_interval, reconnect, lease, "
+            "client_options, liveness_timeout, name_connections, change_log): "
+            "the earlier subscriber's apply",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    _live[id(subscriber)] = (key, options)
+    weakref.finalize(subscriber, _live.pop, id(subscriber), None)
 
 
 if TYPE_CHECKING:  # pyright (strict, on src/) checks them against wool's protocols

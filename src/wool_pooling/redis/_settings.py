@@ -158,16 +158,12 @@ class DiscoverySettings(PublisherSettings):
 
     def options(self) -> tuple[object, ...]:
         """What a shared subscription runs with, beyond its key."""
-        return (
-            self.connect_timeout,
-            self.reap_interval,
-            self.reconnect,
-            self.lease,
-            self.client_options,
-            self.liveness_timeout,
-            self.name_connections,
-            self.change_log,
-        )
+        return attrs.astuple(self, recurse=False, filter=_NOT_RUN_OPTIONS)
+
+
+_NOT_RUN_OPTIONS = attrs.filters.exclude(
+    "url", "namespace", "key_prefix", "bind_host", "advertise_host", "shared"
+)
 
 
 def rebuild(cls: Callable[..., T], settings: PublisherSettings) -> T:
