@@ -68,8 +68,6 @@ class RedisStream:
 
     def __init__(self, settings: DiscoverySettings) -> None:
         self.settings = settings
-        self.url = settings.url
-        self.namespace = settings.namespace
         self.target = parse_url(settings.url)
         #: The counts of the subscription's key, held while it lives.
         self.counted: Counters = counters(settings.key())
@@ -108,21 +106,198 @@ class RedisStream:
                     await source.aclose()
                 await sessions.close()
 
-    async def follow(
-        self, session: Session, state: SubscriptionState
-    ) -> AsyncGenerator[DiscoveryEvent, None]:
+    def __repr__(self) -> str:
+        url, namespace = redact(self.settings.url), self.settings.namespace
+        return f"{type(self).__name__}({url!r}, {namespace!r})"
+
+
+@final
+class _Sessions:
+    """One iteration's sessions, one at a time, sharing what it knows: each
+    iteration (by the restart engine) follows the session open now, or opens
+    and lists a new one. A session is a pub/sub and a command connection to
+    the namespace's server (on a cluster: to the master owning its slot);
+    neither retries: a lost connection, a ``MOVED`` or an unasked
+    ``sunsubscribe`` raises."""
+
+    def __init__(self, stream: RedisStream) -> None:
+        self.stream, self.settings = stream, stream.settings
+        self.counts = stream.counted.counts
+        self.state = SubscriptionState(self.settings.lease, self._invalid)
+        self.keys = Keys.of(
+            self.settings.namespace, stream.target.db, self.settings.key_prefix
+        )
+        #: What :meth:`connect` is doing, for error messages.
+        self.stage = "connecting"
+        self.node = "the cluster"
+        #: Whether a session is open (its connections counted), and those
+        #: it has opened so far.
+        self.live = False
+        self.opened: list[Connection] = []
+        self.pubsub: Any = None
+        self.scripts: list[Any] = []
+
+    async def connect(self) -> list[DiscoveryEvent]:
+        """Open a session and read what it missed from the change log, or
+        take a snapshot: the events to it.
+
+        :raises RedisDiscoveryError: if this is the first session and it fails.
+        """
+        state, counts, settings = self.state, self.counts, self.settings
+        reconnecting = state.connected_before
+        self.live = True
+        counts["connections"] += 2
+        try:
+            with within(settings.connect_timeout):
+                reply = await self._open(state.since())
+        except Exception as error:
+            if reconnecting:
+                raise
+            if isinstance(error, redis_errors.AuthenticationError):
+                action = "authenticating"
+            elif isinstance(error, redis_errors.ResponseError):
+                action = self.stage
+            else:
+                action = "connecting"
+            raise failed(settings.url, action, error) from error
+        events: list[DiscoveryEvent] = []
+        lost, how = False, f"resumed, {len(reply[2])} changes missed"
+        if reply[3]:
+            events, complete = state.resume(reply[2])
+            counts["resumes"] += 1
+            counts["changes_read"] += len(reply[2])
+            if not complete:  # the rest from a snapshot
+                with within(settings.connect_timeout):
+                    reply = await self._script(self.scripts[0], *state.since())
+        if not reply[3]:
+            version, epoch, flat, _, change = reply
+            now = time.monotonic()
+            more, lost = state.snapshot(int(version), epoch, flat, now, change)
+            events += more
+            counts["snapshots"] += 1
+            counts["epoch_changes"] += lost
+            how = "resynchronising"
+        if reconnecting:
+            counts["reconnects"] += 1
+            logger.warning(
+                "reconnected to %s (namespace %s): %s%s",
+                redact(settings.url),
+                settings.namespace,
+                how,
+                f" (the server lost its data: waiting {settings.lease:.1f}s "
+                "for publishers to renew their workers)"
+                if lost
+                else "",
+            )
+        return events
+
+    async def _open(self, since: list[object]) -> list[Any]:
+        """Subscribe, wait for the server's confirmation, then read the
+        changes after ``since`` (the epoch, version and change last applied)
+        or a snapshot: the snapshot script's reply.
+
+        Subscribing first is what makes that read and the announcements
+        after it meet with no gap.
+        """
+        target, options = self.stream.target, self.settings.client_options
+        cluster = target.cluster
+        if cluster:
+            target = await self._owner()
+            # Without RedisCluster's own options: a node's client takes none.
+            known = client_option_names(target.scheme)
+            options = {name: options[name] for name in options if name in known}
+        self.stage = "connecting"
+        command = self._client(target, "subscriber-cmd", options).client
+        self.pubsub = self._client(target, "subscriber", options).client.pubsub()
+        self.scripts = [
+            command.register_script(sharded(script) if cluster else script)
+            for script in (SNAPSHOT, REAP)
+        ]
+        self.stage = "subscribing"
+        subscribe = self.pubsub.ssubscribe if cluster else self.pubsub.subscribe
+        await watched(subscribe(self.keys.channel))
+        confirmation = "ssubscribe" if cluster else "subscribe"
+        while True:
+            message = await watched(self.pubsub.get_message(timeout=None))
+            if message is not None and message["type"] == confirmation:
+                break
+        self.stage = "taking a snapshot"
+        return cast(list[Any], await self._script(self.scripts[0], *since))
+
+    def _client(
+        self, target: Target, role: str, options: Mapping[str, Any] | None = None
+    ) -> Connection:
+        connection = open_client(
+            target, role, self.settings, retries=0, client_options=options
+        )
+        self.opened.append(connection)
+        return connection
+
+    async def _owner(self) -> Target:
+        """The master owning the namespace's slot, as the cluster says now."""
+        layout = self._client(self.stream.target, "subscriber-cmd")
+        self.stage = "reading the cluster's layout"
+        try:
+            await watched(layout.client.initialize())
+            node = layout.client.get_node_from_key(self.keys.channel)
+        except redis_errors.RedisClusterException as error:
+            # No seed reachable, or no master for the slot (yet): a lost
+            # connection, retried under the reconnect policy.
+            raise redis_errors.ConnectionError(str(error)) from error
+        self.opened.remove(layout)
+        await layout.aclose()
+        self.node = address(str(node.host), int(node.port))
+        return parse_url(node_url(self.settings.url, self.node))
+
+    async def _script(self, script: Any, *rest: object) -> Any:
+        settings = self.settings
+        keep = idle_expiry_ms(settings.lease, settings.reap_interval)
+        args = [self.keys.channel, uuid.uuid4().hex, keep, settings.change_log, *rest]
+        return await watched(script(keys=self.keys.keys, args=args))
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._run()
+
+    async def _run(self) -> AsyncGenerator[Any, None]:
+        settings = self.settings
+        connected = self.live
+        try:
+            if not connected:
+                for event in await self.connect():
+                    yield event
+                connected = True
+                yield Synced()  # the relisting is complete
+            follow = self._follow()
+            async with contextlib.aclosing(follow):
+                async for event in follow:
+                    yield event
+        except RETRIED as error:
+            self.counts["gaps"] += isinstance(error, Gap)
+            logger.warning(
+                "lost %s (namespace %s): %s; reconnecting as the policy says",
+                redact(settings.url),
+                settings.namespace,
+                reason(error),
+            )
+            action = "following the announcements" if connected else "reconnecting"
+            raise failed(settings.url, action, error) from error
+        finally:
+            await self.close()
+
+    async def _follow(self) -> AsyncGenerator[DiscoveryEvent, None]:
         """The session's events: announcements, settled drops, reaps.
 
         :raises TimeoutError: once nothing was read for ``liveness_timeout``
             (a ``PING`` sent at half of it), time suspended at a ``yield``
             not counted (docs/redis.rst, *Dead connections*).
+        :raises Resync: if the node unsubscribed the channel (its slot moved).
         """
-        settings = self.settings
-        counted = self.counted
-        liveness = settings.liveness_timeout
+        state, counted, reap = self.state, self.stream.counted, self.scripts[1]
+        liveness = self.settings.liveness_timeout
+        reap_interval = self.settings.reap_interval
         silent = f"within {liveness:g}s (liveness_timeout)"
         heard = time.monotonic()
-        next_reap = heard + settings.reap_interval
+        next_reap = heard + reap_interval
         pinged = False
         while True:
             now = time.monotonic()
@@ -136,12 +311,12 @@ class RedisStream:
                 continue
             if now >= next_reap:
                 with within(deadline - now, f"no answer to a reap {silent}"):
-                    state.reaped(await session.reap())
-                next_reap = time.monotonic() + settings.reap_interval
+                    state.reaped(await self._script(reap))
+                next_reap = time.monotonic() + reap_interval
                 continue
             if not pinged and now >= heard + liveness / 2:
                 with within(deadline - now, f"no answer to a PING {silent}"):
-                    await session.ping()
+                    await watched(self.pubsub.ping())
                 pinged = True
                 continue
             wait = min(next_reap, deadline if pinged else heard + liveness / 2) - now
@@ -149,138 +324,52 @@ class RedisStream:
                 wait = min(wait, state.settle_until - now)
             # Never a very short read: a read cut short by its timeout
             # mid-message is what redis-py's pub/sub handles worst.
-            message = await session.next_message(max(wait, MIN_WAIT))
+            message = await watched(
+                self.pubsub.get_message(timeout=max(wait, MIN_WAIT))
+            )
             if message is None:
                 if pinged and time.monotonic() >= deadline:
                     raise TimeoutError(f"no answer on the pub/sub connection {silent}")
                 continue
             heard = counted.heard = time.monotonic()
             pinged = False
-            if message.get("type") not in ("message", "smessage"):
+            if message["type"] == "sunsubscribe":
+                raise Resync(
+                    f"{self.node} unsubscribed {self.keys.channel}: the "
+                    "namespace's slot moved to another node"
+                )
+            if message["type"] not in ("message", "smessage"):
                 continue  # a pong: the connection answers
-            counted.counts["announcements"] += 1
-            event = state.message(message.get("data"))
+            self.counts["announcements"] += 1
+            event = state.message(message["data"])
             if event is not None:
                 yield event
                 heard = max(heard, time.monotonic())
 
-    def invalid(self, what: bytes, error: BaseException) -> None:
-        self.counted.counts["invalid_records"] += 1
+    def _invalid(self, what: bytes, error: BaseException) -> None:
+        self.counts["invalid_records"] += 1
         logger.warning(
             "skipping a record of namespace %s at %s that is not valid worker "
             "metadata (%r): %s",
-            self.namespace,
-            redact(self.url),
+            self.settings.namespace,
+            redact(self.settings.url),
             what,
             reason(error),
         )
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({redact(self.url)!r}, {self.namespace!r})"
-
-
-@final
-class _Sessions:
-    """One subscription's sessions, one at a time, sharing what it knows: each
-    iteration follows the session open now, or opens and lists a new one,
-    and raises when it is lost (for the restart engine)."""
-
-    def __init__(self, stream: RedisStream) -> None:
-        self.stream = stream
-        self.state = SubscriptionState(stream.settings.lease, stream.invalid)
-        self.session: Session | None = None
-
-    async def connect(self) -> list[DiscoveryEvent]:
-        """Open a session and read what it missed from the change log, or
-        take a snapshot: the events to it.
-
-        :raises RedisDiscoveryError: if this is the first session and it fails.
-        """
-        stream, state, counted = self.stream, self.state, self.stream.counted
-        reconnecting = state.connected_before
-        session = self.session = Session(stream.target, stream.settings)
-        counted.counts["connections"] += 2
-        try:
-            with within(stream.settings.connect_timeout):
-                reply = await session.open(state.since())
-        except Exception as error:
-            if reconnecting:
-                raise
-            if isinstance(error, redis_errors.AuthenticationError):
-                action = "authenticating"
-            elif isinstance(error, redis_errors.ResponseError):
-                action = session.stage
-            else:
-                action = "connecting"
-            raise failed(stream.url, action, error) from error
-        events: list[DiscoveryEvent] = []
-        lost, how = False, f"resumed, {len(reply[2])} changes missed"
-        if reply[3]:
-            events, complete = state.resume(reply[2])
-            counted.counts["resumes"] += 1
-            counted.counts["changes_read"] += len(reply[2])
-            if not complete:  # the rest from a snapshot
-                with within(stream.settings.connect_timeout):
-                    reply = await session.read(state.since())
-        if not reply[3]:
-            version, epoch, flat, _, change = reply
-            now = time.monotonic()
-            more, lost = state.snapshot(int(version), epoch, flat, now, change)
-            events += more
-            counted.counts["snapshots"] += 1
-            counted.counts["epoch_changes"] += lost
-            how = "resynchronising"
-        if reconnecting:
-            counted.counts["reconnects"] += 1
-            logger.warning(
-                "reconnected to %s (namespace %s): %s%s",
-                redact(stream.url),
-                stream.namespace,
-                how,
-                f" (the server lost its data: waiting {stream.settings.lease:.1f}s "
-                "for publishers to renew their workers)"
-                if lost
-                else "",
-            )
-        return events
-
-    def __aiter__(self) -> AsyncIterator[Any]:
-        return self._run()
-
-    async def _run(self) -> AsyncGenerator[Any, None]:
-        stream = self.stream
-        connected = self.session is not None
-        try:
-            if not connected:
-                for event in await self.connect():
-                    yield event
-                connected = True
-                yield Synced()  # the relisting is complete
-            assert self.session is not None
-            follow = stream.follow(self.session, self.state)
-            async with contextlib.aclosing(follow):
-                async for event in follow:
-                    yield event
-        except RETRIED as error:
-            stream.counted.counts["gaps"] += isinstance(error, Gap)
-            logger.warning(
-                "lost %s (namespace %s): %s; reconnecting as the policy says",
-                redact(stream.url),
-                stream.namespace,
-                reason(error),
-            )
-            action = "following the announcements" if connected else "reconnecting"
-            raise failed(stream.url, action, error) from error
-        finally:
-            await self.close()
-
     async def close(self) -> None:
-        """Close the session open now, if any."""
-        session, self.session = self.session, None
-        if session is not None:
-            with anyio.CancelScope(shield=True):
-                await session.aclose()
-            self.stream.counted.counts["connections"] -= 2
+        """Close the session open now, if any: the pub/sub connection, then
+        every other; errors ignored."""
+        if not self.live:
+            return
+        closers = [self.pubsub.aclose] if self.pubsub is not None else []
+        closers += [each.aclose for each in reversed(self.opened)]
+        self.live, self.pubsub, self.opened = False, None, []
+        with anyio.CancelScope(shield=True):
+            for close in closers:
+                with contextlib.suppress(Exception):
+                    await close()
+        self.counts["connections"] -= 2
 
     def __repr__(self) -> str:
         return repr(self.stream)
@@ -297,122 +386,3 @@ class SharedRedisStream(RedisStream):
     marks each snapshot's end with :class:`~wool_pooling.Synced`."""
 
     _marks_listing = True
-
-
-@final
-class Session:
-    """A pub/sub connection and a command connection to the namespace's server
-    (on a cluster: to the master owning its slot). Neither retries: a lost
-    connection, a ``MOVED`` or an unasked ``sunsubscribe`` raises."""
-
-    def __init__(self, target: Target, settings: DiscoverySettings) -> None:
-        self.target = target
-        self.settings = settings
-        self.keys = Keys.of(settings.namespace, target.db, settings.key_prefix)
-        #: What :meth:`open` is doing, for error messages.
-        self.stage = "connecting"
-        self.node = "the cluster"
-        self.opened: list[Connection] = []
-        self.pubsub: Any = None
-        self.scripts: dict[str, Any] = {}
-
-    def _client(
-        self, target: Target, role: str, options: Mapping[str, Any] | None = None
-    ) -> Connection:
-        connection = open_client(
-            target, role, self.settings, retries=0, client_options=options
-        )
-        self.opened.append(connection)
-        return connection
-
-    async def _owner(self) -> Target:
-        """The master owning the namespace's slot, as the cluster says now."""
-        layout = self._client(self.target, "subscriber-cmd")
-        self.stage = "reading the cluster's layout"
-        try:
-            await watched(layout.client.initialize())
-            node = layout.client.get_node_from_key(self.keys.channel)
-        except redis_errors.RedisClusterException as error:
-            # No seed reachable, or no master for the slot (yet): a lost
-            # connection, retried under the reconnect policy.
-            raise redis_errors.ConnectionError(str(error)) from error
-        self.opened.remove(layout)
-        await layout.aclose()
-        self.node = address(str(node.host), int(node.port))
-        return parse_url(node_url(self.target.url, self.node))
-
-    async def open(self, since: list[object]) -> list[Any]:
-        """Subscribe, wait for the server's confirmation, then :meth:`read`.
-
-        Subscribing first is what makes that read and the announcements
-        after it meet with no gap.
-        """
-        target, options = self.target, self.settings.client_options
-        cluster = target.cluster
-        if cluster:
-            target = await self._owner()
-            # Without RedisCluster's own options: a node's client takes none.
-            known = client_option_names(target.scheme)
-            options = {name: options[name] for name in options if name in known}
-        self.stage = "connecting"
-        command = self._client(target, "subscriber-cmd", options).client
-        self.pubsub = self._client(target, "subscriber", options).client.pubsub()
-        for name, script in (("snapshot", SNAPSHOT), ("reap", REAP)):
-            self.scripts[name] = command.register_script(
-                sharded(script) if cluster else script
-            )
-        self.stage = "subscribing"
-        subscribe = self.pubsub.ssubscribe if cluster else self.pubsub.subscribe
-        await watched(subscribe(self.keys.channel))
-        confirmation = "ssubscribe" if cluster else "subscribe"
-        while True:
-            message = await watched(self.pubsub.get_message(timeout=None))
-            if message is not None and message["type"] == confirmation:
-                break
-        return await self.read(since)
-
-    async def read(self, since: list[object]) -> list[Any]:
-        """The changes after ``since`` (the epoch, version and change last
-        applied) or a snapshot, on the command connection: the snapshot
-        script's reply."""
-        self.stage = "taking a snapshot"
-        return cast(list[Any], await self._run("snapshot", *since))
-
-    async def _run(self, script: str, *rest: object) -> Any:
-        settings = self.settings
-        keep = idle_expiry_ms(settings.lease, settings.reap_interval)
-        args = [self.keys.channel, uuid.uuid4().hex, keep, settings.change_log, *rest]
-        return await watched(self.scripts[script](keys=self.keys.keys, args=args))
-
-    async def next_message(self, wait: float) -> dict[str, Any] | None:
-        """The next announcement or ``pong``; ``None`` after ``wait`` seconds
-        without one.
-
-        :raises Resync: if the node unsubscribed the channel (its slot moved).
-        """
-        message = await watched(self.pubsub.get_message(timeout=wait))
-        if message is None:
-            return None
-        kind = message["type"]
-        if kind == "sunsubscribe":
-            raise Resync(
-                f"{self.node} unsubscribed {self.keys.channel}: the "
-                "namespace's slot moved to another node"
-            )
-        return message if kind in ("message", "smessage", "pong") else None
-
-    async def ping(self) -> None:
-        """Send a ``PING`` on the pub/sub connection (answered by a ``pong``)."""
-        await watched(self.pubsub.ping())
-
-    async def reap(self) -> bytes:
-        """Reap expired leases; the namespace's epoch."""
-        return cast(bytes, await self._run("reap"))
-
-    async def aclose(self) -> None:
-        """Close the pub/sub connection, then every other; errors ignored."""
-        closers = [self.pubsub.aclose] if self.pubsub is not None else []
-        closers += [each.aclose for each in reversed(self.opened)]
-        for close in closers:
-            with contextlib.suppress(Exception):
-                await close()
