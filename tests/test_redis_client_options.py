@@ -26,7 +26,7 @@ def test_a_given_ssl_context_wraps_each_connection(url: str) -> None:
     context = ssl.create_default_context()
     discovery = RedisDiscovery(url, "ns", client_options={"ssl_context": context})
     connection = open_client(
-        parse_url(url), "publisher", discovery._settings, retries=0
+        parse_url(url), "publisher", discovery, retries=0
     )
     try:
         made = connection.client.connection_pool.make_connection()

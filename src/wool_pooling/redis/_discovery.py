@@ -25,9 +25,12 @@ from ._publisher import RedisPublisher
 from ._scripts import DEFAULT_CHANGE_LOG
 from ._scripts import DEFAULT_KEY_PREFIX
 from ._settings import DiscoverySettings
-from ._settings import argument
+from ._settings import PublisherSettings
+from ._settings import arguments_of
 from ._settings import check_seconds
 from ._settings import rebuild
+from ._settings import run_options
+from ._settings import subscription_key
 from ._statistics import Counters
 from ._statistics import RedisStatistics
 from ._statistics import counters
@@ -37,7 +40,7 @@ from ._stream import SharedRedisStream
 
 @suggest_keywords
 @final
-class RedisDiscovery:
+class RedisDiscovery(DiscoverySettings):
     """A wool ``DiscoveryLike`` on a Redis server, Sentinel-monitored master
     or Redis Cluster, with one shared subscription per connection, namespace
     and process; asyncio only. It pickles as its arguments, every one, and
@@ -74,6 +77,9 @@ class RedisDiscovery:
     :raises ValueError: if an argument is out of range or malformed, a
         reserved or TLS-only client option is given, or ``reconnect`` sets
         ``settle`` or ``restart_on_end``.
+
+    Each argument is an attribute of the same name, read-only
+    (``reap_interval``: ``lease / 4`` unless given).
     """
 
     def __init__(
@@ -98,29 +104,12 @@ class RedisDiscovery:
             reap_interval = check_seconds("lease", lease) / 4
         arguments = locals().copy()  # every argument: none left out of the record
         del arguments["self"]
-        self._settings: DiscoverySettings = DiscoverySettings(**arguments)
-
-    url: str = argument("url")
-    namespace: str = argument("namespace")
-    bind_host: str = argument("bind_host")
-    advertise_host: str | None = argument("advertise_host")
-    lease: float = argument("lease")
-    #: ``lease / 4`` unless given.
-    reap_interval: float = argument("reap_interval")
-    connect_timeout: float = argument("connect_timeout")
-    reconnect: RestartPolicy = argument("reconnect")
-    shared: bool = argument("shared")
-    #: A checked copy.
-    client_options: Mapping[str, Any] = argument("client_options")
-    key_prefix: str = argument("key_prefix")
-    liveness_timeout: float = argument("liveness_timeout")
-    name_connections: bool = argument("name_connections")
-    change_log: int = argument("change_log")
+        DiscoverySettings.__init__(self, **arguments)
 
     @functools.cached_property
     def _key(self) -> Hashable:
         """The pool's key, resolved (DNS) when first needed."""
-        return self._settings.key()
+        return subscription_key(self)
 
     @functools.cached_property
     def _counters(self) -> Counters:
@@ -130,7 +119,7 @@ class RedisDiscovery:
     @property
     def publisher(self) -> RedisPublisher:
         """A new, unentered :class:`RedisPublisher` for this namespace."""
-        return rebuild(RedisPublisher, self._settings.publisher())
+        return rebuild(RedisPublisher, arguments_of(self, PublisherSettings))
 
     @property
     def subscriber(self) -> DiscoverySubscriberLike:
@@ -144,13 +133,12 @@ class RedisDiscovery:
         a shared one warns (:exc:`RuntimeWarning`) if given other options
         than a live one of its key (docs/redis.rst, *One subscription per
         connection*)."""
-        settings = self._settings
         self._counters  # noqa: B018  (held from the first subscriber on)
         if self.shared:
-            stream: Any = SharedRedisStream(settings)
-            _note_options(self._key, stream, settings.options())
+            stream: Any = SharedRedisStream(self)
+            _note_options(self._key, stream, run_options(self))
         else:
-            stream = RedisStream(settings)
+            stream = RedisStream(self)
         if filter is None:
             return cast(DiscoverySubscriberLike, stream)
         return afilter(filter, cast(DiscoverySubscriberLike, stream))
@@ -171,7 +159,7 @@ class RedisDiscovery:
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickle as its arguments, every one (checked again when unpickled)."""
-        return (rebuild, (RedisDiscovery, self._settings))
+        return (rebuild, (RedisDiscovery, arguments_of(self)))
 
     def __repr__(self) -> str:
         return f"RedisDiscovery({redact(self.url)!r}, {self.namespace!r})"

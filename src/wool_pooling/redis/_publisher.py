@@ -38,7 +38,7 @@ from ._scripts import Keys
 from ._scripts import idle_expiry_ms
 from ._scripts import sharded
 from ._settings import PublisherSettings
-from ._settings import argument
+from ._settings import arguments_of
 from ._settings import is_wildcard
 from ._settings import rebuild
 
@@ -72,7 +72,7 @@ def _process_alive(pid: int) -> bool:
 
 @suggest_keywords
 @final
-class RedisPublisher:
+class RedisPublisher(PublisherSettings):
     """Announces workers in a namespace's Redis hash, each with a lease it
     renews every ``lease / 3`` seconds while entered and the worker's process
     (``metadata.pid``, on this host) is alive; an error that stops the
@@ -89,18 +89,9 @@ class RedisPublisher:
 
     ``url``, ``namespace``, ``advertise_host``, ``client_options``,
     ``key_prefix``, ``name_connections`` and ``change_log``, and the errors
-    raised, are as for :class:`RedisDiscovery`.
+    raised, are as for :class:`RedisDiscovery`. Each argument is an
+    attribute of the same name, read-only.
     """
-
-    url: str = argument("url")
-    namespace: str = argument("namespace")
-    advertise_host: str | None = argument("advertise_host")
-    lease: float = argument("lease")
-    connect_timeout: float = argument("connect_timeout")
-    client_options: Mapping[str, Any] = argument("client_options")
-    key_prefix: str = argument("key_prefix")
-    name_connections: bool = argument("name_connections")
-    change_log: int = argument("change_log")
 
     def __init__(
         self,
@@ -118,10 +109,8 @@ class RedisPublisher:
     ) -> None:
         arguments = locals().copy()  # every argument: none left out of the record
         del arguments["self"]
-        self._settings: PublisherSettings = PublisherSettings(**arguments)
+        PublisherSettings.__init__(self, **arguments)
         self._target = parse_url(url)
-        #: An attribute, as wool's ``DiscoveryPublisherLike`` declares it.
-        self.bind_host: str = bind_host
         self.keys_for = Keys.of(namespace, self._target.db, key_prefix)
         self._connection: Connection | None = None
         self._scripts: dict[str, Any] = {}
@@ -134,18 +123,9 @@ class RedisPublisher:
         #: What stopped the renewer, raised from the next call or the exit.
         self._renewer_failed: BaseException | None = None
 
-    def __eq__(self, other: object) -> bool:
-        """Equal to a publisher made of equal arguments."""
-        if not isinstance(other, RedisPublisher):
-            return NotImplemented
-        return self._settings == other._settings
-
-    def __hash__(self) -> int:
-        return hash((RedisPublisher, self._settings))
-
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickle as its arguments (the copy is unentered)."""
-        return (rebuild, (RedisPublisher, self._settings))
+        return (rebuild, (RedisPublisher, arguments_of(self)))
 
     async def __aenter__(self) -> RedisPublisher:
         require_asyncio("RedisPublisher")
@@ -153,9 +133,7 @@ class RedisPublisher:
             raise RuntimeError("RedisPublisher is already entered")
         connection: Connection | None = None
         try:
-            connection = open_client(
-                self._target, "publisher", self._settings, retries=3
-            )
+            connection = open_client(self._target, "publisher", self, retries=3)
             with within(self.connect_timeout):
                 await connection.client.ping()
         except Exception as error:

@@ -43,6 +43,8 @@ from ._scripts import Keys
 from ._scripts import idle_expiry_ms
 from ._scripts import sharded
 from ._settings import DiscoverySettings
+from ._settings import arguments_of
+from ._settings import subscription_key
 from ._state import Gap
 from ._state import Resync
 from ._state import SubscriptionState
@@ -70,13 +72,14 @@ class RedisStream:
         self.settings = settings
         self.target = parse_url(settings.url)
         #: The counts of the subscription's key, held while it lives.
-        self.counted: Counters = counters(settings.key())
+        self.counted: Counters = counters(subscription_key(settings))
 
     def __eq__(self, other: object) -> bool:
-        """Equal to a subscriber of the same class made of equal settings."""
+        """Equal to a subscriber of the same class made of equal arguments."""
         if not isinstance(other, RedisStream):
             return NotImplemented
-        return type(self) is type(other) and self.settings == other.settings
+        mine, theirs = arguments_of(self.settings), arguments_of(other.settings)
+        return type(self) is type(other) and mine == theirs
 
     def __hash__(self) -> int:
         return hash((type(self), self.settings))
@@ -375,12 +378,11 @@ class _Sessions:
         return repr(self.stream)
 
 
-def _subscriber_key(cls: type, settings: DiscoverySettings) -> Hashable:
-    """Subscriptions are shared by normalised connection, prefix and namespace."""
-    return settings.key()
+def _key(cls: type, settings: DiscoverySettings) -> Hashable:
+    return subscription_key(settings)
 
 
-@shared_subscription(key=_subscriber_key)
+@shared_subscription(key=_key)
 class SharedRedisStream(RedisStream):
     """The process's one subscription per (connection, namespace), shared;
     marks each snapshot's end with :class:`~wool_pooling.Synced`."""
