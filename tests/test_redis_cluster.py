@@ -29,7 +29,6 @@ from wool_pooling.redis import RedisDiscovery
 from wool_pooling.redis import RedisDiscoveryError
 from wool_pooling.redis import RedisPublisher
 from wool_pooling.redis._scripts import PUBLISH
-from wool_pooling.redis._scripts import REAP
 from wool_pooling.redis._scripts import RENEW
 from wool_pooling.redis._scripts import SNAPSHOT
 from wool_pooling.redis._scripts import sharded
@@ -384,10 +383,8 @@ def test_cluster_client_options_exclude_an_ssl_context_and_seeds() -> None:
 def test_every_script_announces_on_the_shard_channel_in_a_cluster() -> None:
     """Each script's one ``PUBLISH`` becomes ``SPUBLISH``; nothing else
     changes."""
-    for script in (PUBLISH, RENEW, REAP, SNAPSHOT):
+    for script in (PUBLISH, RENEW, SNAPSHOT):
         variant = sharded(script)
         assert "redis.call('PUBLISH'" not in variant
         assert variant.count("redis.call('SPUBLISH', channel,") == 1
         assert variant.replace("SPUBLISH", "PUBLISH") == script
-    with pytest.raises(ValueError, match="exactly one PUBLISH"):
-        sharded("return 1")

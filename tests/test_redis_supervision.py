@@ -25,7 +25,7 @@ from wool_pooling import RestartPolicy
 from wool_pooling.redis import RedisDiscoveryError
 from wool_pooling.redis import _discovery
 from wool_pooling.redis import _publisher
-from wool_pooling.redis import _statistics
+from wool_pooling.redis import _stream
 
 pytestmark = pytest.mark.anyio
 
@@ -105,13 +105,13 @@ async def test_the_counters_of_a_key_go_with_its_last_user(
     key = first._key  # pyright: ignore[reportPrivateUsage]
     subscriber = first.subscribe()
     assert first.statistics().snapshots == 0
-    assert key in _statistics.by_key
+    assert key in _stream.by_key
     del first
     gc.collect()
-    assert key in _statistics.by_key  # the subscriber holds them
+    assert key in _stream.by_key  # the subscriber holds them
     del subscriber
     gc.collect()
-    assert key not in _statistics.by_key
+    assert key not in _stream.by_key
 
 
 async def test_the_options_of_shared_subscribers_go_with_the_last_one(

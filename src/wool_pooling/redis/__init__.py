@@ -18,7 +18,7 @@ from ._discovery import RedisDiscovery
 from ._errors import DEFAULT_RECONNECT
 from ._errors import RedisDiscoveryError
 from ._publisher import RedisPublisher
-from ._statistics import RedisStatistics
+from ._stream import RedisStatistics
 
 __all__ = [
     "DEFAULT_RECONNECT",

@@ -188,16 +188,6 @@ def node_url(url: str, node: str, db: str = "0") -> str:
     return f"{plain}://{userinfo}{at}{node}/{db}{qmark}{query}"
 
 
-def _without_passwords(query: str) -> str:
-    if not query:
-        return query
-    pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
-    return urllib.parse.urlencode(
-        [(name, value) for name, value in pairs if "password" not in name.lower()],
-        safe="/:",
-    )
-
-
 def redact(url: str) -> str:
     """``url`` without its passwords (after the user, and in any
     ``password=`` or ``sentinel_password=`` query parameter), for messages
@@ -211,7 +201,11 @@ def redact(url: str) -> str:
         user = userinfo.partition(":")[0]
         rest = f"{user}@{location}" if user else location
     if qmark:
-        query = _without_passwords(query)
+        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
+        query = urllib.parse.urlencode(
+            [(name, value) for name, value in pairs if "password" not in name.lower()],
+            safe="/:",
+        )
         return f"{scheme}://{rest}?{query}" if query else f"{scheme}://{rest}"
     return f"{scheme}://{rest}"
 

@@ -6,13 +6,10 @@ import weakref
 from collections.abc import Callable
 from collections.abc import Hashable
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 from typing import Any
 from typing import cast
 from typing import final
 
-from wool import DiscoveryLike
-from wool import DiscoveryPublisherLike
 from wool import DiscoverySubscriberLike
 from wool import WorkerMetadata
 
@@ -28,14 +25,13 @@ from ._settings import DiscoverySettings
 from ._settings import PublisherSettings
 from ._settings import arguments_of
 from ._settings import check_seconds
-from ._settings import rebuild
 from ._settings import run_options
 from ._settings import subscription_key
-from ._statistics import Counters
-from ._statistics import RedisStatistics
-from ._statistics import counters
+from ._stream import Counters
+from ._stream import RedisStatistics
 from ._stream import RedisStream
 from ._stream import SharedRedisStream
+from ._stream import counters
 
 
 @suggest_keywords
@@ -119,7 +115,7 @@ class RedisDiscovery(DiscoverySettings):
     @property
     def publisher(self) -> RedisPublisher:
         """A new, unentered :class:`RedisPublisher` for this namespace."""
-        return rebuild(RedisPublisher, arguments_of(self, PublisherSettings))
+        return RedisPublisher(**arguments_of(self, PublisherSettings))
 
     @property
     def subscriber(self) -> DiscoverySubscriberLike:
@@ -159,7 +155,7 @@ class RedisDiscovery(DiscoverySettings):
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickle as its arguments, every one (checked again when unpickled)."""
-        return (rebuild, (RedisDiscovery, arguments_of(self)))
+        return (functools.partial(RedisDiscovery, **arguments_of(self)), ())
 
     def __repr__(self) -> str:
         return f"RedisDiscovery({redact(self.url)!r}, {self.namespace!r})"
@@ -185,10 +181,3 @@ def _note_options(
         )
     _live[id(subscriber)] = (key, options)
     weakref.finalize(subscriber, _live.pop, id(subscriber), None)
-
-
-if TYPE_CHECKING:  # pyright (strict, on src/) checks them against wool's protocols
-    _discovery: DiscoveryLike = RedisDiscovery("redis://localhost", "namespace")
-    _publisher: DiscoveryPublisherLike = RedisPublisher(
-        "redis://localhost", "namespace"
-    )

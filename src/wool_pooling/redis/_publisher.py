@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import socket
-import uuid
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
@@ -28,7 +28,6 @@ from ._connection import redact
 from ._errors import CONNECTION_ERRORS
 from ._errors import failed
 from ._errors import require_asyncio
-from ._errors import watched
 from ._errors import within
 from ._scripts import DEFAULT_CHANGE_LOG
 from ._scripts import DEFAULT_KEY_PREFIX
@@ -36,11 +35,11 @@ from ._scripts import PUBLISH
 from ._scripts import RENEW
 from ._scripts import Keys
 from ._scripts import idle_expiry_ms
-from ._scripts import sharded
+from ._scripts import register
+from ._scripts import run
 from ._settings import PublisherSettings
 from ._settings import arguments_of
 from ._settings import is_wildcard
-from ._settings import rebuild
 
 logger = logging.getLogger("wool_pooling.redis")
 
@@ -113,7 +112,8 @@ class RedisPublisher(PublisherSettings):
         self._target = parse_url(url)
         self.keys_for = Keys.of(namespace, self._target.db, key_prefix)
         self._connection: Connection | None = None
-        self._scripts: dict[str, Any] = {}
+        #: The publish and renew scripts, once entered.
+        self._scripts: list[Any] = []
         #: uid -> (payload, pid) of the workers this publisher keeps alive.
         self._workers: dict[str, tuple[bytes, int]] = {}
         #: uids whose drop failed: retried with each renewal.
@@ -125,7 +125,7 @@ class RedisPublisher(PublisherSettings):
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickle as its arguments (the copy is unentered)."""
-        return (rebuild, (RedisPublisher, arguments_of(self)))
+        return (functools.partial(RedisPublisher, **arguments_of(self)), ())
 
     async def __aenter__(self) -> RedisPublisher:
         require_asyncio("RedisPublisher")
@@ -142,13 +142,9 @@ class RedisPublisher(PublisherSettings):
                     await connection.aclose()
             raise failed(self.url, "connecting the publisher", error) from error
         self._connection = connection
-        client = connection.client
-        self._scripts = {
-            name: client.register_script(
-                sharded(source) if self._target.cluster else source
-            )
-            for name, source in (("publish", PUBLISH), ("renew", RENEW))
-        }
+        self._scripts = register(
+            connection.client, self._target.cluster, PUBLISH, RENEW
+        )
         self._renewer_failed = None
         self._renewer = asyncio.get_running_loop().create_task(self._renew_forever())
         return self
@@ -193,18 +189,13 @@ class RedisPublisher(PublisherSettings):
             host = f"[{host}]"
         return dataclasses.replace(metadata, address=f"{host}:{port}")
 
-    def _args(self, *rest: Any) -> list[Any]:
-        keep = idle_expiry_ms(self.lease)
-        log = self.change_log
-        return [self.keys_for.channel, uuid.uuid4().hex, keep, log, *rest]
-
-    async def _run_publish(self, type: str, uid: str, payload: bytes) -> None:
+    async def _publish(self, type: str, uid: str, payload: bytes) -> None:
         lease_ms = max(1, round(self.lease * 1000))
-        await watched(
-            self._scripts["publish"](
-                keys=self.keys_for.keys, args=self._args(type, uid, payload, lease_ms)
-            )
-        )
+        await self._run(self._scripts[0], type, uid, payload, lease_ms)
+
+    async def _run(self, script: Any, *rest: object) -> None:
+        keep, keys = idle_expiry_ms(self.lease), self.keys_for
+        await run(script, keys, keep, self.change_log, *rest)
 
     async def publish(self, type: DiscoveryEventType, metadata: WorkerMetadata) -> None:
         """Record (or remove) ``metadata`` and announce it, in one script; a
@@ -234,7 +225,7 @@ class RedisPublisher(PublisherSettings):
             else:
                 self._pending_drops.discard(uid)
             try:
-                await self._run_publish(type, uid, payload)
+                await self._publish(type, uid, payload)
             except (redis_errors.RedisError, *CONNECTION_ERRORS) as error:
                 failure = failed(self.url, f"publishing {type} {uid}", error)
                 if type == "worker-dropped":
@@ -281,7 +272,7 @@ class RedisPublisher(PublisherSettings):
 
     async def _retry_drops(self) -> None:
         for uid in list(self._pending_drops):
-            await self._run_publish("worker-dropped", uid, b"")
+            await self._publish("worker-dropped", uid, b"")
             self._pending_drops.discard(uid)
             logger.info("dropped worker %s at %s after all", uid, redact(self.url))
 
@@ -306,7 +297,9 @@ class RedisPublisher(PublisherSettings):
                         pid,
                     )
                     del self._workers[uid]
-            args = self._args(max(1, round(self.lease * 1000)))
-            for uid, (payload, _) in self._workers.items():
-                args += [uid, payload]
-            await watched(self._scripts["renew"](keys=self.keys_for.keys, args=args))
+            pairs = [
+                each
+                for uid, (payload, _) in self._workers.items()
+                for each in (uid, payload)
+            ]
+            await self._run(self._scripts[1], max(1, round(self.lease * 1000)), *pairs)

@@ -8,15 +8,12 @@ from collections.abc import Callable
 from collections.abc import Hashable
 from collections.abc import Mapping
 from typing import Any
-from typing import TypeVar
 
 import attrs
 
 from .._pooling.restart import RestartPolicy
 from ._connection import check_client_options
 from ._connection import parse_url
-
-T = TypeVar("T")
 
 
 def check_seconds(name: str, value: object) -> float:
@@ -186,9 +183,3 @@ def run_options(settings: DiscoverySettings) -> tuple[object, ...]:
 _NOT_RUN_OPTIONS = attrs.filters.exclude(
     "url", "namespace", "key_prefix", "bind_host", "advertise_host", "shared"
 )
-
-
-def rebuild(cls: Callable[..., T], arguments: dict[str, Any]) -> T:
-    """``cls`` built again from ``arguments``: an unpickled discovery or
-    publisher."""
-    return cls(**arguments)

@@ -1,12 +1,13 @@
 """The reconnecting subscription: one session (a pub/sub and a command
-connection) at a time, snapshot or changes missed, then announcements."""
+connection) at a time, snapshot or changes missed, then announcements; and
+what it counts, per subscription key, for operators."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import time
-import uuid
+import weakref
 from collections.abc import AsyncGenerator
 from collections.abc import AsyncIterator
 from collections.abc import Hashable
@@ -16,6 +17,7 @@ from typing import cast
 from typing import final
 
 import anyio
+import attrs
 import redis.exceptions as redis_errors
 from wool import DiscoveryEvent
 
@@ -37,21 +39,94 @@ from ._errors import failed
 from ._errors import require_asyncio
 from ._errors import watched
 from ._errors import within
-from ._scripts import REAP
+from ._scripts import RENEW
 from ._scripts import SNAPSHOT
 from ._scripts import Keys
 from ._scripts import idle_expiry_ms
-from ._scripts import sharded
+from ._scripts import register
+from ._scripts import run
 from ._settings import DiscoverySettings
 from ._settings import arguments_of
 from ._settings import subscription_key
 from ._state import Gap
 from ._state import Resync
 from ._state import SubscriptionState
-from ._statistics import Counters
-from ._statistics import counters
 
 logger = logging.getLogger("wool_pooling.redis")
+
+
+@attrs.frozen
+class RedisStatistics:
+    """What the subscribers of one (connection, namespace) in this process have met.
+
+    Counted while a discovery or subscriber of that key lives in the
+    process, whether shared or not (``shared=False`` subscribers add to the
+    same counts); the counts go with the last of them.
+    """
+
+    #: Records (or announcements) that were not valid worker metadata: skipped.
+    invalid_records: int = 0
+    #: Successful reconnections after a lost connection (or a resynchronisation).
+    reconnects: int = 0
+    #: Connections to the server the subscribers hold now: two per live
+    #: subscription (pub/sub and commands), however many consumers share it.
+    connections: int = 0
+    #: Full snapshots taken: one per connection, and per reconnection that
+    #: could not resume.
+    snapshots: int = 0
+    #: Reconnections that read only the changes missed from the namespace's
+    #: change log, not a snapshot.
+    resumes: int = 0
+    #: Changes read from the change log by those resumes.
+    changes_read: int = 0
+    #: Announcements received on the pub/sub connection (duplicates and
+    #: invalid ones included).
+    announcements: int = 0
+    #: Announcements found missing (a version skipped): each one cost a
+    #: resynchronisation.
+    gaps: int = 0
+    #: Snapshots that found a new epoch: the server lost, flushed or
+    #: expired the namespace's data.
+    epoch_changes: int = 0
+    #: Seconds since a subscriber last read anything from its pub/sub
+    #: connection (an announcement or the answer to its liveness ``PING``);
+    #: ``None`` before the first. Stays under ``liveness_timeout`` while the
+    #: connection is healthy.
+    seconds_since_last_message: float | None = None
+
+
+_COUNTS = attrs.filters.exclude("seconds_since_last_message")
+
+
+@attrs.define
+class Counters:
+    """The running counts of one key, by :class:`RedisStatistics` field name
+    (one dict update per announcement)."""
+
+    counts: dict[str, int] = attrs.Factory(
+        lambda: attrs.asdict(RedisStatistics(), filter=_COUNTS)
+    )
+    #: ``time.monotonic()`` of the last message read, if any.
+    heard: float | None = None
+
+    def statistics(self) -> RedisStatistics:
+        """The counts as they stand."""
+        heard = self.heard
+        since = None if heard is None else max(0.0, time.monotonic() - heard)
+        return RedisStatistics(**self.counts, seconds_since_last_message=since)
+
+
+#: The counters of each key, held by its discoveries and subscribers: an
+#: entry goes with the last of them.
+by_key: weakref.WeakValueDictionary[Hashable, Counters] = weakref.WeakValueDictionary()
+
+
+def counters(key: Hashable) -> Counters:
+    """The counters of ``key``, made at the first call; the caller holds them."""
+    found = by_key.get(key)
+    if found is None:
+        found = by_key[key] = Counters()
+    return found
 
 
 class RedisStream:
@@ -212,10 +287,7 @@ class _Sessions:
         self.stage = "connecting"
         command = self._client(target, "subscriber-cmd", options).client
         self.pubsub = self._client(target, "subscriber", options).client.pubsub()
-        self.scripts = [
-            command.register_script(sharded(script) if cluster else script)
-            for script in (SNAPSHOT, REAP)
-        ]
+        self.scripts = register(command, cluster, SNAPSHOT, RENEW)
         self.stage = "subscribing"
         subscribe = self.pubsub.ssubscribe if cluster else self.pubsub.subscribe
         await watched(subscribe(self.keys.channel))
@@ -255,8 +327,7 @@ class _Sessions:
     async def _script(self, script: Any, *rest: object) -> Any:
         settings = self.settings
         keep = idle_expiry_ms(settings.lease, settings.reap_interval)
-        args = [self.keys.channel, uuid.uuid4().hex, keep, settings.change_log, *rest]
-        return await watched(script(keys=self.keys.keys, args=args))
+        return await run(script, self.keys, keep, settings.change_log, *rest)
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return self._run()
@@ -295,7 +366,8 @@ class _Sessions:
             not counted (docs/redis.rst, *Dead connections*).
         :raises Resync: if the node unsubscribed the channel (its slot moved).
         """
-        state, counted, reap = self.state, self.stream.counted, self.scripts[1]
+        # A renewal of no worker reaps, and says the epoch.
+        state, counted, renew = self.state, self.stream.counted, self.scripts[1]
         liveness = self.settings.liveness_timeout
         reap_interval = self.settings.reap_interval
         silent = f"within {liveness:g}s (liveness_timeout)"
@@ -314,7 +386,7 @@ class _Sessions:
                 continue
             if now >= next_reap:
                 with within(deadline - now, f"no answer to a reap {silent}"):
-                    state.reaped(await self._script(reap))
+                    state.reaped((await self._script(renew, 0))[1])
                 next_reap = time.monotonic() + reap_interval
                 continue
             if not pinged and now >= heard + liveness / 2:
