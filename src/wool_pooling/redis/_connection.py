@@ -79,10 +79,6 @@ class Target:
     service: str | None
 
     @property
-    def sentinel(self) -> bool:
-        return self.scheme.endswith("+sentinel")
-
-    @property
     def cluster(self) -> bool:
         return self.scheme.endswith("+cluster")
 
@@ -460,7 +456,7 @@ def open_client(
     )
     if given is not None:
         options["given_ssl_context"] = given
-    if not (target.cluster or target.sentinel):
+    if not target.cluster and target.service is None:  # neither: one server
         # The url wins over the options; a given context's class over the url's.
         arguments: dict[str, Any] = {**options, **parse_redis_url(target.url)}
         if given is not None:

@@ -31,7 +31,7 @@ from ._stream import Counters
 from ._stream import RedisStatistics
 from ._stream import RedisStream
 from ._stream import SharedRedisStream
-from ._stream import counters
+from ._stream import by_key
 
 
 @suggest_keywords
@@ -110,7 +110,7 @@ class RedisDiscovery(DiscoverySettings):
     @functools.cached_property
     def _counters(self) -> Counters:
         """The key's counters, held while this discovery lives."""
-        return counters(self._key)
+        return by_key.setdefault(self._key, Counters())
 
     @property
     def publisher(self) -> RedisPublisher:

@@ -69,10 +69,6 @@ class SubscriptionState:
         #: invalid).
         self._records: dict[bytes, tuple[bytes, WorkerMetadata | None]] = {}
 
-    @property
-    def connected_before(self) -> bool:
-        return self.epoch is not None
-
     def since(self) -> list[object]:
         """The epoch, version and change last applied, for the snapshot
         script (empty when a session cannot resume)."""

@@ -121,14 +121,6 @@ class Counters:
 by_key: weakref.WeakValueDictionary[Hashable, Counters] = weakref.WeakValueDictionary()
 
 
-def counters(key: Hashable) -> Counters:
-    """The counters of ``key``, made at the first call; the caller holds them."""
-    found = by_key.get(key)
-    if found is None:
-        found = by_key[key] = Counters()
-    return found
-
-
 class RedisStream:
     """The raw subscription: connect, snapshot, yield, mark the listing,
     follow; each later session is started by the restart engine under the
@@ -147,7 +139,7 @@ class RedisStream:
         self.settings = settings
         self.target = parse_url(settings.url)
         #: The counts of the subscription's key, held while it lives.
-        self.counted: Counters = counters(subscription_key(settings))
+        self.counted = by_key.setdefault(subscription_key(settings), Counters())
 
     def __eq__(self, other: object) -> bool:
         """Equal to a subscriber of the same class made of equal arguments."""
@@ -222,7 +214,7 @@ class _Sessions:
         :raises RedisDiscoveryError: if this is the first session and it fails.
         """
         state, counts, settings = self.state, self.counts, self.settings
-        reconnecting = state.connected_before
+        reconnecting = state.epoch is not None  # a session listed before
         self.live = True
         counts["connections"] += 2
         try:
