@@ -24,7 +24,6 @@ from redis_views import fake_worker
 from wool_pooling import RestartPolicy
 from wool_pooling.redis import RedisDiscoveryError
 from wool_pooling.redis import _discovery
-from wool_pooling.redis import _publisher
 from wool_pooling.redis import _stream
 
 pytestmark = pytest.mark.anyio
@@ -41,7 +40,7 @@ def break_the_renewal(monkeypatch: pytest.MonkeyPatch) -> anyio.Event:
         failing.set()
         raise ZeroDivisionError("a bug in the renewal")
 
-    monkeypatch.setattr(_publisher, "_process_alive", broken)
+    monkeypatch.setattr(_discovery, "_process_alive", broken)
     return failing
 
 

@@ -153,10 +153,7 @@ end
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[8]), uid)
 if old == payload then return finish(0) end
 redis.call('HSET', KEYS[1], uid, payload)
-if old then
-  return finish(announce('worker-updated', uid, payload))
-end
-return finish(announce('worker-added', uid, payload))
+return finish(announce(old and 'worker-updated' or 'worker-added', uid, payload))
 """
 )
 

@@ -24,33 +24,11 @@ from wool import DiscoveryEvent
 from .._core.synced import Synced
 from .._pooling.restart import RestartingSource
 from .._wool.view import shared_subscription
-from ._connection import Connection
-from ._connection import Target
-from ._connection import address
-from ._connection import client_option_names
-from ._connection import node_url
-from ._connection import open_client
-from ._connection import parse_url
-from ._connection import reason
-from ._connection import redact
-from ._errors import MIN_WAIT
-from ._errors import RETRIED
-from ._errors import failed
-from ._errors import require_asyncio
-from ._errors import watched
-from ._errors import within
-from ._scripts import RENEW
-from ._scripts import SNAPSHOT
-from ._scripts import Keys
-from ._scripts import idle_expiry_ms
-from ._scripts import register
-from ._scripts import run
-from ._settings import DiscoverySettings
-from ._settings import arguments_of
-from ._settings import subscription_key
-from ._state import Gap
-from ._state import Resync
-from ._state import SubscriptionState
+from . import _connection
+from . import _errors
+from . import _scripts
+from . import _settings
+from . import _state
 
 logger = logging.getLogger("wool_pooling.redis")
 
@@ -135,18 +113,21 @@ class RedisStream:
     #: see it).
     _marks_listing: bool = False
 
-    def __init__(self, settings: DiscoverySettings) -> None:
+    def __init__(self, settings: _settings.DiscoverySettings) -> None:
         self.settings = settings
-        self.target = parse_url(settings.url)
+        self.target = _connection.parse_url(settings.url)
         #: The counts of the subscription's key, held while it lives.
-        self.counted = by_key.setdefault(subscription_key(settings), Counters())
+        self.counted = by_key.setdefault(
+            _settings.subscription_key(settings), Counters()
+        )
 
     def __eq__(self, other: object) -> bool:
         """Equal to a subscriber of the same class made of equal arguments."""
         if not isinstance(other, RedisStream):
             return NotImplemented
-        mine, theirs = arguments_of(self.settings), arguments_of(other.settings)
-        return type(self) is type(other) and mine == theirs
+        arguments = _settings.arguments_of
+        same = arguments(self.settings) == arguments(other.settings)
+        return type(self) is type(other) and same
 
     def __hash__(self) -> int:
         return hash((type(self), self.settings))
@@ -159,7 +140,7 @@ class RedisStream:
         return self._events()
 
     async def _events(self) -> AsyncGenerator[DiscoveryEvent, None]:
-        require_asyncio("RedisDiscovery's subscriber")
+        _errors.require_asyncio("RedisDiscovery's subscriber")
         sessions = _Sessions(self)
         source: RestartingSource[DiscoveryEvent] | None = None
         try:
@@ -177,7 +158,7 @@ class RedisStream:
                 await sessions.close()
 
     def __repr__(self) -> str:
-        url, namespace = redact(self.settings.url), self.settings.namespace
+        url, namespace = _connection.redact(self.settings.url), self.settings.namespace
         return f"{type(self).__name__}({url!r}, {namespace!r})"
 
 
@@ -193,8 +174,8 @@ class _Sessions:
     def __init__(self, stream: RedisStream) -> None:
         self.stream, self.settings = stream, stream.settings
         self.counts = stream.counted.counts
-        self.state = SubscriptionState(self.settings.lease, self._invalid)
-        self.keys = Keys.of(
+        self.state = _state.SubscriptionState(self.settings.lease, self._invalid)
+        self.keys = _scripts.Keys.of(
             self.settings.namespace, stream.target.db, self.settings.key_prefix
         )
         #: What :meth:`connect` is doing, for error messages.
@@ -203,7 +184,7 @@ class _Sessions:
         #: Whether a session is open (its connections counted), and those
         #: it has opened so far.
         self.live = False
-        self.opened: list[Connection] = []
+        self.opened: list[_connection.Connection] = []
         self.pubsub: Any = None
         self.scripts: list[Any] = []
 
@@ -218,7 +199,7 @@ class _Sessions:
         self.live = True
         counts["connections"] += 2
         try:
-            with within(settings.connect_timeout):
+            with _errors.within(settings.connect_timeout):
                 reply = await self._open(state.since())
         except Exception as error:
             if reconnecting:
@@ -229,7 +210,7 @@ class _Sessions:
                 action = self.stage
             else:
                 action = "connecting"
-            raise failed(settings.url, action, error) from error
+            raise _errors.failed(settings.url, action, error) from error
         events: list[DiscoveryEvent] = []
         lost, how = False, f"resumed, {len(reply[2])} changes missed"
         if reply[3]:
@@ -237,7 +218,7 @@ class _Sessions:
             counts["resumes"] += 1
             counts["changes_read"] += len(reply[2])
             if not complete:  # the rest from a snapshot
-                with within(settings.connect_timeout):
+                with _errors.within(settings.connect_timeout):
                     reply = await self._script(self.scripts[0], *state.since())
         if not reply[3]:
             version, epoch, flat, _, change = reply
@@ -251,7 +232,7 @@ class _Sessions:
             counts["reconnects"] += 1
             logger.warning(
                 "reconnected to %s (namespace %s): %s%s",
-                redact(settings.url),
+                _connection.redact(settings.url),
                 settings.namespace,
                 how,
                 f" (the server lost its data: waiting {settings.lease:.1f}s "
@@ -274,38 +255,43 @@ class _Sessions:
         if cluster:
             target = await self._owner()
             # Without RedisCluster's own options: a node's client takes none.
-            known = client_option_names(target.scheme)
+            known = _connection.client_option_names(target.scheme)
             options = {name: options[name] for name in options if name in known}
         self.stage = "connecting"
         command = self._client(target, "subscriber-cmd", options).client
         self.pubsub = self._client(target, "subscriber", options).client.pubsub()
-        self.scripts = register(command, cluster, SNAPSHOT, RENEW)
+        self.scripts = _scripts.register(
+            command, cluster, _scripts.SNAPSHOT, _scripts.RENEW
+        )
         self.stage = "subscribing"
         subscribe = self.pubsub.ssubscribe if cluster else self.pubsub.subscribe
-        await watched(subscribe(self.keys.channel))
+        await _errors.watched(subscribe(self.keys.channel))
         confirmation = "ssubscribe" if cluster else "subscribe"
         while True:
-            message = await watched(self.pubsub.get_message(timeout=None))
+            message = await _errors.watched(self.pubsub.get_message(timeout=None))
             if message is not None and message["type"] == confirmation:
                 break
         self.stage = "taking a snapshot"
         return cast(list[Any], await self._script(self.scripts[0], *since))
 
     def _client(
-        self, target: Target, role: str, options: Mapping[str, Any] | None = None
-    ) -> Connection:
-        connection = open_client(
+        self,
+        target: _connection.Target,
+        role: str,
+        options: Mapping[str, Any] | None = None,
+    ) -> _connection.Connection:
+        connection = _connection.open_client(
             target, role, self.settings, retries=0, client_options=options
         )
         self.opened.append(connection)
         return connection
 
-    async def _owner(self) -> Target:
+    async def _owner(self) -> _connection.Target:
         """The master owning the namespace's slot, as the cluster says now."""
         layout = self._client(self.stream.target, "subscriber-cmd")
         self.stage = "reading the cluster's layout"
         try:
-            await watched(layout.client.initialize())
+            await _errors.watched(layout.client.initialize())
             node = layout.client.get_node_from_key(self.keys.channel)
         except redis_errors.RedisClusterException as error:
             # No seed reachable, or no master for the slot (yet): a lost
@@ -313,13 +299,13 @@ class _Sessions:
             raise redis_errors.ConnectionError(str(error)) from error
         self.opened.remove(layout)
         await layout.aclose()
-        self.node = address(str(node.host), int(node.port))
-        return parse_url(node_url(self.settings.url, self.node))
+        self.node = _connection.address(str(node.host), int(node.port))
+        return _connection.parse_url(_connection.node_url(self.settings.url, self.node))
 
     async def _script(self, script: Any, *rest: object) -> Any:
         settings = self.settings
-        keep = idle_expiry_ms(settings.lease, settings.reap_interval)
-        return await run(script, self.keys, keep, settings.change_log, *rest)
+        keep = _scripts.idle_expiry_ms(settings.lease, settings.reap_interval)
+        return await _scripts.run(script, self.keys, keep, settings.change_log, *rest)
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return self._run()
@@ -337,16 +323,16 @@ class _Sessions:
             async with contextlib.aclosing(follow):
                 async for event in follow:
                     yield event
-        except RETRIED as error:
-            self.counts["gaps"] += isinstance(error, Gap)
+        except _errors.RETRIED as error:
+            self.counts["gaps"] += isinstance(error, _state.Gap)
             logger.warning(
                 "lost %s (namespace %s): %s; reconnecting as the policy says",
-                redact(settings.url),
+                _connection.redact(settings.url),
                 settings.namespace,
-                reason(error),
+                _connection.reason(error),
             )
             action = "following the announcements" if connected else "reconnecting"
-            raise failed(settings.url, action, error) from error
+            raise _errors.failed(settings.url, action, error) from error
         finally:
             await self.close()
 
@@ -377,13 +363,13 @@ class _Sessions:
                 heard = max(heard, time.monotonic())
                 continue
             if now >= next_reap:
-                with within(deadline - now, f"no answer to a reap {silent}"):
+                with _errors.within(deadline - now, f"no answer to a reap {silent}"):
                     state.reaped((await self._script(renew, 0))[1])
                 next_reap = time.monotonic() + reap_interval
                 continue
             if not pinged and now >= heard + liveness / 2:
-                with within(deadline - now, f"no answer to a PING {silent}"):
-                    await watched(self.pubsub.ping())
+                with _errors.within(deadline - now, f"no answer to a PING {silent}"):
+                    await _errors.watched(self.pubsub.ping())
                 pinged = True
                 continue
             wait = min(next_reap, deadline if pinged else heard + liveness / 2) - now
@@ -391,8 +377,8 @@ class _Sessions:
                 wait = min(wait, state.settle_until - now)
             # Never a very short read: a read cut short by its timeout
             # mid-message is what redis-py's pub/sub handles worst.
-            message = await watched(
-                self.pubsub.get_message(timeout=max(wait, MIN_WAIT))
+            message = await _errors.watched(
+                self.pubsub.get_message(timeout=max(wait, _errors.MIN_WAIT))
             )
             if message is None:
                 if pinged and time.monotonic() >= deadline:
@@ -401,7 +387,7 @@ class _Sessions:
             heard = counted.heard = time.monotonic()
             pinged = False
             if message["type"] == "sunsubscribe":
-                raise Resync(
+                raise _state.Resync(
                     f"{self.node} unsubscribed {self.keys.channel}: the "
                     "namespace's slot moved to another node"
                 )
@@ -419,9 +405,9 @@ class _Sessions:
             "skipping a record of namespace %s at %s that is not valid worker "
             "metadata (%r): %s",
             self.settings.namespace,
-            redact(self.settings.url),
+            _connection.redact(self.settings.url),
             what,
-            reason(error),
+            _connection.reason(error),
         )
 
     async def close(self) -> None:
@@ -442,8 +428,8 @@ class _Sessions:
         return repr(self.stream)
 
 
-def _key(cls: type, settings: DiscoverySettings) -> Hashable:
-    return subscription_key(settings)
+def _key(cls: type, settings: _settings.DiscoverySettings) -> Hashable:
+    return _settings.subscription_key(settings)
 
 
 @shared_subscription(key=_key)
