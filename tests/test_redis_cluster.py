@@ -250,16 +250,17 @@ async def test_a_migrated_slot_is_a_reconnect_to_its_new_master(
 async def test_a_tls_cluster_carries_publishers_and_subscribers_through_failover() -> (
     None
 ):
-    """``rediss+cluster://`` with redis-py's ``ssl_*`` options: the layout,
-    the scripts and the sharded subscription all go over TLS, before and
-    after the namespace's master is SIGKILLed."""
+    """``rediss+cluster://`` with redis-py's ``ssl_*`` options (and
+    ``RedisCluster``'s own ``ssl``, which no node connection takes): the
+    layout, the scripts and the sharded subscription all go over TLS, before
+    and after the namespace's master is SIGKILLed."""
     tls = RedisCluster(tls=True)
     try:
         namespace = new_namespace()
         found = discovery(
             tls.url(),
             namespace,
-            client_options={"ssl_ca_certs": str(CERTIFICATE)},
+            client_options={"ssl_ca_certs": str(CERTIFICATE), "ssl": True},
         )
         slot = tls.slot_of(channel(namespace))
         workers = [fake_worker(port) for port in range(1, 4)]
