@@ -35,6 +35,8 @@ from . import _errors
 from . import _scripts
 from . import _settings
 from . import _stream
+
+# By name: the reference shows a constant default as its value (docs/conf.py).
 from ._errors import DEFAULT_RECONNECT
 from ._scripts import DEFAULT_CHANGE_LOG
 from ._scripts import DEFAULT_KEY_PREFIX
