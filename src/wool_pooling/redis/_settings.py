@@ -1,5 +1,6 @@
-"""The constructor arguments: one frozen record per object, whose fields check
-them (what pickling, equality and the pool key read)."""
+"""The constructor arguments: one record per object, which RedisDiscovery and
+RedisPublisher extend, whose read-only fields check them (what pickling,
+equality and the pool key read)."""
 
 from __future__ import annotations
 
