@@ -25,9 +25,7 @@ def test_a_given_ssl_context_wraps_each_connection(url: str) -> None:
     """A connection of the client's pool carries the given context."""
     context = ssl.create_default_context()
     discovery = RedisDiscovery(url, "ns", client_options={"ssl_context": context})
-    connection = open_client(
-        parse_url(url), "publisher", discovery._settings, retries=0
-    )
+    connection = open_client(parse_url(url), "publisher", discovery, retries=0)
     try:
         made = connection.client.connection_pool.make_connection()
         assert made.ssl_context.context is context

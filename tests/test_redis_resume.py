@@ -35,7 +35,7 @@ from wool import protocol
 from wool_pooling.redis import RedisDiscovery
 from wool_pooling.redis import RedisPublisher
 from wool_pooling.redis._scripts import PUBLISH
-from wool_pooling.redis._scripts import REAP
+from wool_pooling.redis._scripts import RENEW
 from wool_pooling.redis._scripts import Keys
 
 pytestmark = pytest.mark.anyio
@@ -231,7 +231,7 @@ async def run_model(url: str, program: list[Step], log: int) -> None:
     name = namespace()
     keys = Keys.of(name)
     client = redis.asyncio.Redis.from_url(url)
-    publish, reap = client.register_script(PUBLISH), client.register_script(REAP)
+    publish, renew = client.register_script(PUBLISH), client.register_script(RENEW)
     found = discovery(url, name, lease=600.0, change_log=log)
     base = [keys.channel, uuid.uuid4().hex, 600_000, log]
     uids = [str(uuid.uuid4()) for _ in range(2 * WORKERS)]
@@ -281,7 +281,7 @@ async def run_model(url: str, program: list[Step], log: int) -> None:
                     await publish(keys=keys.keys, args=[*base, *args])
                 elif action == "expire":
                     await client.zadd(keys.leases, {uid: 0})
-                    await reap(keys=keys.keys, args=base)
+                    await renew(keys=keys.keys, args=[*base, 600_000])  # reaps
                 elif action == "cut":
                     if await client.client_kill_filter(_type="pubsub"):
                         cut.append(found.statistics().reconnects)

@@ -23,8 +23,7 @@ from redis_views import fake_worker
 
 from wool_pooling import RestartPolicy
 from wool_pooling.redis import RedisDiscoveryError
-from wool_pooling.redis import _publisher
-from wool_pooling.redis import _statistics
+from wool_pooling.redis import _discovery
 from wool_pooling.redis import _stream
 
 pytestmark = pytest.mark.anyio
@@ -41,7 +40,7 @@ def break_the_renewal(monkeypatch: pytest.MonkeyPatch) -> anyio.Event:
         failing.set()
         raise ZeroDivisionError("a bug in the renewal")
 
-    monkeypatch.setattr(_publisher, "_process_alive", broken)
+    monkeypatch.setattr(_discovery, "_process_alive", broken)
     return failing
 
 
@@ -105,13 +104,13 @@ async def test_the_counters_of_a_key_go_with_its_last_user(
     key = first._key  # pyright: ignore[reportPrivateUsage]
     subscriber = first.subscribe()
     assert first.statistics().snapshots == 0
-    assert key in _statistics.by_key
+    assert key in _stream.by_key
     del first
     gc.collect()
-    assert key in _statistics.by_key  # the subscriber holds them
+    assert key in _stream.by_key  # the subscriber holds them
     del subscriber
     gc.collect()
-    assert key not in _statistics.by_key
+    assert key not in _stream.by_key
 
 
 async def test_the_options_of_shared_subscribers_go_with_the_last_one(
@@ -121,14 +120,19 @@ async def test_the_options_of_shared_subscribers_go_with_the_last_one(
     ones) go with the subscribers, and the key with the last of them."""
     made = discovery(UNREACHABLE)
     key = made._key  # pyright: ignore[reportPrivateUsage]
+
+    def noted() -> int:
+        live = _discovery._live.values()  # pyright: ignore[reportPrivateUsage]
+        return sum(each == key for each, _ in live)
+
     subscribers = [made.subscribe(), made.subscribe()]
-    assert len(_stream._live[key]) == 2  # pyright: ignore[reportPrivateUsage]
+    assert noted() == 2
     subscribers.pop()
     gc.collect()
-    assert len(_stream._live[key]) == 1  # pyright: ignore[reportPrivateUsage]
+    assert noted() == 1
     subscribers.clear()
     gc.collect()
-    assert key not in _stream._live  # pyright: ignore[reportPrivateUsage]
+    assert noted() == 0
 
 
 @pytest.mark.parametrize(

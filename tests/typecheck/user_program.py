@@ -17,6 +17,7 @@ import anyio
 import wool
 from wool import DiscoveryEvent
 from wool import DiscoveryLike
+from wool import DiscoveryPublisherLike
 from wool import DiscoverySubscriberLike
 from wool import WorkerMetadata
 
@@ -41,6 +42,8 @@ from wool_pooling import afilter
 from wool_pooling import current_pool
 from wool_pooling import mark_synced
 from wool_pooling import shared_subscription
+from wool_pooling.redis import RedisDiscovery
+from wool_pooling.redis import RedisPublisher
 
 
 def worker(number: int) -> WorkerMetadata:
@@ -199,3 +202,10 @@ async def main() -> None:
 
 if __name__ == "__main__":
     anyio.run(main)
+
+
+def use_redis() -> None:
+    """RedisDiscovery and RedisPublisher are what wool's protocols declare."""
+    discovery: DiscoveryLike = RedisDiscovery("redis://localhost", "namespace")
+    publisher: DiscoveryPublisherLike = RedisPublisher("redis://localhost", "ns")
+    print(discovery, publisher)

@@ -15,10 +15,10 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess
 
 from ._connection import redact
 from ._discovery import RedisDiscovery
+from ._discovery import RedisPublisher
 from ._errors import DEFAULT_RECONNECT
 from ._errors import RedisDiscoveryError
-from ._publisher import RedisPublisher
-from ._statistics import RedisStatistics
+from ._stream import RedisStatistics
 
 __all__ = [
     "DEFAULT_RECONNECT",

@@ -112,8 +112,8 @@ async def _listing(discovery: RedisDiscovery, lease: float) -> list[str]:
     """
     target = parse_url(discovery.url)
     keys = Keys.of(discovery.namespace, target.db, discovery.key_prefix)
-    # The discovery's settings: name_connections=False, no CLIENT command.
-    connection = open_client(target, "operator", discovery._settings, retries=0)
+    # The discovery's arguments: name_connections=False, no CLIENT command.
+    connection = open_client(target, "operator", discovery, retries=0)
     try:
         client = connection.client
         read = client.register_script(_READ)

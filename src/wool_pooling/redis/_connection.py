@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import inspect
 import ipaddress
 import os
 import re
@@ -19,17 +20,20 @@ import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import Connection as PlainConnection
 from redis.asyncio.connection import ConnectionPool
 from redis.asyncio.connection import SSLConnection
+from redis.asyncio.connection import UnixDomainSocketConnection
 from redis.asyncio.connection import parse_url as parse_redis_url
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import MasterNotFoundError
 from redis.asyncio.sentinel import Sentinel
+from redis.asyncio.sentinel import SentinelManagedConnection
 from redis.asyncio.sentinel import SentinelManagedSSLConnection
 from redis.backoff import EqualJitterBackoff
 from redis.backoff import NoBackoff
 
-from ._client_keywords import check_client_option_names
+from .._core.signatures import did_you_mean
 
 if TYPE_CHECKING:
     from ._settings import PublisherSettings
@@ -73,10 +77,6 @@ class Target:
     db: int
     username: str | None
     service: str | None
-
-    @property
-    def sentinel(self) -> bool:
-        return self.scheme.endswith("+sentinel")
 
     @property
     def cluster(self) -> bool:
@@ -184,16 +184,6 @@ def node_url(url: str, node: str, db: str = "0") -> str:
     return f"{plain}://{userinfo}{at}{node}/{db}{qmark}{query}"
 
 
-def _without_passwords(query: str) -> str:
-    if not query:
-        return query
-    pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
-    return urllib.parse.urlencode(
-        [(name, value) for name, value in pairs if "password" not in name.lower()],
-        safe="/:",
-    )
-
-
 def redact(url: str) -> str:
     """``url`` without its passwords (after the user, and in any
     ``password=`` or ``sentinel_password=`` query parameter), for messages
@@ -207,7 +197,11 @@ def redact(url: str) -> str:
         user = userinfo.partition(":")[0]
         rest = f"{user}@{location}" if user else location
     if qmark:
-        query = _without_passwords(query)
+        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
+        query = urllib.parse.urlencode(
+            [(name, value) for name, value in pairs if "password" not in name.lower()],
+            safe="/:",
+        )
         return f"{scheme}://{rest}?{query}" if query else f"{scheme}://{rest}"
     return f"{scheme}://{rest}"
 
@@ -280,9 +274,59 @@ def check_client_options(options: Mapping[str, Any], target: Target) -> None:
             "client_options ssl_context must be an ssl.SSLContext, got "
             f"{type(context).__name__}"
         )
-    check_client_option_names(
-        options, scheme=target.scheme, unix=target.path is not None, url=url
-    )
+    tls = target.scheme.startswith("rediss")
+    known = client_option_names(target.scheme, unix=target.path is not None)
+    for name in options:
+        if not tls and (name == "ssl" or name.startswith("ssl_")):
+            raise ValueError(
+                f"client_options {name} needs a TLS url (rediss:// or "
+                f"rediss+sentinel://), got {url!r}"
+            )
+        if name not in known:
+            raise TypeError(
+                f"client_options {name} is not a keyword of redis-py's client "
+                f"for a {target.scheme}:// url{did_you_mean(name, known)}"
+            )
+
+
+@functools.cache
+def client_option_names(scheme: str, *, unix: bool = False) -> frozenset[str]:
+    """The keywords of the connection class redis-py builds for a url of
+    ``scheme``, of its pool (and ``Sentinel`` or ``RedisCluster``), and
+    ``ssl_context``, read from their signatures."""
+    tls = scheme.startswith("rediss")
+    connection: type = SSLConnection if tls else PlainConnection
+    if scheme.endswith("+sentinel"):
+        connection = SentinelManagedSSLConnection if tls else SentinelManagedConnection
+    elif unix:
+        connection = UnixDomainSocketConnection
+    names = _keywords(connection) | _keywords(ConnectionPool, own=True)
+    if scheme.endswith("+cluster"):
+        names |= _keywords(RedisCluster, own=True)
+    if scheme.endswith("+sentinel"):
+        names |= _keywords(Sentinel, own=True) | {"check_connection", "ssl"}
+    # The sentinels are set from the url: never the caller's.
+    return frozenset(names - {"self", "sentinels"} | {"ssl_context"})
+
+
+def _keywords(cls: type, *, own: bool = False) -> set[str]:
+    """The keyword parameters of ``cls.__init__`` and (unless ``own``) of
+    the bases it hands its ``**kwargs`` to."""
+    names: set[str] = set()
+    for klass in cls.__mro__[:-1]:
+        if "__init__" not in vars(klass):
+            continue
+        parameters = inspect.signature(vars(klass)["__init__"]).parameters.values()
+        names.update(each.name for each in parameters if each.kind in _KEYWORD_KINDS)
+        if own or all(each.kind is not each.VAR_KEYWORD for each in parameters):
+            break
+    return names
+
+
+_KEYWORD_KINDS = (
+    inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    inspect.Parameter.KEYWORD_ONLY,
+)
 
 
 class _GivenContextSSLConnection(SSLConnection):
@@ -412,7 +456,7 @@ def open_client(
     )
     if given is not None:
         options["given_ssl_context"] = given
-    if not (target.cluster or target.sentinel):
+    if not target.cluster and target.service is None:  # neither: one server
         # The url wins over the options; a given context's class over the url's.
         arguments: dict[str, Any] = {**options, **parse_redis_url(target.url)}
         if given is not None:

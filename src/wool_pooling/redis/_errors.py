@@ -7,7 +7,7 @@ import contextlib
 import re
 from collections.abc import Awaitable
 from collections.abc import Generator
-from typing import TypeVar
+from typing import Any
 
 import anyio
 import redis.exceptions as redis_errors
@@ -16,8 +16,6 @@ from .._pooling.restart import RestartPolicy
 from ._connection import reason
 from ._connection import redact
 from ._state import Resync
-
-T = TypeVar("T")
 
 #: Errors that mean "the connection is gone" (``OSError`` includes
 #: :exc:`TimeoutError`): reconnect and resynchronise.
@@ -58,7 +56,7 @@ def require_asyncio(what: str) -> None:
         ) from None
 
 
-async def watched(awaitable: Awaitable[T]) -> T:
+async def watched(awaitable: Awaitable[Any]) -> Any:
     """Await a redis-py call; re-raise a cancellation that its own
     ``asyncio.timeout`` swallowed (the task's cancellation count says so)."""
     task = asyncio.current_task()

@@ -9,7 +9,12 @@ subscribing, knows which announcements its read holds.
 
 from __future__ import annotations
 
+import uuid
+from typing import Any
+
 import attrs
+
+from ._errors import watched
 
 #: The prefix of every key and channel, unless ``key_prefix`` says otherwise.
 DEFAULT_KEY_PREFIX = "wool:"
@@ -148,18 +153,17 @@ end
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[8]), uid)
 if old == payload then return finish(0) end
 redis.call('HSET', KEYS[1], uid, payload)
-if old then
-  return finish(announce('worker-updated', uid, payload))
-end
-return finish(announce('worker-added', uid, payload))
+return finish(announce(old and 'worker-updated' or 'worker-added', uid, payload))
 """
 )
 
 #: ARGV: channel, new epoch, keep (ms), log length, lease (ms), then uid,
-#: payload pairs.
+#: payload pairs (none: a subscriber's reap).
 #: Renews each lease; a record that is gone (expired, or lost with the
-#: server's data) is added again. Then reaps. Returns how many records were
-#: added again.
+#: server's data) is added again. Then drops the records whose lease has
+#: expired (announcing each drop). Returns how many records were added
+#: again, and the epoch (a subscriber that finds another than its
+#: snapshot's takes a new snapshot).
 RENEW = (
     _PRELUDE
     + """
@@ -174,18 +178,7 @@ for i = 6, #ARGV, 2 do
   end
 end
 reap()
-return finish(readded)
-"""
-)
-
-#: ARGV: channel, new epoch, keep (ms), log length. Drops the records whose lease has
-#: expired (announcing each drop). Returns the epoch (a subscriber that finds
-#: another than its snapshot's takes a new snapshot).
-REAP = (
-    _PRELUDE
-    + """
-reap()
-return finish(epoch)
+return finish({readded, epoch})
 """
 )
 
@@ -220,12 +213,24 @@ return finish({version, epoch, flat, 0, top and top[2][2] or false})
 _PUBLISH_CALL = "redis.call('PUBLISH', channel,"
 
 
+def register(client: Any, cluster: bool, *scripts: str) -> list[Any]:
+    """Each of ``scripts`` registered on ``client`` (a cluster's: announcing
+    with ``SPUBLISH``)."""
+    return [
+        client.register_script(sharded(each) if cluster else each) for each in scripts
+    ]
+
+
+async def run(
+    script: Any, keys: Keys, keep: int, change_log: int, *rest: object
+) -> Any:
+    """Run a registered ``script`` on ``keys``: ``keep`` is the keys' idle
+    expiry (ms), ``change_log`` the log's length, ``rest`` its own ARGV."""
+    args = [keys.channel, uuid.uuid4().hex, keep, change_log, *rest]
+    return await watched(script(keys=keys.keys, args=args))
+
+
 def sharded(script: str) -> str:
     """``script`` announcing with ``SPUBLISH`` (to the channel's shard of a
-    cluster) in place of ``PUBLISH`` (to every node).
-
-    :raises ValueError: if ``script`` does not announce exactly once.
-    """
-    if script.count(_PUBLISH_CALL) != 1:
-        raise ValueError("a discovery script announces with exactly one PUBLISH")
+    cluster) in place of ``PUBLISH`` (to every node)."""
     return script.replace(_PUBLISH_CALL, "redis.call('SPUBLISH', channel,")

@@ -1,23 +1,20 @@
-"""The constructor arguments: one frozen record per object, whose fields check
-them (what pickling, equality and the pool key read)."""
+"""The constructor arguments: one record per object, which RedisDiscovery and
+RedisPublisher extend, whose read-only fields check them (what pickling,
+equality and the pool key read)."""
 
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Callable
 from collections.abc import Hashable
 from collections.abc import Mapping
 from typing import Any
-from typing import TypeVar
 
 import attrs
 
 from .._pooling.restart import RestartPolicy
 from ._connection import check_client_options
 from ._connection import parse_url
-
-T = TypeVar("T")
 
 
 def check_seconds(name: str, value: object) -> float:
@@ -116,69 +113,74 @@ def _reconnect(_: object, __: attrs.Attribute[Any], policy: object) -> None:
             )
 
 
-@attrs.frozen
+#: A record of constructor arguments: each field read-only once checked,
+#: compared and hashed by value (``client_options`` out of the hash).
+_record = attrs.define(on_setattr=attrs.setters.frozen, unsafe_hash=True, repr=False)
+
+
+@_record
 class PublisherSettings:
     """The arguments of :class:`RedisPublisher`, checked, one field each."""
 
+    #: The ``url`` argument.
     url: str = attrs.field(validator=_url)
+    #: The ``namespace`` argument.
     namespace: str = attrs.field(validator=[_str, _namespace])
+    #: The ``bind_host`` argument.
     bind_host: str = attrs.field(validator=_str)
+    #: The ``advertise_host`` argument.
     advertise_host: str | None = attrs.field(validator=_advertise_host)
+    #: The ``lease`` argument, in seconds.
     lease: float = attrs.field(converter=_seconds("lease"))
+    #: The ``connect_timeout`` argument, in seconds.
     connect_timeout: float = attrs.field(converter=_seconds("connect_timeout"))
-    #: A checked copy, compared by value; out of the hash (a mapping is not
-    #: hashable).
+    #: A checked copy of the ``client_options`` argument.
     client_options: Mapping[str, Any] = attrs.field(
         hash=False, converter=_copy, validator=_client_options
     )
+    #: The ``key_prefix`` argument.
     key_prefix: str = attrs.field(validator=[_str, _key_prefix])
+    #: The ``name_connections`` argument.
     name_connections: bool = attrs.field(validator=_flag)
+    #: The ``change_log`` argument.
     change_log: int = attrs.field(validator=_change_log)
 
 
-@attrs.frozen
+@_record
 class DiscoverySettings(PublisherSettings):
     """The arguments of :class:`RedisDiscovery`, checked: what its
     subscribers are made of."""
 
+    #: The ``reap_interval`` argument (``lease / 4`` unless given).
     reap_interval: float = attrs.field(converter=_seconds("reap_interval"))
+    #: The ``reconnect`` argument.
     reconnect: RestartPolicy = attrs.field(validator=_reconnect)
+    #: The ``shared`` argument.
     shared: bool
+    #: The ``liveness_timeout`` argument, in seconds.
     liveness_timeout: float = attrs.field(converter=_seconds("liveness_timeout"))
 
-    def publisher(self) -> PublisherSettings:
-        """The publisher's arguments: each of its fields, taken by name."""
-        names = (field.name for field in attrs.fields(PublisherSettings))
-        return PublisherSettings(**{name: getattr(self, name) for name in names})
 
-    def key(self) -> Hashable:
-        """What subscriptions are shared by (docs/redis.rst, *One subscription
-        per connection*)."""
-        return (parse_url(self.url).key, self.key_prefix, self.namespace)
-
-    def options(self) -> tuple[object, ...]:
-        """What a shared subscription runs with, beyond its key."""
-        return (
-            self.connect_timeout,
-            self.reap_interval,
-            self.reconnect,
-            self.lease,
-            self.client_options,
-            self.liveness_timeout,
-            self.name_connections,
-            self.change_log,
-        )
+def arguments_of(
+    settings: PublisherSettings, of: type[PublisherSettings] | None = None
+) -> dict[str, Any]:
+    """The arguments of ``settings``, by name (only those of record ``of``, if
+    given): what the object is built again from, when unpickled."""
+    fields = attrs.fields(of or type(settings))
+    return {field.name: getattr(settings, field.name) for field in fields}
 
 
-def rebuild(cls: Callable[..., T], settings: PublisherSettings) -> T:
-    """``cls`` built again from ``settings``: an unpickled discovery or
-    publisher."""
-    return cls(**attrs.asdict(settings, recurse=False))
+def subscription_key(settings: DiscoverySettings) -> Hashable:
+    """What subscriptions are shared by (docs/redis.rst, *One subscription
+    per connection*)."""
+    return (parse_url(settings.url).key, settings.key_prefix, settings.namespace)
 
 
-def argument(name: str) -> Any:
-    """A read-only attribute: argument ``name`` from the object's record."""
-    return property(
-        operator.attrgetter(f"_settings.{name}"),
-        doc=f"The ``{name}`` argument, as checked.",
-    )
+def run_options(settings: DiscoverySettings) -> tuple[object, ...]:
+    """What a shared subscription runs with, beyond its key."""
+    return attrs.astuple(settings, recurse=False, filter=_NOT_RUN_OPTIONS)
+
+
+_NOT_RUN_OPTIONS = attrs.filters.exclude(
+    "url", "namespace", "key_prefix", "bind_host", "advertise_host", "shared"
+)

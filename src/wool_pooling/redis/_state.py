@@ -29,20 +29,12 @@ class Gap(Resync):
     """An announcement is missing: its version was skipped."""
 
 
-#: Records decoded before: their payloads and metadata, by uid.
-Records = tuple[dict[bytes, bytes], dict[bytes, WorkerMetadata]]
-
-
-def decode(uid: bytes, payload: bytes, known: Records | None = None) -> WorkerMetadata:
+def decode(uid: bytes, payload: bytes) -> WorkerMetadata:
     """The worker metadata a record holds.
 
-    :param known: records decoded before: one found there with the same
-        payload is not decoded again.
     :raises Exception: if ``payload`` is not a ``WorkerMetadata`` protobuf
         of worker ``uid``.
     """
-    if known and known[0].get(uid) == payload:
-        return known[1][uid]
     metadata = WorkerMetadata.from_protobuf(protocol.WorkerMetadata.FromString(payload))
     if str(metadata.uid) != uid.decode():
         raise ValueError(f"record {uid!r} holds the metadata of worker {metadata.uid}")
@@ -53,8 +45,9 @@ def decode(uid: bytes, payload: bytes, known: Records | None = None) -> WorkerMe
 class SubscriptionState:
     """The workers a subscription has yielded, and where its sequence stands.
 
-    Memory held: one metadata per known worker, the records of the last
-    snapshot (a resync decodes only the changed ones), and its invalid ones.
+    Memory held: one metadata per known worker, and the records of the last
+    snapshot (a resync decodes only the changed ones, and warns of an
+    invalid one once).
     """
 
     def __init__(
@@ -72,12 +65,9 @@ class SubscriptionState:
         #: announcement): a later session resumes after it if the server's
         #: log still holds it.
         self.change: bytes | None = None
-        self._invalid_records: set[tuple[bytes, bytes]] = set()
-        self._records: Records = ({}, {})
-
-    @property
-    def connected_before(self) -> bool:
-        return self.epoch is not None
+        #: The last snapshot's records: uid -> payload, metadata (``None``:
+        #: invalid).
+        self._records: dict[bytes, tuple[bytes, WorkerMetadata | None]] = {}
 
     def since(self) -> list[object]:
         """The epoch, version and change last applied, for the snapshot
@@ -91,13 +81,13 @@ class SubscriptionState:
         every one applied (one that does not parse stops them: a snapshot
         must follow)."""
         events: list[DiscoveryEvent] = []
-        try:
-            for change in changes:
+        for change in changes:
+            try:
                 event = self.message(change)
-                if event is not None:
-                    events.append(event)
-        except Resync:
-            return events, False
+            except Resync:
+                return events, False
+            if event is not None:
+                events.append(event)
         return events, True
 
     def snapshot(
@@ -116,20 +106,21 @@ class SubscriptionState:
         self.epoch, self.version = epoch, version
         self.change = change
         current: dict[uuid.UUID, WorkerMetadata] = {}
-        invalid: set[tuple[bytes, bytes]] = set()
-        records: Records = ({}, {})
-        for index in range(0, len(flat) - 1, 2):
-            uid, payload = flat[index], flat[index + 1]
-            try:
-                metadata = decode(uid, payload, self._records)
-            except Exception as error:
-                invalid.add((uid, payload))
-                if (uid, payload) not in self._invalid_records:
+        records: dict[bytes, tuple[bytes, WorkerMetadata | None]] = {}
+        for uid, payload in zip(flat[::2], flat[1::2], strict=False):
+            known = self._records.get(uid)
+            if known is not None and known[0] == payload:
+                metadata = known[1]
+            else:
+                try:
+                    metadata = decode(uid, payload)
+                except Exception as error:
+                    metadata = None
                     self._invalid(uid, error)
-                continue
-            current[metadata.uid] = metadata
-            records[0][uid], records[1][uid] = payload, metadata
-        self._invalid_records, self._records = invalid, records
+            records[uid] = (payload, metadata)
+            if metadata is not None:
+                current[metadata.uid] = metadata
+        self._records = records
         missing = [uid for uid in self.workers.workers if uid not in current]
         if lost:  # held: not dropped before the settle time
             for uid in missing:
@@ -185,13 +176,9 @@ class SubscriptionState:
 
     def settle(self) -> list[DiscoveryEvent]:
         """Drop the held workers that were not announced again."""
-        events: list[DiscoveryEvent] = []
-        for uid in self.held:
-            event = self.workers.drop(uid)
-            if event is not None:
-                events.append(event)
+        dropped = [self.workers.drop(uid) for uid in self.held]
         self.held.clear()
-        return events
+        return [event for event in dropped if event is not None]
 
     def reaped(self, epoch: bytes) -> None:
         """:raises Resync: if a reap's epoch is not the snapshot's (a flush)."""

@@ -1,42 +1,102 @@
-"""The reconnecting subscription: one session at a time, snapshot then changes."""
+"""The reconnecting subscription: one session (a pub/sub and a command
+connection) at a time, snapshot or changes missed, then announcements; and
+what it counts, per subscription key, for operators."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import time
-import warnings
 import weakref
 from collections.abc import AsyncGenerator
 from collections.abc import AsyncIterator
 from collections.abc import Hashable
+from collections.abc import Mapping
 from typing import Any
 from typing import cast
 from typing import final
 
 import anyio
+import attrs
 import redis.exceptions as redis_errors
 from wool import DiscoveryEvent
 
 from .._core.synced import Synced
 from .._pooling.restart import RestartingSource
 from .._wool.view import shared_subscription
-from ._connection import parse_url
-from ._connection import reason
-from ._connection import redact
-from ._errors import MIN_WAIT
-from ._errors import RETRIED
-from ._errors import failed
-from ._errors import require_asyncio
-from ._errors import within
-from ._session import Session
-from ._settings import DiscoverySettings
-from ._state import Gap
-from ._state import SubscriptionState
-from ._statistics import Counters
-from ._statistics import counters
+from . import _connection
+from . import _errors
+from . import _scripts
+from . import _settings
+from . import _state
 
 logger = logging.getLogger("wool_pooling.redis")
+
+
+@attrs.frozen
+class RedisStatistics:
+    """What the subscribers of one (connection, namespace) in this process have met.
+
+    Counted while a discovery or subscriber of that key lives in the
+    process, whether shared or not (``shared=False`` subscribers add to the
+    same counts); the counts go with the last of them.
+    """
+
+    #: Records (or announcements) that were not valid worker metadata: skipped.
+    invalid_records: int = 0
+    #: Successful reconnections after a lost connection (or a resynchronisation).
+    reconnects: int = 0
+    #: Connections to the server the subscribers hold now: two per live
+    #: subscription (pub/sub and commands), however many consumers share it.
+    connections: int = 0
+    #: Full snapshots taken: one per connection, and per reconnection that
+    #: could not resume.
+    snapshots: int = 0
+    #: Reconnections that read only the changes missed from the namespace's
+    #: change log, not a snapshot.
+    resumes: int = 0
+    #: Changes read from the change log by those resumes.
+    changes_read: int = 0
+    #: Announcements received on the pub/sub connection (duplicates and
+    #: invalid ones included).
+    announcements: int = 0
+    #: Announcements found missing (a version skipped): each one cost a
+    #: resynchronisation.
+    gaps: int = 0
+    #: Snapshots that found a new epoch: the server lost, flushed or
+    #: expired the namespace's data.
+    epoch_changes: int = 0
+    #: Seconds since a subscriber last read anything from its pub/sub
+    #: connection (an announcement or the answer to its liveness ``PING``);
+    #: ``None`` before the first. Stays under ``liveness_timeout`` while the
+    #: connection is healthy.
+    seconds_since_last_message: float | None = None
+
+
+_COUNTS = attrs.filters.exclude("seconds_since_last_message")
+
+
+@attrs.define
+class Counters:
+    """The running counts of one key, by :class:`RedisStatistics` field name
+    (one dict update per announcement)."""
+
+    counts: dict[str, int] = attrs.Factory(
+        lambda: attrs.asdict(RedisStatistics(), filter=_COUNTS)
+    )
+    #: ``time.monotonic()`` of the last message read, if any.
+    heard: float | None = None
+
+    def statistics(self) -> RedisStatistics:
+        """The counts as they stand."""
+        heard = self.heard
+        since = None if heard is None else max(0.0, time.monotonic() - heard)
+        return RedisStatistics(**self.counts, seconds_since_last_message=since)
+
+
+#: The counters of each key, held by its discoveries and subscribers: an
+#: entry goes with the last of them.
+by_key: weakref.WeakValueDictionary[Hashable, Counters] = weakref.WeakValueDictionary()
 
 
 class RedisStream:
@@ -53,19 +113,21 @@ class RedisStream:
     #: see it).
     _marks_listing: bool = False
 
-    def __init__(self, settings: DiscoverySettings) -> None:
+    def __init__(self, settings: _settings.DiscoverySettings) -> None:
         self.settings = settings
-        self.url = settings.url
-        self.namespace = settings.namespace
-        self.target = parse_url(settings.url)
+        self.target = _connection.parse_url(settings.url)
         #: The counts of the subscription's key, held while it lives.
-        self.counted: Counters = counters(settings.key())
+        self.counted = by_key.setdefault(
+            _settings.subscription_key(settings), Counters()
+        )
 
     def __eq__(self, other: object) -> bool:
-        """Equal to a subscriber of the same class made of equal settings."""
+        """Equal to a subscriber of the same class made of equal arguments."""
         if not isinstance(other, RedisStream):
             return NotImplemented
-        return type(self) is type(other) and self.settings == other.settings
+        arguments = _settings.arguments_of
+        same = arguments(self.settings) == arguments(other.settings)
+        return type(self) is type(other) and same
 
     def __hash__(self) -> int:
         return hash((type(self), self.settings))
@@ -78,7 +140,7 @@ class RedisStream:
         return self._events()
 
     async def _events(self) -> AsyncGenerator[DiscoveryEvent, None]:
-        require_asyncio("RedisDiscovery's subscriber")
+        _errors.require_asyncio("RedisDiscovery's subscriber")
         sessions = _Sessions(self)
         source: RestartingSource[DiscoveryEvent] | None = None
         try:
@@ -95,21 +157,200 @@ class RedisStream:
                     await source.aclose()
                 await sessions.close()
 
-    async def follow(
-        self, session: Session, state: SubscriptionState
-    ) -> AsyncGenerator[DiscoveryEvent, None]:
+    def __repr__(self) -> str:
+        url, namespace = _connection.redact(self.settings.url), self.settings.namespace
+        return f"{type(self).__name__}({url!r}, {namespace!r})"
+
+
+@final
+class _Sessions:
+    """One iteration's sessions, one at a time, sharing what it knows: each
+    iteration (by the restart engine) follows the session open now, or opens
+    and lists a new one. A session is a pub/sub and a command connection to
+    the namespace's server (on a cluster: to the master owning its slot);
+    neither retries: a lost connection, a ``MOVED`` or an unasked
+    ``sunsubscribe`` raises."""
+
+    def __init__(self, stream: RedisStream) -> None:
+        self.stream, self.settings = stream, stream.settings
+        self.counts = stream.counted.counts
+        self.state = _state.SubscriptionState(self.settings.lease, self._invalid)
+        self.keys = _scripts.Keys.of(
+            self.settings.namespace, stream.target.db, self.settings.key_prefix
+        )
+        #: What :meth:`connect` is doing, for error messages.
+        self.stage = "connecting"
+        self.node = "the cluster"
+        #: Whether a session is open (its connections counted), and those
+        #: it has opened so far.
+        self.live = False
+        self.opened: list[_connection.Connection] = []
+        self.pubsub: Any = None
+        self.scripts: list[Any] = []
+
+    async def connect(self) -> list[DiscoveryEvent]:
+        """Open a session and read what it missed from the change log, or
+        take a snapshot: the events to it.
+
+        :raises RedisDiscoveryError: if this is the first session and it fails.
+        """
+        state, counts, settings = self.state, self.counts, self.settings
+        reconnecting = state.epoch is not None  # a session listed before
+        self.live = True
+        counts["connections"] += 2
+        try:
+            with _errors.within(settings.connect_timeout):
+                reply = await self._open(state.since())
+        except Exception as error:
+            if reconnecting:
+                raise
+            if isinstance(error, redis_errors.AuthenticationError):
+                action = "authenticating"
+            elif isinstance(error, redis_errors.ResponseError):
+                action = self.stage
+            else:
+                action = "connecting"
+            raise _errors.failed(settings.url, action, error) from error
+        events: list[DiscoveryEvent] = []
+        lost, how = False, f"resumed, {len(reply[2])} changes missed"
+        if reply[3]:
+            events, complete = state.resume(reply[2])
+            counts["resumes"] += 1
+            counts["changes_read"] += len(reply[2])
+            if not complete:  # the rest from a snapshot
+                with _errors.within(settings.connect_timeout):
+                    reply = await self._script(self.scripts[0], *state.since())
+        if not reply[3]:
+            version, epoch, flat, _, change = reply
+            now = time.monotonic()
+            more, lost = state.snapshot(int(version), epoch, flat, now, change)
+            events += more
+            counts["snapshots"] += 1
+            counts["epoch_changes"] += lost
+            how = "resynchronising"
+        if reconnecting:
+            counts["reconnects"] += 1
+            logger.warning(
+                "reconnected to %s (namespace %s): %s%s",
+                _connection.redact(settings.url),
+                settings.namespace,
+                how,
+                f" (the server lost its data: waiting {settings.lease:.1f}s "
+                "for publishers to renew their workers)"
+                if lost
+                else "",
+            )
+        return events
+
+    async def _open(self, since: list[object]) -> list[Any]:
+        """Subscribe, wait for the server's confirmation, then read the
+        changes after ``since`` (the epoch, version and change last applied)
+        or a snapshot: the snapshot script's reply.
+
+        Subscribing first is what makes that read and the announcements
+        after it meet with no gap.
+        """
+        target, options = self.stream.target, self.settings.client_options
+        cluster = target.cluster
+        if cluster:
+            target = await self._owner()
+            # Without RedisCluster's own options: a node's client takes none.
+            known = _connection.client_option_names(target.scheme)
+            options = {name: options[name] for name in options if name in known}
+        self.stage = "connecting"
+        command = self._client(target, "subscriber-cmd", options).client
+        self.pubsub = self._client(target, "subscriber", options).client.pubsub()
+        self.scripts = _scripts.register(
+            command, cluster, _scripts.SNAPSHOT, _scripts.RENEW
+        )
+        self.stage = "subscribing"
+        subscribe = self.pubsub.ssubscribe if cluster else self.pubsub.subscribe
+        await _errors.watched(subscribe(self.keys.channel))
+        confirmation = "ssubscribe" if cluster else "subscribe"
+        while True:
+            message = await _errors.watched(self.pubsub.get_message(timeout=None))
+            if message is not None and message["type"] == confirmation:
+                break
+        self.stage = "taking a snapshot"
+        return cast(list[Any], await self._script(self.scripts[0], *since))
+
+    def _client(
+        self,
+        target: _connection.Target,
+        role: str,
+        options: Mapping[str, Any] | None = None,
+    ) -> _connection.Connection:
+        connection = _connection.open_client(
+            target, role, self.settings, retries=0, client_options=options
+        )
+        self.opened.append(connection)
+        return connection
+
+    async def _owner(self) -> _connection.Target:
+        """The master owning the namespace's slot, as the cluster says now."""
+        layout = self._client(self.stream.target, "subscriber-cmd")
+        self.stage = "reading the cluster's layout"
+        try:
+            await _errors.watched(layout.client.initialize())
+            node = layout.client.get_node_from_key(self.keys.channel)
+        except redis_errors.RedisClusterException as error:
+            # No seed reachable, or no master for the slot (yet): a lost
+            # connection, retried under the reconnect policy.
+            raise redis_errors.ConnectionError(str(error)) from error
+        self.opened.remove(layout)
+        await layout.aclose()
+        self.node = _connection.address(str(node.host), int(node.port))
+        return _connection.parse_url(_connection.node_url(self.settings.url, self.node))
+
+    async def _script(self, script: Any, *rest: object) -> Any:
+        settings = self.settings
+        keep = _scripts.idle_expiry_ms(settings.lease, settings.reap_interval)
+        return await _scripts.run(script, self.keys, keep, settings.change_log, *rest)
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._run()
+
+    async def _run(self) -> AsyncGenerator[Any, None]:
+        settings = self.settings
+        connected = self.live
+        try:
+            if not connected:
+                for event in await self.connect():
+                    yield event
+                connected = True
+                yield Synced()  # the relisting is complete
+            follow = self._follow()
+            async with contextlib.aclosing(follow):
+                async for event in follow:
+                    yield event
+        except _errors.RETRIED as error:
+            self.counts["gaps"] += isinstance(error, _state.Gap)
+            logger.warning(
+                "lost %s (namespace %s): %s; reconnecting as the policy says",
+                _connection.redact(settings.url),
+                settings.namespace,
+                _connection.reason(error),
+            )
+            action = "following the announcements" if connected else "reconnecting"
+            raise _errors.failed(settings.url, action, error) from error
+        finally:
+            await self.close()
+
+    async def _follow(self) -> AsyncGenerator[DiscoveryEvent, None]:
         """The session's events: announcements, settled drops, reaps.
 
         :raises TimeoutError: once nothing was read for ``liveness_timeout``
             (a ``PING`` sent at half of it), time suspended at a ``yield``
             not counted (docs/redis.rst, *Dead connections*).
+        :raises Resync: if the node unsubscribed the channel (its slot moved).
         """
-        settings = self.settings
-        counted = self.counted
-        liveness = settings.liveness_timeout
+        # A renewal of no worker reaps, and says the epoch.
+        state, counted, renew = self.state, self.stream.counted, self.scripts[1]
+        liveness = self.settings.liveness_timeout
+        reap_interval = self.settings.reap_interval
         silent = f"within {liveness:g}s (liveness_timeout)"
         heard = time.monotonic()
-        next_reap = heard + settings.reap_interval
+        next_reap = heard + reap_interval
         pinged = False
         while True:
             now = time.monotonic()
@@ -122,13 +363,13 @@ class RedisStream:
                 heard = max(heard, time.monotonic())
                 continue
             if now >= next_reap:
-                with within(deadline - now, f"no answer to a reap {silent}"):
-                    state.reaped(await session.reap())
-                next_reap = time.monotonic() + settings.reap_interval
+                with _errors.within(deadline - now, f"no answer to a reap {silent}"):
+                    state.reaped((await self._script(renew, 0))[1])
+                next_reap = time.monotonic() + reap_interval
                 continue
             if not pinged and now >= heard + liveness / 2:
-                with within(deadline - now, f"no answer to a PING {silent}"):
-                    await session.ping()
+                with _errors.within(deadline - now, f"no answer to a PING {silent}"):
+                    await _errors.watched(self.pubsub.ping())
                 pinged = True
                 continue
             wait = min(next_reap, deadline if pinged else heard + liveness / 2) - now
@@ -136,181 +377,64 @@ class RedisStream:
                 wait = min(wait, state.settle_until - now)
             # Never a very short read: a read cut short by its timeout
             # mid-message is what redis-py's pub/sub handles worst.
-            message = await session.next_message(max(wait, MIN_WAIT))
+            message = await _errors.watched(
+                self.pubsub.get_message(timeout=max(wait, _errors.MIN_WAIT))
+            )
             if message is None:
                 if pinged and time.monotonic() >= deadline:
                     raise TimeoutError(f"no answer on the pub/sub connection {silent}")
                 continue
             heard = counted.heard = time.monotonic()
             pinged = False
-            if message.get("type") not in ("message", "smessage"):
+            if message["type"] == "sunsubscribe":
+                raise _state.Resync(
+                    f"{self.node} unsubscribed {self.keys.channel}: the "
+                    "namespace's slot moved to another node"
+                )
+            if message["type"] not in ("message", "smessage"):
                 continue  # a pong: the connection answers
-            counted.counts["announcements"] += 1
-            event = state.message(message.get("data"))
+            self.counts["announcements"] += 1
+            event = state.message(message["data"])
             if event is not None:
                 yield event
                 heard = max(heard, time.monotonic())
 
-    def invalid(self, what: bytes, error: BaseException) -> None:
-        self.counted.counts["invalid_records"] += 1
+    def _invalid(self, what: bytes, error: BaseException) -> None:
+        self.counts["invalid_records"] += 1
         logger.warning(
             "skipping a record of namespace %s at %s that is not valid worker "
             "metadata (%r): %s",
-            self.namespace,
-            redact(self.url),
+            self.settings.namespace,
+            _connection.redact(self.settings.url),
             what,
-            reason(error),
+            _connection.reason(error),
         )
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({redact(self.url)!r}, {self.namespace!r})"
-
-
-@final
-class _Sessions:
-    """One subscription's sessions, one at a time, sharing what it knows: each
-    iteration follows the session open now, or opens and lists a new one,
-    and raises when it is lost (for the restart engine)."""
-
-    def __init__(self, stream: RedisStream) -> None:
-        self.stream = stream
-        self.state = SubscriptionState(stream.settings.lease, stream.invalid)
-        self.session: Session | None = None
-
-    async def connect(self) -> list[DiscoveryEvent]:
-        """Open a session and read what it missed from the change log, or
-        take a snapshot: the events to it.
-
-        :raises RedisDiscoveryError: if this is the first session and it fails.
-        """
-        stream, state, counted = self.stream, self.state, self.stream.counted
-        reconnecting = state.connected_before
-        session = self.session = Session(stream.target, stream.settings)
-        counted.counts["connections"] += 2
-        try:
-            with within(stream.settings.connect_timeout):
-                reply = await session.open(state.since())
-        except Exception as error:
-            if reconnecting:
-                raise
-            if isinstance(error, redis_errors.AuthenticationError):
-                action = "authenticating"
-            elif isinstance(error, redis_errors.ResponseError):
-                action = session.stage
-            else:
-                action = "connecting"
-            raise failed(stream.url, action, error) from error
-        events: list[DiscoveryEvent] = []
-        lost, how = False, f"resumed, {len(reply[2])} changes missed"
-        if reply[3]:
-            events, complete = state.resume(reply[2])
-            counted.counts["resumes"] += 1
-            counted.counts["changes_read"] += len(reply[2])
-            if not complete:  # the rest from a snapshot
-                with within(stream.settings.connect_timeout):
-                    reply = await session.read(state.since())
-        if not reply[3]:
-            version, epoch, flat, _, change = reply
-            now = time.monotonic()
-            more, lost = state.snapshot(int(version), epoch, flat, now, change)
-            events += more
-            counted.counts["snapshots"] += 1
-            counted.counts["epoch_changes"] += lost
-            how = "resynchronising"
-        if reconnecting:
-            counted.counts["reconnects"] += 1
-            logger.warning(
-                "reconnected to %s (namespace %s): %s%s",
-                redact(stream.url),
-                stream.namespace,
-                how,
-                f" (the server lost its data: waiting {stream.settings.lease:.1f}s "
-                "for publishers to renew their workers)"
-                if lost
-                else "",
-            )
-        return events
-
-    def __aiter__(self) -> AsyncIterator[Any]:
-        return self._run()
-
-    async def _run(self) -> AsyncGenerator[Any, None]:
-        stream = self.stream
-        connected = self.session is not None
-        try:
-            if not connected:
-                for event in await self.connect():
-                    yield event
-                connected = True
-                yield Synced()  # the relisting is complete
-            assert self.session is not None
-            follow = stream.follow(self.session, self.state)
-            async with contextlib.aclosing(follow):
-                async for event in follow:
-                    yield event
-        except RETRIED as error:
-            stream.counted.counts["gaps"] += isinstance(error, Gap)
-            logger.warning(
-                "lost %s (namespace %s): %s; reconnecting as the policy says",
-                redact(stream.url),
-                stream.namespace,
-                reason(error),
-            )
-            action = "following the announcements" if connected else "reconnecting"
-            raise failed(stream.url, action, error) from error
-        finally:
-            await self.close()
-
     async def close(self) -> None:
-        """Close the session open now, if any."""
-        session, self.session = self.session, None
-        if session is not None:
-            with anyio.CancelScope(shield=True):
-                await session.aclose()
-            self.stream.counted.counts["connections"] -= 2
+        """Close the session open now, if any: the pub/sub connection, then
+        every other; errors ignored."""
+        if not self.live:
+            return
+        closers = [self.pubsub.aclose] if self.pubsub is not None else []
+        closers += [each.aclose for each in reversed(self.opened)]
+        self.live, self.pubsub, self.opened = False, None, []
+        with anyio.CancelScope(shield=True):
+            for close in closers:
+                with contextlib.suppress(Exception):
+                    await close()
+        self.counts["connections"] -= 2
 
     def __repr__(self) -> str:
         return repr(self.stream)
 
 
-def _subscriber_key(cls: type, settings: DiscoverySettings) -> Hashable:
-    """Subscriptions are shared by normalised connection, prefix and namespace."""
-    return settings.key()
+def _key(cls: type, settings: _settings.DiscoverySettings) -> Hashable:
+    return _settings.subscription_key(settings)
 
 
-@shared_subscription(key=_subscriber_key)
+@shared_subscription(key=_key)
 class SharedRedisStream(RedisStream):
     """The process's one subscription per (connection, namespace), shared;
     marks each snapshot's end with :class:`~wool_pooling.Synced`."""
 
     _marks_listing = True
-
-
-#: The options of the live shared subscribers, by key: a subscriber with
-#: other options than an earlier live one of its key is warned about. An
-#: entry goes with its subscriber, a key with its last one.
-_live: dict[Hashable, list[tuple[weakref.ref[Any], tuple[object, ...]]]] = {}
-
-
-def note_options(
-    key: Hashable, subscription: object, options: tuple[object, ...]
-) -> None:
-    entries = _live.setdefault(key, [])
-    if any(each != options for _, each in entries):
-        warnings.warn(
-            "a RedisDiscovery subscriber shares the subscription of an earlier "
-            "one to the same connection and namespace but was given other "
-            "options (connect_timeout, reap_interval, reconnect, lease, "
-            "client_options, liveness_timeout, name_connections, change_log): "
-            "the earlier subscriber's apply",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-
-    def forget(ref: weakref.ref[Any]) -> None:
-        found = _live.get(key, [])
-        found[:] = [entry for entry in found if entry[0] is not ref]
-        if not found:
-            _live.pop(key, None)
-
-    entries.append((weakref.ref(subscription, forget), options))
