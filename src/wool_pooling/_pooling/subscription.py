@@ -260,44 +260,46 @@ class SubscriptionConsumer(Generic[T_co]):
             consumer = self._join()
             if consumer is None:
                 raise StopAsyncIteration
-        while True:
-            replay = self._replay
-            if replay is not None and not consumer.closed:
-                item = replay.popleft()
-                if not replay:
-                    self._replay = None
-            else:
-                try:
-                    if consumer.buffered:  # an item (or a lag) without a wait
-                        item = consumer.receive_nowait()
-                    else:  # nothing yet, or the end: the source's error as it is
-                        item = await consumer.__anext__()
-                except StopAsyncIteration:
-                    await self._release()
-                    raise
-                except Exception as error:
-                    return await self._failed(consumer, error)
-                except BaseException:
-                    await self._release()  # a cancellation: this consumer ends
-                    raise
+        replay = self._replay
+        if replay is not None and not consumer.closed:
+            item = replay.popleft()
+            if not replay:
+                self._replay = None
             return item
+        try:
+            if consumer.buffered:  # an item (or a lag) without a wait
+                return consumer.receive_nowait()
+            # Nothing yet, or the end: the source's error as it is.
+            return await consumer.__anext__()
+        except Exception as error:
+            return await self._failed(consumer, error)
+        except BaseException:
+            await self._release()  # a cancellation: this consumer ends
+            raise
 
     async def _failed(self, consumer: FanoutConsumer[Any], error: Exception) -> T_co:
-        """What ``consumer``'s read raised: a lag (caught up, or raised), or
-        an end, this consumer's."""
-        if isinstance(error, Lagged):
-            assert self._entry is not None
-            self._entry.counters.skipped(error.skipped)
-            self._skipped += error.skipped
-            if self._catch_up(consumer):
-                return await self.__anext__()
-            raise error
+        """What ``consumer``'s read raised: a lag (caught up by the view, see
+        :ref:`lag`, or raised), or an end, this consumer's."""
+        entry = self._entry
+        if isinstance(error, Lagged) and entry is not None:
+            self._count_skipped(entry, error.skipped, resync=False)
+            seen = self._seen
+            catch_up = entry.source.view.catch_up(seen.pop()) if seen else None
+            if catch_up is None:
+                raise error
+            self._replay = deque(catch_up) or None
+            self._count_skipped(entry, consumer.skip_buffered(), resync=True)
+            return await self.__anext__()
         if isinstance(error, (anyio.BusyResourceError, RuntimeError)) and not (
             consumer.closed  # (a closed one met the source's error)
         ):
             raise error  # another task waits, or another loop: not ours to end
-        await self._release()  # the source's error, whatever its type
+        await self._release()  # the end, or the source's error, whatever its type
         raise error
+
+    def _count_skipped(self, entry: Entry, skipped: int, resync: bool) -> None:
+        entry.counters.skipped(skipped, resync)
+        self._skipped += skipped
 
     @property
     def synced(self) -> bool:
@@ -331,23 +333,6 @@ class SubscriptionConsumer(Generic[T_co]):
         self._join()
         if self._entry is not None:
             await _pull_listing(self._entry)
-
-    def _catch_up(self, consumer: FanoutConsumer[Any]) -> bool:
-        """Replace the items this consumer missed by its view's catch-up to
-        the log's end, if the view has one (see :ref:`lag`)."""
-        entry = self._entry
-        seen = self._seen
-        assert entry is not None
-        if not seen:
-            return False
-        catch_up = entry.source.view.catch_up(seen.pop())
-        if catch_up is None:
-            return False
-        self._replay = deque(catch_up) or None
-        skipped = consumer.skip_buffered()
-        entry.counters.skipped(skipped, resync=True)
-        self._skipped += skipped
-        return True
 
     def _join(self) -> FanoutConsumer[Any] | None:
         """Join, unless joined or ended: its fan-out consumer, if any."""
@@ -442,8 +427,7 @@ async def _pull_listing(entry: Entry) -> Exception | None:
     source = entry.source
     if source.listed_at is not None or entry.fanout.finished:
         return None
-    listed = anyio.Event()
-    ended: list[Exception] = []
+    failed: list[Exception] = []
     reader = entry.fanout.consumer()
 
     async def pull() -> None:
@@ -451,19 +435,17 @@ async def _pull_listing(entry: Entry) -> Exception | None:
             while True:
                 with contextlib.suppress(Lagged):  # what it missed is not needed
                     await reader.__anext__()
+        except StopAsyncIteration:
+            group.cancel_scope.cancel()
         except Exception as error:
-            ended.append(error)
-            listed.set()
+            failed.append(error)
+            group.cancel_scope.cancel()
 
-    source.notify_listed(listed)
     try:
         async with anyio.create_task_group() as group:
             group.start_soon(pull)
-            await listed.wait()
+            await source.listed.wait()
             group.cancel_scope.cancel()
     finally:
-        source.forget_listed(listed)
         reader.close()
-    if ended and not isinstance(ended[0], StopAsyncIteration):
-        return ended[0]
-    return None
+    return failed[0] if failed else None

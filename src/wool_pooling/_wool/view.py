@@ -39,15 +39,13 @@ class WorkerView(WorkerMap, View[Any]):
     behind gets :exc:`~wool_pooling.Lagged`. Memory held: one metadata per
     known worker and the undo records.
 
-    :param raw: The entry's raw instance: a join calls its class's
-        ``__wool_pooling_joined__(raw)``, if it has one.
+    :param raw: The entry's raw instance (unused).
     """
 
-    __slots__ = ("_at", "_raw", "_reported", "_undo", "count", "untracked")
+    __slots__ = ("_at", "_reported", "_undo", "count", "untracked")
 
     def __init__(self, raw: object = None) -> None:
         super().__init__()
-        self._raw = raw
         #: Whether an item that is not a discovery event has passed.
         self.untracked = False
         #: Items recorded so far.
@@ -79,11 +77,6 @@ class WorkerView(WorkerMap, View[Any]):
             self.untracked = True
         if self._undo is not None:
             self._undo.append(undo)
-
-    def joined(self) -> None:
-        joined = getattr(type(self._raw), "__wool_pooling_joined__", None)
-        if joined is not None:
-            joined(self._raw)
 
     def seen_at(self, position: int) -> object:
         return self.at(position)
