@@ -1,5 +1,6 @@
-"""The pool: one entry (raw instance, fan-out, view) per subscription key, and
-the entry's states, its events, and the function deciding the next state."""
+"""The pool: one entry (raw instance, fan-out, view) per subscription key;
+the entry's states, its events, and the function deciding the next state;
+what the pool and its entries count, for operators."""
 
 from __future__ import annotations
 
@@ -20,10 +21,9 @@ import attrs
 from .._core.backend import EventLoop
 from .._core.backend import current_loop
 from .._core.fanout import Fanout
+from .._core.fanout import FanoutConsumer
 from .construction import SubscriptionConfig
 from .restart import RestartingSource
-from .statistics import EntryCounters
-from .statistics import PoolTotals
 from .view import View
 
 __all__ = [
@@ -36,6 +36,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger("wool_pooling")
+
+#: An entry's key: the decorated class and the subscription key.
+Key = tuple[type, Hashable]
 
 
 class EntryState(enum.Enum):
@@ -135,6 +138,144 @@ def current_pool() -> SubscriptionPool:
 
 
 @attrs.frozen
+class SubscriptionStatistics:
+    """A snapshot of one shared subscription in one pool, as returned by
+    :meth:`SharedSubscription.statistics() <wool_pooling.SharedSubscription.statistics>`
+    and :meth:`SharedDiscovery.statistics() <wool_pooling.SharedDiscovery.statistics>`:
+    the counts of the pool entry iterating its key now, all zeros without
+    one, from zero again with the next. See :doc:`metrics`.
+    """
+
+    #: Consumers attached to the entry.
+    consumers: int = 0
+    #: Items of the shared stream received by its consumers, summed over
+    #: them (an item read by 100 consumers counts 100); the replay of known
+    #: workers at a join and a resync's difference are not counted.
+    delivered: int = 0
+    #: Consumers that joined while workers were known, and so first received
+    #: one ``worker-added`` per known worker (a replay).
+    replays: int = 0
+    #: Times a consumer fell more than ``max_lag`` items behind.
+    lagged: int = 0
+    #: Items of the shared stream its consumers never received because they
+    #: fell behind (a resync's difference stood in for some).
+    skipped: int = 0
+    #: Lagging consumers caught up by the difference between what they had
+    #: seen and the current workers (the others got :exc:`~wool_pooling.Lagged`).
+    resyncs: int = 0
+    #: Restarts of the raw stream under its ``RestartPolicy``.
+    restarts: int = 0
+    #: Errors raised by the raw stream: each one a restart followed, and the
+    #: one that ended the consumers.
+    source_errors: int = 0
+
+
+@attrs.frozen
+class PoolTotals:
+    """Running totals of a pool, as returned by
+    :meth:`SubscriptionPool.totals() <wool_pooling.SubscriptionPool.totals>`:
+    the counts of :class:`SubscriptionStatistics` summed over every entry the
+    pool opened, closed ones included. None ever decreases. See :doc:`metrics`.
+    """
+
+    #: Entries opened: raw instances built.
+    opened: int = 0
+    #: Entries closed (their raw instances closed).
+    closed: int = 0
+    #: Items of the shared streams received, summed over consumers.
+    delivered: int = 0
+    #: Joins that were replayed the known workers.
+    replays: int = 0
+    #: Times a consumer fell more than ``max_lag`` items behind.
+    lagged: int = 0
+    #: Items consumers never received because they fell behind.
+    skipped: int = 0
+    #: Lagging consumers caught up by a difference.
+    resyncs: int = 0
+    #: Restarts of raw streams under their ``RestartPolicy``.
+    restarts: int = 0
+    #: Errors raised by raw streams.
+    source_errors: int = 0
+
+
+@final
+@attrs.define(eq=False)
+class EntryCounters:
+    """The counts an entry keeps, at joins, leaves, lags and restarts; the rest
+    is derived when asked for. No delivery is counted as it happens: the items
+    received are the distance each consumer moved along the log (its
+    ``position``), summed when asked for, plus what those that left had moved,
+    less what they skipped."""
+
+    #: The consumers attached, to sum their positions.
+    consumers: weakref.WeakSet[FanoutConsumer[Any]] = attrs.field(
+        factory=weakref.WeakSet[FanoutConsumer[Any]]
+    )
+    #: Items the consumers that left had moved past, less where every
+    #: consumer joined and what they skipped (see the class docstring).
+    moved: int = 0
+    replays: int = 0
+    lagged: int = 0
+    items_skipped: int = 0
+    resyncs: int = 0
+
+    def join(self, consumer: FanoutConsumer[Any], replayed: bool) -> None:
+        """``consumer`` registered at its log position: it has received nothing."""
+        self.consumers.add(consumer)
+        self.moved -= consumer.position
+        self.replays += replayed
+
+    def leave(self, consumer: FanoutConsumer[Any], fanout: Fanout[Any]) -> None:
+        """``consumer`` of ``fanout`` is about to end: count its position, once.
+        One that has ended already read the source's end, so every item logged."""
+        if consumer in self.consumers:
+            self.consumers.discard(consumer)
+            here = consumer.position
+            self.moved += fanout.statistics().pulled if here < 0 else here
+
+    def settle(self, fanout: Fanout[Any]) -> None:
+        """``fanout`` is about to end its consumers: count their leaves now."""
+        for consumer in [*self.consumers]:
+            self.leave(consumer, fanout)
+
+    def skipped(self, skipped: int, resync: bool = False) -> None:
+        """A consumer fell behind and skipped ``skipped`` items (``resync``: it
+        was caught up by its view instead)."""
+        self.resyncs += resync
+        self.lagged += not resync
+        self.items_skipped += skipped
+        self.moved -= skipped
+
+    def snapshot(
+        self, consumers: int, source: RestartingSource[Any]
+    ) -> SubscriptionStatistics:
+        """The statistics of an entry with ``consumers`` attached and ``source``."""
+        live = [consumer.position for consumer in self.consumers]
+        return SubscriptionStatistics(
+            consumers=consumers,
+            delivered=self.moved + sum(here for here in live if here >= 0),
+            replays=self.replays,
+            lagged=self.lagged,
+            skipped=self.items_skipped,
+            resyncs=self.resyncs,
+            restarts=source.restarts,
+            source_errors=source.errors,
+        )
+
+    def add_to(
+        self, totals: PoolTotals, source: RestartingSource[Any], closed: bool
+    ) -> PoolTotals:
+        """``totals`` and this entry, of ``source``, ``closed`` or not."""
+        counts = attrs.asdict(self.snapshot(0, source))
+        del counts["consumers"]
+        return PoolTotals(
+            opened=totals.opened + 1,
+            closed=totals.closed + closed,
+            **{name: getattr(totals, name) + n for name, n in counts.items()},
+        )
+
+
+@attrs.frozen
 class PoolStatistics:
     """A snapshot of a pool, as returned by :meth:`SubscriptionPool.statistics`."""
 
@@ -155,7 +296,7 @@ class Entry:
     """
 
     pool: SubscriptionPool
-    key: tuple[type, Hashable]
+    key: Key
     raw: Any
     source: RestartingSource[Any]
     fanout: Fanout[Any]
@@ -257,7 +398,12 @@ class Entry:
                     await self.fanout.aclose()
                 except Exception:
                     logger.exception("error closing the source of %r", self.raw)
-                await _close_raw(self.raw)
+                try:  # the raw instance's aclose(), if it has one
+                    closed = getattr(self.raw, "aclose", lambda: None)()
+                    if inspect.isawaitable(closed):
+                        await closed
+                except Exception:
+                    logger.exception("error closing %r", self.raw)
             finally:
                 self._move(EntryEvent.CLOSED)
 
@@ -269,7 +415,7 @@ class Entry:
         )
 
 
-def find_entry(pool: SubscriptionPool, key: tuple[type, Hashable]) -> Entry | None:
+def find_entry(pool: SubscriptionPool, key: Key) -> Entry | None:
     """The entry of ``key`` in ``pool`` consumers join, else the newest whose
     source ended while consumers remain; ``None`` without one."""
     entry = pool._entries.get(key)
@@ -282,7 +428,7 @@ def find_entry(pool: SubscriptionPool, key: tuple[type, Hashable]) -> Entry | No
 
 def attach(
     pool: SubscriptionPool,
-    key: tuple[type, Hashable],
+    key: Key,
     config: SubscriptionConfig,
     build: Callable[[], Any],
     what: str,
@@ -333,6 +479,7 @@ def attach(
 
 
 @final
+@attrs.define(eq=False, repr=False)
 class SubscriptionPool:
     """Holds one entry per subscription key: raw instance, fan-out, view.
 
@@ -345,26 +492,17 @@ class SubscriptionPool:
     :doc:`guarantees` (Memory).
     """
 
-    __slots__ = (
-        "__weakref__",
-        "_closed",
-        "_entries",
-        "_live",
-        "_loop",
-        "_token",
-        "_totals",
+    #: The entries a joining consumer finds: ``ACTIVE`` and ``IDLE``, by key.
+    _entries: dict[Key, Entry] = attrs.field(factory=dict[Key, "Entry"], init=False)
+    #: Every entry not ``CLOSED`` yet, oldest first (a dict as an ordered set).
+    _live: dict[Entry, None] = attrs.field(factory=dict["Entry", None], init=False)
+    _closed: bool = attrs.field(default=False, init=False)
+    _loop: EventLoop | None = attrs.field(default=None, init=False)
+    _token: Token[SubscriptionPool | None] | None = attrs.field(
+        default=None, init=False
     )
-
-    def __init__(self) -> None:
-        # The entries a joining consumer finds: ACTIVE and IDLE, by key.
-        self._entries: dict[tuple[type, Hashable], Entry] = {}
-        # Every entry not CLOSED yet, oldest first (a dict as an ordered set).
-        self._live: dict[Entry, None] = {}
-        self._closed = False
-        self._loop: EventLoop | None = None
-        self._token: Token[SubscriptionPool | None] | None = None
-        # What the closed entries counted.
-        self._totals = PoolTotals()
+    #: What the closed entries counted.
+    _totals: PoolTotals = attrs.field(factory=PoolTotals, init=False)
 
     @property
     def closed(self) -> bool:
@@ -424,16 +562,3 @@ class SubscriptionPool:
             f"<SubscriptionPool [{state}, entries: {stats.entries}, "
             f"consumers: {stats.consumers}]>"
         )
-
-
-async def _close_raw(raw: Any) -> None:
-    """Await ``raw.aclose()`` if the raw instance has one."""
-    closer = getattr(raw, "aclose", None)
-    if closer is None:
-        return
-    try:
-        result = closer()
-        if inspect.isawaitable(result):
-            await result
-    except Exception:
-        logger.exception("error closing %r", raw)

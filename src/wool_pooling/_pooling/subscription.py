@@ -17,6 +17,7 @@ from typing import final
 
 import anyio
 import anyio.lowlevel
+import attrs
 import cloudpickle
 
 from .._core.fanout import FanoutConsumer
@@ -26,11 +27,11 @@ from .construction import SubscriptionConfig
 from .construction import build_raw
 from .pool import Entry
 from .pool import SubscriptionPool
+from .pool import SubscriptionStatistics
 from .pool import attach
 from .pool import current_pool
 from .pool import find_entry
 from .restart import RestartPolicy
-from .statistics import SubscriptionStatistics
 from .view import View
 
 __all__ = ["SharedSubscription", "SubscriptionConsumer"]
@@ -40,6 +41,7 @@ T_co = TypeVar("T_co", covariant=True)
 
 
 @final
+@attrs.define(eq=False, repr=False)
 class SharedSubscription(Generic[T_co]):
     """What ``Cls(*args, **kwargs)`` returns for a decorated class: its
     class, key and arguments, nothing built.
@@ -52,17 +54,14 @@ class SharedSubscription(Generic[T_co]):
     that fails). See :doc:`guarantees`.
     """
 
-    __slots__ = ("__weakref__", "_args", "_checked", "_cls", "_held", "_key", "_kwargs")
-
-    def __init__(
-        self, cls: type, key: Hashable, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> None:
-        self._cls = cls
-        self._key = key
-        self._args = args
-        self._kwargs = kwargs
-        self._checked = False  # whether cloudpickle was found to pickle it
-        self._held: SubscriptionConsumer[T_co] | None = None  # by wait_synced()
+    _cls: type
+    _key: Hashable
+    _args: tuple[Any, ...]
+    _kwargs: dict[str, Any]
+    #: Whether cloudpickle was found to pickle it.
+    _checked: bool = attrs.field(default=False, init=False)
+    #: The consumer :meth:`wait_synced` left holding the entry.
+    _held: SubscriptionConsumer[T_co] | None = attrs.field(default=None, init=False)
 
     @property
     def cls(self) -> type:
@@ -204,6 +203,7 @@ def _construct(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 @final
+@attrs.define(eq=False, repr=False)
 class SubscriptionConsumer(Generic[T_co]):
     """One consumer of a :class:`SharedSubscription`, from its ``__aiter__()``.
 
@@ -225,26 +225,17 @@ class SubscriptionConsumer(Generic[T_co]):
         cannot catch it up.
     """
 
-    __slots__ = (
-        "_consumer",
-        "_ended",
-        "_entry",
-        "_replay",
-        "_seen",
-        "_skipped",
-        "_subscription",
-        "_synced",
-    )
-
-    def __init__(self, subscription: SharedSubscription[T_co]) -> None:
-        self._subscription = subscription
-        self._entry: Entry | None = None
-        self._consumer: FanoutConsumer[Any] | None = None
-        self._replay: deque[Any] | None = None  # a replay or catch-up, read first
-        self._seen: deque[object] | None = None  # what it had seen as it fell behind
-        self._skipped = 0
-        self._ended = False
-        self._synced = False  # once found synced, it stays so
+    _subscription: SharedSubscription[T_co]
+    _entry: Entry | None = attrs.field(default=None, init=False)
+    _consumer: FanoutConsumer[Any] | None = attrs.field(default=None, init=False)
+    #: A replay or catch-up, read first.
+    _replay: deque[Any] | None = attrs.field(default=None, init=False)
+    #: What it had seen as it fell behind.
+    _seen: deque[object] | None = attrs.field(default=None, init=False)
+    _skipped: int = attrs.field(default=0, init=False)
+    _ended: bool = attrs.field(default=False, init=False)
+    #: Once found synced, it stays so.
+    _synced: bool = attrs.field(default=False, init=False)
 
     @property
     def subscription(self) -> SharedSubscription[T_co]:
