@@ -1,6 +1,7 @@
-"""The pool: one entry (raw instance, fan-out, view) per subscription key;
-the entry's states, its events, and the function deciding the next state;
-what the pool and its entries count, for operators."""
+"""The pool: one entry (raw instance, fan-out, view) per subscription key,
+built from the record the decorator leaves on a class; the entry's states,
+its events, and the function deciding the next state; what the pool and its
+entries count, for operators."""
 
 from __future__ import annotations
 
@@ -22,9 +23,10 @@ from .._core.backend import EventLoop
 from .._core.backend import current_loop
 from .._core.fanout import Fanout
 from .._core.fanout import FanoutConsumer
-from .construction import SubscriptionConfig
 from .restart import RestartingSource
+from .restart import RestartPolicy
 from .view import View
+from .view import ViewFactory
 
 __all__ = [
     "Entry",
@@ -39,6 +41,26 @@ logger = logging.getLogger("wool_pooling")
 
 #: An entry's key: the decorated class and the subscription key.
 Key = tuple[type, Hashable]
+
+#: Name of the class attribute holding a decorated class's configuration.
+CONFIG_ATTRIBUTE = "__shared_subscription__"
+
+#: ``key(cls, *args, **kwargs) -> Hashable``: which constructions share an entry.
+KeyFunction = Callable[..., Hashable]
+
+
+@attrs.frozen
+class SubscriptionConfig:
+    """What ``@shared_subscription`` recorded on a class: its arguments, and
+    the ``__new__`` the class defined itself (``own_new``)."""
+
+    key: KeyFunction | None
+    ttl: float
+    max_lag: int | None
+    restart: RestartPolicy | None
+    read_ahead: int
+    view: ViewFactory | None
+    own_new: Any
 
 
 class EntryState(enum.Enum):

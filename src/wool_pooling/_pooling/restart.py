@@ -114,8 +114,6 @@ class RestartPolicy:
         except OverflowError:  # attempts=None: the delay stays at the cap
             grown = math.inf
         base = min(self.max_backoff, grown)
-        if not self.jitter:
-            return base
         # Spread under the cap, not cut by it (see :ref:`restart`).
         high = min(self.max_backoff, base * (1 + self.jitter))
         return random.uniform(base * (1 - self.jitter), high)

@@ -1,4 +1,5 @@
-"""What constructing a decorated class returns, and the consumers it hands out."""
+"""What constructing a decorated class returns, the consumers it hands out,
+and how its raw, unpooled instance is built."""
 
 from __future__ import annotations
 
@@ -22,10 +23,9 @@ import cloudpickle
 
 from .._core.fanout import FanoutConsumer
 from .._core.fanout import Lagged
-from .construction import CONFIG_ATTRIBUTE
-from .construction import SubscriptionConfig
-from .construction import build_raw
+from .pool import CONFIG_ATTRIBUTE
 from .pool import Entry
+from .pool import SubscriptionConfig
 from .pool import SubscriptionPool
 from .pool import SubscriptionStatistics
 from .pool import attach
@@ -195,6 +195,36 @@ class SharedSubscription(Generic[T_co]):
 
     def _build_raw(self) -> Any:
         return build_raw(self._cls, self._args, self._kwargs)
+
+
+def build_raw(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Build what ``cls(*args, **kwargs)`` would be without pooling (this
+    library's or wool's)."""
+    new = _unpooled_new(cls)
+    instance: object = new(cls) if new is object.__new__ else new(cls, *args, **kwargs)
+    if isinstance(instance, cls):
+        cls.__init__(instance, *args, **kwargs)
+    return instance
+
+
+def _unpooled_new(cls: type) -> Callable[..., Any]:
+    for klass in cls.__mro__:
+        namespace = vars(klass)
+        config = namespace.get(CONFIG_ATTRIBUTE)
+        candidate = config.own_new if config is not None else namespace.get("__new__")
+        if isinstance(candidate, staticmethod):
+            candidate = candidate.__func__  # type: ignore[reportUnknownMemberType]
+        if candidate is not None and not _is_pooling(candidate):
+            return candidate  # type: ignore[no-any-return]
+    return object.__new__
+
+
+def _is_pooling(new: object) -> bool:
+    # wool's SubscriberMeta injects its own pooling __new__ into every class
+    # it creates; building a raw instance must go around it.
+    return bool(getattr(new, "__wool_pooling__", False)) or (
+        getattr(new, "__module__", None) == "wool.runtime.discovery.pool"
+    )
 
 
 def _construct(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
