@@ -134,7 +134,7 @@ def test_apply_passes_on_what_the_dict_model_says(stream: list[DiscoveryEvent]) 
             consume(view, [passed])
         assert list(workers.workers.items()) == list(model.items())
         assert view == model
-        assert len(workers.workers) == len(model)
+        assert len(workers) == len(model)
 
 
 @settings(max_examples=300, deadline=None)

@@ -331,8 +331,8 @@ class Entry:
     #: The ttl timer of an ``IDLE`` entry: cancelling it ends the wait early,
     #: and the entry then expires unless a consumer joined meanwhile.
     expiry: anyio.CancelScope | None = None
-    #: Set once ``CLOSED``; made on entering ``CLOSING``.
-    closed: anyio.Event | None = None
+    #: Set once ``CLOSED``.
+    closed: anyio.Event = attrs.field(factory=anyio.Event)
     #: What its joins, leaves and lags counted, for its statistics.
     counters: EntryCounters = attrs.field(factory=EntryCounters)
 
@@ -389,13 +389,11 @@ class Entry:
         if entries.get(self.key) is self:
             del entries[self.key]  # no consumer joins it any more
         if after is EntryState.CLOSING:
-            self.closed = anyio.Event()
             return True
         if after is EntryState.CLOSED:
             pool = self.pool
             del pool._live[self]
             pool._totals = self.counters.add_to(pool._totals, self.source, True)
-            assert self.closed is not None
             self.closed.set()
         return False
 
@@ -490,8 +488,7 @@ def attach(
             on_lag="wait" if config.max_lag is None else "error",
             read_ahead=config.read_ahead,
         )
-        if config.restart is not None:
-            source.deliver_to(fanout.inject)
+        source.deliver_to(fanout.inject)
         entry = Entry(pool, key, raw, source, fanout, config.ttl, loop)
         pool._entries[key] = entry
         pool._live[entry] = None
@@ -574,7 +571,6 @@ class SubscriptionPool:
             for entry in closing:
                 await entry._close()
             for entry in [*self._live]:
-                assert entry.closed is not None
                 await entry.closed.wait()
 
     def __repr__(self) -> str:

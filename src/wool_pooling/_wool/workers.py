@@ -28,6 +28,9 @@ class WorkerMap:
     def __init__(self, workers: Workers | None = None) -> None:
         self.workers: Workers = {} if workers is None else workers
 
+    def __len__(self) -> int:
+        return len(self.workers)
+
     def apply(self, event: DiscoveryEvent) -> DiscoveryEvent | None:
         """Apply ``event``; return the event to pass on (``event``, or it
         rewritten), or ``None`` if it changes nothing."""
