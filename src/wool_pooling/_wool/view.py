@@ -101,22 +101,18 @@ class WorkerView(WorkerMap, View[Any]):
             reported.add(uid)
         before = self.workers.get(uid)
         passed = self.apply(item)
-        if passed is not None:
-            self._taken(uid, before)
+        if passed is not None:  # taken in as record() takes an item
+            self.count += 1
+            if self._undo is not None:
+                self._undo.append((uid, before))
         return passed
 
     def settled(self) -> Iterator[DiscoveryEvent]:
         reported, self._reported = self._reported or set(), None
         for uid in [uid for uid in self.workers if uid not in reported]:
-            before = self.workers.pop(uid)
-            self._taken(uid, before)
-            yield DiscoveryEvent("worker-dropped", metadata=before)
-
-    def _taken(self, uid: uuid.UUID, before: WorkerMetadata | None) -> None:
-        """Count an item taken in by :meth:`relist` or :meth:`settled`."""
-        self.count += 1
-        if self._undo is not None:
-            self._undo.append((uid, before))
+            dropped = DiscoveryEvent("worker-dropped", metadata=self.workers[uid])
+            self.record(dropped)
+            yield dropped
 
     def snapshot(self) -> Mapping[Any, Any]:
         return types.MappingProxyType(dict(self.workers))
