@@ -126,8 +126,7 @@ class SharedSubscription(Generic[T_co]):
         """
         # An equal twin's consumer: no cycle with this object, whose release
         # then releases it at once.
-        twin = SharedSubscription[T_co](self._cls, self._key, self._args, self._kwargs)
-        consumer = await aiter(twin).__aenter__()  # joins
+        consumer = await aiter(attrs.evolve(self)).__aenter__()  # joins
         try:
             assert consumer._entry is not None
             error = await _pull_listing(consumer._entry)
