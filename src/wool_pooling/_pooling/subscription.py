@@ -368,12 +368,11 @@ class SubscriptionConsumer(Generic[T_co]):
         )
         self._entry = entry
         view = entry.source.view
-        on_skip: Callable[[int], object] | None = None
-        if subscription.max_lag is not None:  # (no reference back to self)
-            seen = self._seen = deque[object](maxlen=1)
-            on_skip = lambda position: seen.append(view.seen_at(position))  # noqa: E731
+        seen = self._seen = deque[object](maxlen=1)  # (no reference back to self)
         # Registered and replayed in one step: no gap, no duplicate.
-        consumer = self._consumer = entry.fanout.consumer(on_skip=on_skip)
+        consumer = self._consumer = entry.fanout.consumer(
+            on_skip=lambda position: seen.append(view.seen_at(position))
+        )
         self._replay = deque(view.replay()) or None
         entry.counters.join(consumer, self._replay is not None)
         view.joined()
