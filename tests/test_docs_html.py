@@ -47,12 +47,15 @@ def _text(page: str) -> str:
 
 
 def _records() -> list[tuple[str, type]]:
-    """Every public attrs class, with the module it is documented under."""
+    """Every public attrs record (a class with public fields), with the module
+    it is documented under."""
     return [
         (module.__name__, value)
         for module in (wool_pooling, wool_pooling.redis)
         for value in (getattr(module, name) for name in module.__all__)
-        if isinstance(value, type) and attrs.has(value)
+        if isinstance(value, type)
+        and attrs.has(value)
+        and any(not field.name.startswith("_") for field in attrs.fields(value))
     ]
 
 

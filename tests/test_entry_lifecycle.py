@@ -21,12 +21,12 @@ from _stubs import subscribe
 from wool_pooling import PoolStatistics
 from wool_pooling import SubscriptionPool
 from wool_pooling import shared_subscription
-from wool_pooling._pooling.lifecycle import EntryEvent
-from wool_pooling._pooling.lifecycle import EntryState
-from wool_pooling._pooling.lifecycle import IllegalTransition
-from wool_pooling._pooling.lifecycle import transition
 from wool_pooling._pooling.pool import Entry
+from wool_pooling._pooling.pool import EntryEvent
+from wool_pooling._pooling.pool import EntryState
+from wool_pooling._pooling.pool import IllegalTransition
 from wool_pooling._pooling.pool import attach
+from wool_pooling._pooling.pool import transition
 
 ACTIVE, IDLE, ENDED, CLOSING, CLOSED = (
     EntryState.ACTIVE,

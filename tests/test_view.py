@@ -130,6 +130,25 @@ async def test_without_a_view_factory_the_pool_remembers_nothing() -> None:
             tg.cancel_scope.cancel()
 
 
+async def test_a_join_calls_no_dunder_hook_of_the_subscriber_class() -> None:
+    """Only the entry's view hears of a join (``View.joined()``): a
+    ``__wool_pooling_joined__`` on the subscriber class is not a hook."""
+    called: list[object] = []
+
+    @shared_subscription
+    class Hooked:
+        def __wool_pooling_joined__(self) -> None:
+            called.append(self)
+
+        async def __aiter__(self) -> AsyncIterator[DiscoveryEvent]:
+            yield DiscoveryEvent("worker-added", metadata=meta())
+            await anyio.sleep_forever()
+
+    async with SubscriptionPool(), aiter(Hooked()) as consumer:
+        assert (await anext(consumer)).type == "worker-added"
+    assert called == []
+
+
 class Script:
     """A raw stream that runs ``runs`` in turn, raising after each but the last."""
 

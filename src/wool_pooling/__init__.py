@@ -55,11 +55,11 @@ from ._core.fanout import LagPolicy
 from ._core.synced import Synced
 from ._core.synced import mark_synced
 from ._pooling.pool import PoolStatistics
+from ._pooling.pool import PoolTotals
 from ._pooling.pool import SubscriptionPool
+from ._pooling.pool import SubscriptionStatistics
 from ._pooling.pool import current_pool
 from ._pooling.restart import RestartPolicy
-from ._pooling.statistics import PoolTotals
-from ._pooling.statistics import SubscriptionStatistics
 from ._pooling.subscription import SharedSubscription
 from ._pooling.subscription import SubscriptionConsumer
 from ._pooling.view import View

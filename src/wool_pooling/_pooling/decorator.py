@@ -1,10 +1,14 @@
-"""``@shared_subscription``: make constructing a class return a pooled subscription."""
+"""``@shared_subscription``: make constructing a class return a pooled
+subscription, keyed by its arguments or its key function."""
 
 from __future__ import annotations
 
+import inspect
 import math
+import reprlib
 from collections.abc import AsyncIterable
 from collections.abc import Callable
+from collections.abc import Hashable
 from typing import Any
 from typing import ParamSpec
 from typing import TypeVar
@@ -14,11 +18,11 @@ from .._core.fanout import DEFAULT_MAX_LAG
 from .._core.fanout import DEFAULT_READ_AHEAD
 from .._core.fanout import validate_max_lag
 from .._core.fanout import validate_read_ahead
-from .construction import CONFIG_ATTRIBUTE
-from .construction import KeyFunction
-from .construction import SubscriptionConfig
-from .construction import check_key
-from .construction import derive_key
+from .._core.signatures import BindingMemo
+from .._core.signatures import signature_of
+from .pool import CONFIG_ATTRIBUTE
+from .pool import KeyFunction
+from .pool import SubscriptionConfig
 from .restart import RestartPolicy
 from .subscription import SharedSubscription
 from .view import ViewFactory
@@ -142,3 +146,123 @@ def _pooled_new(cls: type, *args: Any, **kwargs: Any) -> SharedSubscription[Any]
 
 
 _pooled_new.__wool_pooling__ = True  # type: ignore[attr-defined]
+
+
+def derive_key(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable:
+    """The subscription key of ``cls(*args, **kwargs)``.
+
+    :raises Exception: what the key function raises, with a note naming it.
+    :raises TypeError: if the arguments do not fit ``__init__``, or the key
+        is not hashable.
+    """
+    config: SubscriptionConfig = getattr(cls, CONFIG_ATTRIBUTE)
+    if config.key is None:
+        key = _bound_arguments(cls, args, kwargs)
+    else:
+        # Binding costs more than the rest of a keyed construction, and
+        # whether arguments fit depends only on their shape.
+        shape = (len(args), frozenset(kwargs))
+        if not _fitting.binds(cls, shape):
+            _bound_arguments(cls, args, kwargs)  # fails here if they do not fit
+            _fitting.add(cls, shape)
+        try:
+            key = config.key(cls, *args, **kwargs)
+        except Exception as error:
+            error.add_note(
+                f"{cls.__qualname__}: its subscription key function "
+                f"{_describe(config.key)} failed for {_call(cls, args, kwargs)}"
+            )
+            raise
+    try:
+        hash(key)
+    except TypeError as error:
+        raise TypeError(
+            f"{cls.__qualname__}: subscription key {key!r} is not hashable"
+        ) from error
+    return key
+
+
+def check_key(cls: type, key: KeyFunction) -> None:
+    """Refuse a ``key`` that no call of ``cls`` could be passed to, whichever
+    required arguments of ``__init__`` the call passes by position or by name.
+
+    :raises TypeError: naming the class, the key function, the call it
+        cannot take and Python's reason.
+    """
+    key_signature = signature_of(key)
+    if key_signature is None:
+        return
+    init = signature_of(cls.__init__)
+    required = [
+        parameter
+        for parameter in (list(init.parameters.values())[1:] if init else [])
+        if parameter.default is parameter.empty
+        and parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)
+    ]
+    kinds = [parameter.kind for parameter in required]
+    least = kinds.count(inspect.Parameter.POSITIONAL_ONLY)
+    most = least + kinds.count(inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    names = [parameter.name for parameter in required]
+    failed: list[tuple[int, TypeError]] = []
+    for split in range(most, least - 1, -1):  # fewer and fewer by position
+        try:
+            key_signature.bind_partial(
+                cls, *names[:split], **dict.fromkeys(names[split:])
+            )
+        except TypeError as error:
+            failed.append((split, error))
+        else:
+            return
+    split, reason = failed[0]
+    shown = ", ".join(["cls", *names[:split], *(f"{n}=" for n in names[split:])])
+    raise TypeError(
+        f"@shared_subscription: {cls.__qualname__}'s key function "
+        f"{_describe(key)} cannot take key({shown}), the call "
+        f"{cls.__qualname__}(...) makes ({reason}); a key takes the class "
+        "first, then the arguments of __init__"
+    )
+
+
+def _describe(function: Callable[..., Any]) -> str:
+    """``module.qualname(signature)`` of a function, as far as known."""
+    name = getattr(function, "__qualname__", None) or repr(function)
+    module = getattr(function, "__module__", None)
+    if module and module != "builtins":
+        name = f"{module}.{name}"
+    signature = signature_of(function)
+    return name if signature is None else f"{name}{signature}"
+
+
+def _call(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """How ``cls(*args, **kwargs)`` reads, values shortened."""
+    shown = [reprlib.repr(value) for value in args]
+    shown += [f"{name}={reprlib.repr(value)}" for name, value in kwargs.items()]
+    return f"{cls.__qualname__}({', '.join(shown)})"
+
+
+#: Shapes of call (positional count, keyword names) that fit ``__init__``.
+_fitting: BindingMemo[tuple[int, frozenset[str]]] = BindingMemo()
+
+
+def _bound_arguments(
+    cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, ...]:
+    """The arguments bound to ``__init__``, defaults applied, as a tuple.
+
+    :raises TypeError: if they do not fit ``__init__``.
+    """
+    signature = signature_of(cls.__init__)
+    if signature is None:
+        return (args, tuple(sorted(kwargs.items())))
+    try:
+        bound = signature.bind(None, *args, **kwargs)
+    except TypeError as error:
+        raise TypeError(f"{cls.__qualname__}(): {error}") from error
+    bound.apply_defaults()
+    parameters = signature.parameters
+    return tuple(
+        tuple(sorted(value.items()))
+        if parameters[name].kind is inspect.Parameter.VAR_KEYWORD
+        else value
+        for name, value in list(bound.arguments.items())[1:]
+    )

@@ -1,7 +1,11 @@
-"""The pool: one entry (raw instance, fan-out, view) per subscription key."""
+"""The pool: one entry (raw instance, fan-out, view) per subscription key,
+built from the record the decorator leaves on a class; the entry's states,
+its events, and the function deciding the next state; what the pool and its
+entries count, for operators."""
 
 from __future__ import annotations
 
+import enum
 import inspect
 import logging
 import weakref
@@ -18,14 +22,11 @@ import attrs
 from .._core.backend import EventLoop
 from .._core.backend import current_loop
 from .._core.fanout import Fanout
-from .construction import SubscriptionConfig
-from .lifecycle import EntryEvent
-from .lifecycle import EntryState
-from .lifecycle import transition
+from .._core.fanout import FanoutConsumer
 from .restart import RestartingSource
-from .statistics import EntryCounters
-from .statistics import PoolTotals
+from .restart import RestartPolicy
 from .view import View
+from .view import ViewFactory
 
 __all__ = [
     "Entry",
@@ -37,6 +38,99 @@ __all__ = [
 ]
 
 logger = logging.getLogger("wool_pooling")
+
+#: An entry's key: the decorated class and the subscription key.
+Key = tuple[type, Hashable]
+
+#: Name of the class attribute holding a decorated class's configuration.
+CONFIG_ATTRIBUTE = "__shared_subscription__"
+
+#: ``key(cls, *args, **kwargs) -> Hashable``: which constructions share an entry.
+KeyFunction = Callable[..., Hashable]
+
+
+@attrs.frozen
+class SubscriptionConfig:
+    """What ``@shared_subscription`` recorded on a class: its arguments, and
+    the ``__new__`` the class defined itself (``own_new``)."""
+
+    key: KeyFunction | None
+    ttl: float
+    max_lag: int | None
+    restart: RestartPolicy | None
+    read_ahead: int
+    view: ViewFactory | None
+    own_new: Any
+
+
+class EntryState(enum.Enum):
+    """Where a pool entry stands; only ``ACTIVE`` and ``IDLE`` ones are found
+    by key, and every one but ``CLOSED`` is counted by the pool."""
+
+    #: Consumers are attached.
+    ACTIVE = "active"
+    #: No consumer attached (a new entry, until its first joins); kept until
+    #: its ttl timer fires.
+    IDLE = "idle"
+    #: The source ended or failed with consumers attached; closed once the
+    #: last of them leaves.
+    ENDED = "ended"
+    #: Being closed: its fan-out, then the raw instance's ``aclose()``.
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+class EntryEvent(enum.Enum):
+    """What happens to a pool entry."""
+
+    #: A consumer joined (counted already).
+    JOINED = "joined"
+    #: A consumer left (counted out already, at once if garbage collected).
+    LEFT = "left"
+    EXPIRED = "expired"
+    SOURCE_ENDED = "source ended"
+    POOL_CLOSED = "pool closed"
+    CLOSED = "closed"
+
+
+class IllegalTransition(RuntimeError):
+    """An event met an entry in a state where it cannot happen: a bug."""
+
+
+def transition(
+    state: EntryState, event: EntryEvent, consumers: int, ttl: float
+) -> EntryState:
+    """The state an entry in ``state`` moves to on ``event``, with
+    ``consumers`` attached once the event is counted; pure and synchronous.
+
+    :raises IllegalTransition: for an event that cannot happen in ``state``.
+    """
+    state_, event_ = EntryState, EntryEvent
+    if event is event_.JOINED:
+        if consumers and (state is state_.ACTIVE or state is state_.IDLE):
+            return state_.ACTIVE
+    elif state is state_.IDLE and consumers:
+        pass  # an idle entry has no consumer: only a join adds one
+    elif event is event_.POOL_CLOSED and state is not state_.CLOSED:
+        return state_.CLOSING
+    elif event is event_.LEFT:
+        if consumers or state is state_.IDLE or state is state_.CLOSING:
+            return state
+        if state is state_.ACTIVE:
+            return state_.IDLE if ttl > 0 else state_.CLOSING
+        return state_.CLOSING if state is state_.ENDED else state
+    elif event is event_.SOURCE_ENDED and state is state_.ACTIVE:
+        return state_.ENDED if consumers else state_.CLOSING
+    elif event is event_.SOURCE_ENDED or event is event_.EXPIRED:
+        if state is state_.IDLE:
+            return state_.CLOSING
+    elif event is event_.CLOSED and state is state_.CLOSING:
+        return state_.CLOSED
+    raise IllegalTransition(
+        f"a pool entry {state.name} cannot take {event.name} "
+        f"(consumers: {consumers}, ttl: {ttl})"
+    )
+
 
 #: The states a joining consumer finds an entry in.
 _REACHABLE = (EntryState.ACTIVE, EntryState.IDLE)
@@ -66,6 +160,144 @@ def current_pool() -> SubscriptionPool:
 
 
 @attrs.frozen
+class SubscriptionStatistics:
+    """A snapshot of one shared subscription in one pool, as returned by
+    :meth:`SharedSubscription.statistics() <wool_pooling.SharedSubscription.statistics>`
+    and :meth:`SharedDiscovery.statistics() <wool_pooling.SharedDiscovery.statistics>`:
+    the counts of the pool entry iterating its key now, all zeros without
+    one, from zero again with the next. See :doc:`metrics`.
+    """
+
+    #: Consumers attached to the entry.
+    consumers: int = 0
+    #: Items of the shared stream received by its consumers, summed over
+    #: them (an item read by 100 consumers counts 100); the replay of known
+    #: workers at a join and a resync's difference are not counted.
+    delivered: int = 0
+    #: Consumers that joined while workers were known, and so first received
+    #: one ``worker-added`` per known worker (a replay).
+    replays: int = 0
+    #: Times a consumer fell more than ``max_lag`` items behind.
+    lagged: int = 0
+    #: Items of the shared stream its consumers never received because they
+    #: fell behind (a resync's difference stood in for some).
+    skipped: int = 0
+    #: Lagging consumers caught up by the difference between what they had
+    #: seen and the current workers (the others got :exc:`~wool_pooling.Lagged`).
+    resyncs: int = 0
+    #: Restarts of the raw stream under its ``RestartPolicy``.
+    restarts: int = 0
+    #: Errors raised by the raw stream: each one a restart followed, and the
+    #: one that ended the consumers.
+    source_errors: int = 0
+
+
+@attrs.frozen
+class PoolTotals:
+    """Running totals of a pool, as returned by
+    :meth:`SubscriptionPool.totals() <wool_pooling.SubscriptionPool.totals>`:
+    the counts of :class:`SubscriptionStatistics` summed over every entry the
+    pool opened, closed ones included. None ever decreases. See :doc:`metrics`.
+    """
+
+    #: Entries opened: raw instances built.
+    opened: int = 0
+    #: Entries closed (their raw instances closed).
+    closed: int = 0
+    #: Items of the shared streams received, summed over consumers.
+    delivered: int = 0
+    #: Joins that were replayed the known workers.
+    replays: int = 0
+    #: Times a consumer fell more than ``max_lag`` items behind.
+    lagged: int = 0
+    #: Items consumers never received because they fell behind.
+    skipped: int = 0
+    #: Lagging consumers caught up by a difference.
+    resyncs: int = 0
+    #: Restarts of raw streams under their ``RestartPolicy``.
+    restarts: int = 0
+    #: Errors raised by raw streams.
+    source_errors: int = 0
+
+
+@final
+@attrs.define(eq=False)
+class EntryCounters:
+    """The counts an entry keeps, at joins, leaves, lags and restarts; the rest
+    is derived when asked for. No delivery is counted as it happens: the items
+    received are the distance each consumer moved along the log (its
+    ``position``), summed when asked for, plus what those that left had moved,
+    less what they skipped."""
+
+    #: The consumers attached, to sum their positions.
+    consumers: weakref.WeakSet[FanoutConsumer[Any]] = attrs.field(
+        factory=weakref.WeakSet[FanoutConsumer[Any]]
+    )
+    #: Items the consumers that left had moved past, less where every
+    #: consumer joined and what they skipped (see the class docstring).
+    moved: int = 0
+    replays: int = 0
+    lagged: int = 0
+    items_skipped: int = 0
+    resyncs: int = 0
+
+    def join(self, consumer: FanoutConsumer[Any], replayed: bool) -> None:
+        """``consumer`` registered at its log position: it has received nothing."""
+        self.consumers.add(consumer)
+        self.moved -= consumer.position
+        self.replays += replayed
+
+    def leave(self, consumer: FanoutConsumer[Any], fanout: Fanout[Any]) -> None:
+        """``consumer`` of ``fanout`` is about to end: count its position, once.
+        One that has ended already read the source's end, so every item logged."""
+        if consumer in self.consumers:
+            self.consumers.discard(consumer)
+            here = consumer.position
+            self.moved += fanout.statistics().pulled if here < 0 else here
+
+    def settle(self, fanout: Fanout[Any]) -> None:
+        """``fanout`` is about to end its consumers: count their leaves now."""
+        for consumer in [*self.consumers]:
+            self.leave(consumer, fanout)
+
+    def skipped(self, skipped: int, resync: bool = False) -> None:
+        """A consumer fell behind and skipped ``skipped`` items (``resync``: it
+        was caught up by its view instead)."""
+        self.resyncs += resync
+        self.lagged += not resync
+        self.items_skipped += skipped
+        self.moved -= skipped
+
+    def snapshot(
+        self, consumers: int, source: RestartingSource[Any]
+    ) -> SubscriptionStatistics:
+        """The statistics of an entry with ``consumers`` attached and ``source``."""
+        live = [consumer.position for consumer in self.consumers]
+        return SubscriptionStatistics(
+            consumers=consumers,
+            delivered=self.moved + sum(here for here in live if here >= 0),
+            replays=self.replays,
+            lagged=self.lagged,
+            skipped=self.items_skipped,
+            resyncs=self.resyncs,
+            restarts=source.restarts,
+            source_errors=source.errors,
+        )
+
+    def add_to(
+        self, totals: PoolTotals, source: RestartingSource[Any], closed: bool
+    ) -> PoolTotals:
+        """``totals`` and this entry, of ``source``, ``closed`` or not."""
+        counts = attrs.asdict(self.snapshot(0, source))
+        del counts["consumers"]
+        return PoolTotals(
+            opened=totals.opened + 1,
+            closed=totals.closed + closed,
+            **{name: getattr(totals, name) + n for name, n in counts.items()},
+        )
+
+
+@attrs.frozen
 class PoolStatistics:
     """A snapshot of a pool, as returned by :meth:`SubscriptionPool.statistics`."""
 
@@ -86,7 +318,7 @@ class Entry:
     """
 
     pool: SubscriptionPool
-    key: tuple[type, Hashable]
+    key: Key
     raw: Any
     source: RestartingSource[Any]
     fanout: Fanout[Any]
@@ -99,8 +331,8 @@ class Entry:
     #: The ttl timer of an ``IDLE`` entry: cancelling it ends the wait early,
     #: and the entry then expires unless a consumer joined meanwhile.
     expiry: anyio.CancelScope | None = None
-    #: Set once ``CLOSED``; made on entering ``CLOSING``.
-    closed: anyio.Event | None = None
+    #: Set once ``CLOSED``.
+    closed: anyio.Event = attrs.field(factory=anyio.Event)
     #: What its joins, leaves and lags counted, for its statistics.
     counters: EntryCounters = attrs.field(factory=EntryCounters)
 
@@ -157,13 +389,11 @@ class Entry:
         if entries.get(self.key) is self:
             del entries[self.key]  # no consumer joins it any more
         if after is EntryState.CLOSING:
-            self.closed = anyio.Event()
             return True
         if after is EntryState.CLOSED:
             pool = self.pool
             del pool._live[self]
             pool._totals = self.counters.add_to(pool._totals, self.source, True)
-            assert self.closed is not None
             self.closed.set()
         return False
 
@@ -188,7 +418,12 @@ class Entry:
                     await self.fanout.aclose()
                 except Exception:
                     logger.exception("error closing the source of %r", self.raw)
-                await _close_raw(self.raw)
+                try:  # the raw instance's aclose(), if it has one
+                    closed = getattr(self.raw, "aclose", lambda: None)()
+                    if inspect.isawaitable(closed):
+                        await closed
+                except Exception:
+                    logger.exception("error closing %r", self.raw)
             finally:
                 self._move(EntryEvent.CLOSED)
 
@@ -200,7 +435,7 @@ class Entry:
         )
 
 
-def find_entry(pool: SubscriptionPool, key: tuple[type, Hashable]) -> Entry | None:
+def find_entry(pool: SubscriptionPool, key: Key) -> Entry | None:
     """The entry of ``key`` in ``pool`` consumers join, else the newest whose
     source ended while consumers remain; ``None`` without one."""
     entry = pool._entries.get(key)
@@ -213,7 +448,7 @@ def find_entry(pool: SubscriptionPool, key: tuple[type, Hashable]) -> Entry | No
 
 def attach(
     pool: SubscriptionPool,
-    key: tuple[type, Hashable],
+    key: Key,
     config: SubscriptionConfig,
     build: Callable[[], Any],
     what: str,
@@ -253,8 +488,7 @@ def attach(
             on_lag="wait" if config.max_lag is None else "error",
             read_ahead=config.read_ahead,
         )
-        if config.restart is not None:
-            source.deliver_to(fanout.inject)
+        source.deliver_to(fanout.inject)
         entry = Entry(pool, key, raw, source, fanout, config.ttl, loop)
         pool._entries[key] = entry
         pool._live[entry] = None
@@ -264,6 +498,7 @@ def attach(
 
 
 @final
+@attrs.define(eq=False, repr=False)
 class SubscriptionPool:
     """Holds one entry per subscription key: raw instance, fan-out, view.
 
@@ -276,26 +511,17 @@ class SubscriptionPool:
     :doc:`guarantees` (Memory).
     """
 
-    __slots__ = (
-        "__weakref__",
-        "_closed",
-        "_entries",
-        "_live",
-        "_loop",
-        "_token",
-        "_totals",
+    #: The entries a joining consumer finds: ``ACTIVE`` and ``IDLE``, by key.
+    _entries: dict[Key, Entry] = attrs.field(factory=dict[Key, "Entry"], init=False)
+    #: Every entry not ``CLOSED`` yet, oldest first (a dict as an ordered set).
+    _live: dict[Entry, None] = attrs.field(factory=dict["Entry", None], init=False)
+    _closed: bool = attrs.field(default=False, init=False)
+    _loop: EventLoop | None = attrs.field(default=None, init=False)
+    _token: Token[SubscriptionPool | None] | None = attrs.field(
+        default=None, init=False
     )
-
-    def __init__(self) -> None:
-        # The entries a joining consumer finds: ACTIVE and IDLE, by key.
-        self._entries: dict[tuple[type, Hashable], Entry] = {}
-        # Every entry not CLOSED yet, oldest first (a dict as an ordered set).
-        self._live: dict[Entry, None] = {}
-        self._closed = False
-        self._loop: EventLoop | None = None
-        self._token: Token[SubscriptionPool | None] | None = None
-        # What the closed entries counted.
-        self._totals = PoolTotals()
+    #: What the closed entries counted.
+    _totals: PoolTotals = attrs.field(factory=PoolTotals, init=False)
 
     @property
     def closed(self) -> bool:
@@ -345,7 +571,6 @@ class SubscriptionPool:
             for entry in closing:
                 await entry._close()
             for entry in [*self._live]:
-                assert entry.closed is not None
                 await entry.closed.wait()
 
     def __repr__(self) -> str:
@@ -355,16 +580,3 @@ class SubscriptionPool:
             f"<SubscriptionPool [{state}, entries: {stats.entries}, "
             f"consumers: {stats.consumers}]>"
         )
-
-
-async def _close_raw(raw: Any) -> None:
-    """Await ``raw.aclose()`` if the raw instance has one."""
-    closer = getattr(raw, "aclose", None)
-    if closer is None:
-        return
-    try:
-        result = closer()
-        if inspect.isawaitable(result):
-            await result
-    except Exception:
-        logger.exception("error closing %r", raw)

@@ -114,8 +114,6 @@ class RestartPolicy:
         except OverflowError:  # attempts=None: the delay stays at the cap
             grown = math.inf
         base = min(self.max_backoff, grown)
-        if not self.jitter:
-            return base
         # Spread under the cap, not cut by it (see :ref:`restart`).
         high = min(self.max_backoff, base * (1 + self.jitter))
         return random.uniform(base * (1 - self.jitter), high)
@@ -174,9 +172,8 @@ class RestartingSource(Generic[T]):
     count: int = attrs.field(default=0, init=False)
     #: :attr:`count` at the first :class:`~wool_pooling.Synced`, if any yet.
     listed_at: int | None = attrs.field(default=None, init=False)
-    _listed_waiters: set[anyio.Event] = attrs.field(
-        factory=set[anyio.Event], init=False
-    )
+    #: Set with :attr:`listed_at`.
+    listed: anyio.Event = attrs.field(factory=anyio.Event, init=False)
     _settling: anyio.CancelScope | None = attrs.field(default=None, init=False)
     #: Items :meth:`View.settled` gave, to return (no :meth:`deliver_to`).
     _pending: deque[T] = attrs.field(factory=deque[T], init=False)
@@ -190,14 +187,6 @@ class RestartingSource(Generic[T]):
         """Log the items the settle timer makes through ``inject``, a bound
         method held weakly, rather than at the next ``__anext__``."""
         self._deliver = weakref.WeakMethod(inject)
-
-    def notify_listed(self, event: anyio.Event) -> None:
-        """Set ``event`` once :attr:`listed_at` is set."""
-        self._listed_waiters.add(event)
-
-    def forget_listed(self, event: anyio.Event) -> None:
-        """Undo :meth:`notify_listed`."""
-        self._listed_waiters.discard(event)
 
     def __aiter__(self) -> RestartingSource[T]:
         return self
@@ -312,9 +301,7 @@ class RestartingSource(Generic[T]):
         a relisting's."""
         if self.listed_at is None:
             self.listed_at = self.count + len(self._pending)
-            for event in self._listed_waiters:
-                event.set()
-            self._listed_waiters.clear()
+            self.listed.set()
         if self._settling is not None:
             self._settling.cancel()
             self._settled()

@@ -1,4 +1,5 @@
-"""What constructing a decorated class returns, and the consumers it hands out."""
+"""What constructing a decorated class returns, the consumers it hands out,
+and how its raw, unpooled instance is built."""
 
 from __future__ import annotations
 
@@ -17,20 +18,20 @@ from typing import final
 
 import anyio
 import anyio.lowlevel
+import attrs
 import cloudpickle
 
 from .._core.fanout import FanoutConsumer
 from .._core.fanout import Lagged
-from .construction import CONFIG_ATTRIBUTE
-from .construction import SubscriptionConfig
-from .construction import build_raw
+from .pool import CONFIG_ATTRIBUTE
 from .pool import Entry
+from .pool import SubscriptionConfig
 from .pool import SubscriptionPool
+from .pool import SubscriptionStatistics
 from .pool import attach
 from .pool import current_pool
 from .pool import find_entry
 from .restart import RestartPolicy
-from .statistics import SubscriptionStatistics
 from .view import View
 
 __all__ = ["SharedSubscription", "SubscriptionConsumer"]
@@ -40,6 +41,7 @@ T_co = TypeVar("T_co", covariant=True)
 
 
 @final
+@attrs.define(eq=False, repr=False)
 class SharedSubscription(Generic[T_co]):
     """What ``Cls(*args, **kwargs)`` returns for a decorated class: its
     class, key and arguments, nothing built.
@@ -52,17 +54,14 @@ class SharedSubscription(Generic[T_co]):
     that fails). See :doc:`guarantees`.
     """
 
-    __slots__ = ("__weakref__", "_args", "_checked", "_cls", "_held", "_key", "_kwargs")
-
-    def __init__(
-        self, cls: type, key: Hashable, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> None:
-        self._cls = cls
-        self._key = key
-        self._args = args
-        self._kwargs = kwargs
-        self._checked = False  # whether cloudpickle was found to pickle it
-        self._held: SubscriptionConsumer[T_co] | None = None  # by wait_synced()
+    _cls: type
+    _key: Hashable
+    _args: tuple[Any, ...]
+    _kwargs: dict[str, Any]
+    #: Whether cloudpickle was found to pickle it.
+    _checked: bool = attrs.field(default=False, init=False)
+    #: The consumer :meth:`wait_synced` left holding the entry.
+    _held: SubscriptionConsumer[T_co] | None = attrs.field(default=None, init=False)
 
     @property
     def cls(self) -> type:
@@ -127,8 +126,7 @@ class SharedSubscription(Generic[T_co]):
         """
         # An equal twin's consumer: no cycle with this object, whose release
         # then releases it at once.
-        twin = SharedSubscription[T_co](self._cls, self._key, self._args, self._kwargs)
-        consumer = await aiter(twin).__aenter__()  # joins
+        consumer = await aiter(attrs.evolve(self)).__aenter__()  # joins
         try:
             assert consumer._entry is not None
             error = await _pull_listing(consumer._entry)
@@ -198,12 +196,43 @@ class SharedSubscription(Generic[T_co]):
         return build_raw(self._cls, self._args, self._kwargs)
 
 
+def build_raw(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Build what ``cls(*args, **kwargs)`` would be without pooling (this
+    library's or wool's)."""
+    new = _unpooled_new(cls)
+    instance: object = new(cls) if new is object.__new__ else new(cls, *args, **kwargs)
+    if isinstance(instance, cls):
+        cls.__init__(instance, *args, **kwargs)
+    return instance
+
+
+def _unpooled_new(cls: type) -> Callable[..., Any]:
+    for klass in cls.__mro__:
+        namespace = vars(klass)
+        config = namespace.get(CONFIG_ATTRIBUTE)
+        candidate = config.own_new if config is not None else namespace.get("__new__")
+        if isinstance(candidate, staticmethod):
+            candidate = candidate.__func__  # type: ignore[reportUnknownMemberType]
+        if candidate is not None and not _is_pooling(candidate):
+            return candidate  # type: ignore[no-any-return]
+    return object.__new__
+
+
+def _is_pooling(new: object) -> bool:
+    # wool's SubscriberMeta injects its own pooling __new__ into every class
+    # it creates; building a raw instance must go around it.
+    return bool(getattr(new, "__wool_pooling__", False)) or (
+        getattr(new, "__module__", None) == "wool.runtime.discovery.pool"
+    )
+
+
 def _construct(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Unpickle a :class:`SharedSubscription` by constructing its class again."""
     return cls(*args, **kwargs)
 
 
 @final
+@attrs.define(eq=False, repr=False)
 class SubscriptionConsumer(Generic[T_co]):
     """One consumer of a :class:`SharedSubscription`, from its ``__aiter__()``.
 
@@ -225,26 +254,17 @@ class SubscriptionConsumer(Generic[T_co]):
         cannot catch it up.
     """
 
-    __slots__ = (
-        "_consumer",
-        "_ended",
-        "_entry",
-        "_replay",
-        "_seen",
-        "_skipped",
-        "_subscription",
-        "_synced",
-    )
-
-    def __init__(self, subscription: SharedSubscription[T_co]) -> None:
-        self._subscription = subscription
-        self._entry: Entry | None = None
-        self._consumer: FanoutConsumer[Any] | None = None
-        self._replay: deque[Any] | None = None  # a replay or catch-up, read first
-        self._seen: deque[object] | None = None  # what it had seen as it fell behind
-        self._skipped = 0
-        self._ended = False
-        self._synced = False  # once found synced, it stays so
+    _subscription: SharedSubscription[T_co]
+    _entry: Entry | None = attrs.field(default=None, init=False)
+    _consumer: FanoutConsumer[Any] | None = attrs.field(default=None, init=False)
+    #: A replay or catch-up, read first.
+    _replay: deque[Any] | None = attrs.field(default=None, init=False)
+    #: What it had seen as it fell behind.
+    _seen: deque[object] | None = attrs.field(default=None, init=False)
+    _skipped: int = attrs.field(default=0, init=False)
+    _ended: bool = attrs.field(default=False, init=False)
+    #: Once found synced, it stays so.
+    _synced: bool = attrs.field(default=False, init=False)
 
     @property
     def subscription(self) -> SharedSubscription[T_co]:
@@ -260,44 +280,46 @@ class SubscriptionConsumer(Generic[T_co]):
             consumer = self._join()
             if consumer is None:
                 raise StopAsyncIteration
-        while True:
-            replay = self._replay
-            if replay is not None and not consumer.closed:
-                item = replay.popleft()
-                if not replay:
-                    self._replay = None
-            else:
-                try:
-                    if consumer.buffered:  # an item (or a lag) without a wait
-                        item = consumer.receive_nowait()
-                    else:  # nothing yet, or the end: the source's error as it is
-                        item = await consumer.__anext__()
-                except StopAsyncIteration:
-                    await self._release()
-                    raise
-                except Exception as error:
-                    return await self._failed(consumer, error)
-                except BaseException:
-                    await self._release()  # a cancellation: this consumer ends
-                    raise
+        replay = self._replay
+        if replay is not None and not consumer.closed:
+            item = replay.popleft()
+            if not replay:
+                self._replay = None
             return item
+        try:
+            if consumer.buffered:  # an item (or a lag) without a wait
+                return consumer.receive_nowait()
+            # Nothing yet, or the end: the source's error as it is.
+            return await consumer.__anext__()
+        except Exception as error:
+            return await self._failed(consumer, error)
+        except BaseException:
+            await self._release()  # a cancellation: this consumer ends
+            raise
 
     async def _failed(self, consumer: FanoutConsumer[Any], error: Exception) -> T_co:
-        """What ``consumer``'s read raised: a lag (caught up, or raised), or
-        an end, this consumer's."""
-        if isinstance(error, Lagged):
-            assert self._entry is not None
-            self._entry.counters.skipped(error.skipped)
-            self._skipped += error.skipped
-            if self._catch_up(consumer):
-                return await self.__anext__()
-            raise error
+        """What ``consumer``'s read raised: a lag (caught up by the view, see
+        :ref:`lag`, or raised), or an end, this consumer's."""
+        entry = self._entry
+        if isinstance(error, Lagged) and entry is not None:
+            self._count_skipped(entry, error.skipped, resync=False)
+            seen = self._seen
+            catch_up = entry.source.view.catch_up(seen.pop()) if seen else None
+            if catch_up is None:
+                raise error
+            self._replay = deque(catch_up) or None
+            self._count_skipped(entry, consumer.skip_buffered(), resync=True)
+            return await self.__anext__()
         if isinstance(error, (anyio.BusyResourceError, RuntimeError)) and not (
             consumer.closed  # (a closed one met the source's error)
         ):
             raise error  # another task waits, or another loop: not ours to end
-        await self._release()  # the source's error, whatever its type
+        await self._release()  # the end, or the source's error, whatever its type
         raise error
+
+    def _count_skipped(self, entry: Entry, skipped: int, resync: bool) -> None:
+        entry.counters.skipped(skipped, resync)
+        self._skipped += skipped
 
     @property
     def synced(self) -> bool:
@@ -332,23 +354,6 @@ class SubscriptionConsumer(Generic[T_co]):
         if self._entry is not None:
             await _pull_listing(self._entry)
 
-    def _catch_up(self, consumer: FanoutConsumer[Any]) -> bool:
-        """Replace the items this consumer missed by its view's catch-up to
-        the log's end, if the view has one (see :ref:`lag`)."""
-        entry = self._entry
-        seen = self._seen
-        assert entry is not None
-        if not seen:
-            return False
-        catch_up = entry.source.view.catch_up(seen.pop())
-        if catch_up is None:
-            return False
-        self._replay = deque(catch_up) or None
-        skipped = consumer.skip_buffered()
-        entry.counters.skipped(skipped, resync=True)
-        self._skipped += skipped
-        return True
-
     def _join(self) -> FanoutConsumer[Any] | None:
         """Join, unless joined or ended: its fan-out consumer, if any."""
         if self._consumer is not None or self._ended:
@@ -363,12 +368,11 @@ class SubscriptionConsumer(Generic[T_co]):
         )
         self._entry = entry
         view = entry.source.view
-        on_skip: Callable[[int], object] | None = None
-        if subscription.max_lag is not None:  # (no reference back to self)
-            seen = self._seen = deque[object](maxlen=1)
-            on_skip = lambda position: seen.append(view.seen_at(position))  # noqa: E731
+        seen = self._seen = deque[object](maxlen=1)  # (no reference back to self)
         # Registered and replayed in one step: no gap, no duplicate.
-        consumer = self._consumer = entry.fanout.consumer(on_skip=on_skip)
+        consumer = self._consumer = entry.fanout.consumer(
+            on_skip=lambda position: seen.append(view.seen_at(position))
+        )
         self._replay = deque(view.replay()) or None
         entry.counters.join(consumer, self._replay is not None)
         view.joined()
@@ -442,8 +446,7 @@ async def _pull_listing(entry: Entry) -> Exception | None:
     source = entry.source
     if source.listed_at is not None or entry.fanout.finished:
         return None
-    listed = anyio.Event()
-    ended: list[Exception] = []
+    failed: list[Exception] = []
     reader = entry.fanout.consumer()
 
     async def pull() -> None:
@@ -451,19 +454,17 @@ async def _pull_listing(entry: Entry) -> Exception | None:
             while True:
                 with contextlib.suppress(Lagged):  # what it missed is not needed
                     await reader.__anext__()
+        except StopAsyncIteration:
+            group.cancel_scope.cancel()
         except Exception as error:
-            ended.append(error)
-            listed.set()
+            failed.append(error)
+            group.cancel_scope.cancel()
 
-    source.notify_listed(listed)
     try:
         async with anyio.create_task_group() as group:
             group.start_soon(pull)
-            await listed.wait()
+            await source.listed.wait()
             group.cancel_scope.cancel()
     finally:
-        source.forget_listed(listed)
         reader.close()
-    if ended and not isinstance(ended[0], StopAsyncIteration):
-        return ended[0]
-    return None
+    return failed[0] if failed else None

@@ -39,15 +39,13 @@ class WorkerView(WorkerMap, View[Any]):
     behind gets :exc:`~wool_pooling.Lagged`. Memory held: one metadata per
     known worker and the undo records.
 
-    :param raw: The entry's raw instance: a join calls its class's
-        ``__wool_pooling_joined__(raw)``, if it has one.
+    :param raw: The entry's raw instance (unused).
     """
 
-    __slots__ = ("_at", "_raw", "_reported", "_undo", "count", "untracked")
+    __slots__ = ("_at", "_reported", "_undo", "count", "untracked")
 
     def __init__(self, raw: object = None) -> None:
         super().__init__()
-        self._raw = raw
         #: Whether an item that is not a discovery event has passed.
         self.untracked = False
         #: Items recorded so far.
@@ -80,11 +78,6 @@ class WorkerView(WorkerMap, View[Any]):
         if self._undo is not None:
             self._undo.append(undo)
 
-    def joined(self) -> None:
-        joined = getattr(type(self._raw), "__wool_pooling_joined__", None)
-        if joined is not None:
-            joined(self._raw)
-
     def seen_at(self, position: int) -> object:
         return self.at(position)
 
@@ -108,22 +101,18 @@ class WorkerView(WorkerMap, View[Any]):
             reported.add(uid)
         before = self.workers.get(uid)
         passed = self.apply(item)
-        if passed is not None:
-            self._taken(uid, before)
+        if passed is not None:  # taken in as record() takes an item
+            self.count += 1
+            if self._undo is not None:
+                self._undo.append((uid, before))
         return passed
 
     def settled(self) -> Iterator[DiscoveryEvent]:
         reported, self._reported = self._reported or set(), None
         for uid in [uid for uid in self.workers if uid not in reported]:
-            before = self.workers.pop(uid)
-            self._taken(uid, before)
-            yield DiscoveryEvent("worker-dropped", metadata=before)
-
-    def _taken(self, uid: uuid.UUID, before: WorkerMetadata | None) -> None:
-        """Count an item taken in by :meth:`relist` or :meth:`settled`."""
-        self.count += 1
-        if self._undo is not None:
-            self._undo.append((uid, before))
+            dropped = DiscoveryEvent("worker-dropped", metadata=self.workers[uid])
+            self.record(dropped)
+            yield dropped
 
     def snapshot(self) -> Mapping[Any, Any]:
         return types.MappingProxyType(dict(self.workers))

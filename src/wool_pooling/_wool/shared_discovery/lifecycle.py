@@ -26,7 +26,7 @@ from wool import WorkerMetadata
 
 from ..._core.signatures import check_keywords
 from ..._pooling.pool import SubscriptionPool
-from ..._pooling.statistics import SubscriptionStatistics
+from ..._pooling.pool import SubscriptionStatistics
 from ..._pooling.subscription import SharedSubscription
 from ..afilter import afilter
 from .merge import Upstream
@@ -217,10 +217,7 @@ class SharedDiscovery:
         if isinstance(inner, AbstractContextManager):
             self._exit_sync(*exc_info)
             return
-        if self._entered <= 0:
-            raise RuntimeError(f"{self!r} was exited more often than entered")
-        self._entered -= 1
-        if not self._entered and isinstance(inner, AbstractAsyncContextManager):
+        if self._exit_count() and isinstance(inner, AbstractAsyncContextManager):
             exit = cast(AbstractAsyncContextManager[Any], inner).__aexit__(*exc_info)
             with anyio.CancelScope(shield=True):
                 await self._switch(exit)
@@ -242,11 +239,18 @@ class SharedDiscovery:
 
     def _exit_sync(self, *exc_info: Any) -> None:
         with self._lock:
-            if self._entered <= 0:
-                raise RuntimeError(f"{self!r} was exited more often than entered")
-            self._entered -= 1
-            if self._entered == 0:
+            if self._exit_count():
                 cast(AbstractContextManager[object], self.inner).__exit__(*exc_info)
+
+    def _exit_count(self) -> bool:
+        """Count an exit; whether it was the last.
+
+        :raises RuntimeError: if there are more exits than enters.
+        """
+        if self._entered <= 0:
+            raise RuntimeError(f"{self!r} was exited more often than entered")
+        self._entered -= 1
+        return not self._entered
 
     def __reduce__(self) -> tuple[Any, ...]:
         if self._portable.shipped is not None:

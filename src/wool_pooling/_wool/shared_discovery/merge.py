@@ -93,7 +93,6 @@ class Upstream:
         self.loop = current_loop()
         self.context = contextvars.copy_context()
         self.start(_Reader(main=True))
-        listed = False
         quiet = type(self.inner) in BY_CONSTRUCTOR
         until = anyio.current_time() + LISTING_QUIET if quiet else math.inf
         try:
@@ -108,13 +107,10 @@ class Upstream:
                     if item.error is not None:
                         raise item.error
                     return
+                yield item  # (a Synced again is taken in as a no-op)
                 if type(item) is Synced:
-                    if not listed:
-                        listed, until = True, math.inf
-                        yield item
-                    continue
-                yield item
-                if until != math.inf:
+                    until = math.inf
+                elif until != math.inf:
                     until = anyio.current_time() + LISTING_QUIET
         finally:
             self.send = None
