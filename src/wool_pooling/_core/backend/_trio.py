@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Awaitable
 from collections.abc import Callable
 from contextvars import Context
 from contextvars import copy_context
@@ -11,21 +10,15 @@ from typing import Any
 from typing import final
 
 import trio
-from trio.lowlevel import Abort
-from trio.lowlevel import Task
 from trio.lowlevel import TrioToken
 from trio.lowlevel import current_task
 from trio.lowlevel import current_trio_token
-from trio.lowlevel import reschedule
 from trio.lowlevel import spawn_system_task
-from trio.lowlevel import wait_task_rescheduled
 
 from ._base import AsyncFn
 from ._base import EventLoop
 from ._base import Interruptible
-from ._base import Waiters
 from ._base import guarded
-from ._base import ready
 
 
 @final
@@ -34,6 +27,7 @@ class TrioLoop(EventLoop):
 
     __slots__ = ("_token_ref",)
     backend = "trio"
+    event = trio.Event
     next_pass = staticmethod(trio.lowlevel.checkpoint)
 
     def __init__(self, token: TrioToken) -> None:
@@ -49,9 +43,6 @@ class TrioLoop(EventLoop):
 
     def current_task(self) -> object:
         return current_task()
-
-    def waiters(self) -> Waiters:
-        return _TrioWaiters()
 
     def interruptible(self) -> Interruptible:
         return trio.CancelScope()
@@ -70,40 +61,3 @@ class TrioLoop(EventLoop):
         except trio.RunFinishedError:
             return False
         return True
-
-
-@final
-class _TrioWaiters:
-    """trio: the waiting tasks, parked and rescheduled (a one-shot
-    :class:`trio.lowlevel.ParkingLot`)."""
-
-    __slots__ = ("_tasks", "_woken")
-
-    def __init__(self) -> None:
-        self._tasks: dict[Task, None] = {}
-        self._woken = False
-
-    def wait(self) -> Awaitable[None]:
-        if self._woken:
-            return ready()
-        task = current_task()
-        tasks = self._tasks
-        tasks[task] = None
-
-        def abort(_: object) -> Abort:
-            tasks.pop(task, None)
-            return Abort.SUCCEEDED
-
-        # Awaited by the caller, in its own frame (see Waiters.wait).
-        return wait_task_rescheduled(abort)  # noqa: ASYNC105
-
-    def withdraw(self, waiting: Awaitable[None]) -> None:
-        pass  # the abort function has forgotten the task
-
-    def wake(self) -> None:
-        self._woken = True
-        tasks = self._tasks
-        if tasks:
-            self._tasks = {}
-            for task in tasks:
-                reschedule(task)
