@@ -10,10 +10,6 @@ from typing import Any
 from typing import final
 
 import trio
-from trio.lowlevel import TrioToken
-from trio.lowlevel import current_task
-from trio.lowlevel import current_trio_token
-from trio.lowlevel import spawn_system_task
 
 from ._base import AsyncFn
 from ._base import EventLoop
@@ -30,19 +26,19 @@ class TrioLoop(EventLoop):
     event = trio.Event
     next_pass = staticmethod(trio.lowlevel.checkpoint)
 
-    def __init__(self, token: TrioToken) -> None:
+    def __init__(self, token: trio.lowlevel.TrioToken) -> None:
         super().__init__()
         self._token_ref = weakref.ref(token)
         self.until_waits = None  # a checkpoint and a wait yield alike
 
     def is_current(self) -> bool:
         try:
-            return current_trio_token() is self._token_ref()
+            return trio.lowlevel.current_trio_token() is self._token_ref()
         except RuntimeError:
             return False
 
     def current_task(self) -> object:
-        return current_task()
+        return trio.lowlevel.current_task()
 
     def interruptible(self) -> Interruptible:
         return trio.CancelScope()
@@ -50,7 +46,7 @@ class TrioLoop(EventLoop):
     def spawn(self, fn: AsyncFn, *args: Any, context: Context | None = None) -> None:
         if context is None:
             context = copy_context()
-        spawn_system_task(guarded, fn, *args, context=context)
+        trio.lowlevel.spawn_system_task(guarded, fn, *args, context=context)
 
     def run_soon(self, fn: Callable[..., object], *args: Any) -> bool:
         token = self._token_ref()
