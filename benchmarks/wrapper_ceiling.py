@@ -71,7 +71,7 @@ async def pass_through_generator(source: AsyncIterator[Any]) -> AsyncIterator[An
 class OneTask:
     """``source`` iterated by a task of its own for its whole life: each item
     is asked for and handed over with one wake-up each way, through the
-    events the fan-out uses (a fan-out's pump at N = 1, without the log)."""
+    waiters the fan-out uses (a fan-out's pump at N = 1, without the log)."""
 
     def __init__(self, source: AsyncIterator[Any]) -> None:
         self._source = source
@@ -84,11 +84,11 @@ class OneTask:
 
     async def __anext__(self) -> Any:
         loop = current_loop()
-        ready = self._ready = loop.event()
+        ready = self._ready = loop.waiters()
         if self._demand is None:
             loop.spawn(self._pump)
         else:
-            self._demand.set()
+            self._demand.wake()
         await ready.wait()
         ok, value = self._outcome
         if ok:
@@ -102,8 +102,8 @@ class OneTask:
                 self._outcome = (True, await self._source.__anext__())
             except BaseException as error:  # the end included: the consumer's
                 self._outcome = (False, error)
-            demand = self._demand = loop.event()
-            self._ready.set()
+            demand = self._demand = loop.waiters()
+            self._ready.wake()
             if not self._outcome[0]:
                 return
             await demand.wait()

@@ -21,6 +21,7 @@ from _loops import run
 
 from wool_pooling._core.backend import EventLoop
 from wool_pooling._core.backend import Interruptible
+from wool_pooling._core.backend import Waiters
 from wool_pooling._core.backend import current_loop
 from wool_pooling._core.backend._asyncio import AsyncioLoop
 from wool_pooling._core.backend._asyncio import _until_waits
@@ -30,6 +31,7 @@ from wool_pooling._core.backend._trio import TrioLoop
 ABSTRACT = {
     "current_task",
     "is_current",
+    "waiters",
     "interruptible",
     "spawn",
     "run_soon",
@@ -44,6 +46,9 @@ def backend_with_all_but(missing: str | None) -> type[EventLoop]:
 
     def is_current(self: EventLoop) -> bool:
         return True
+
+    def waiters(self: EventLoop) -> Waiters:
+        raise NotImplementedError
 
     def interruptible(self: EventLoop) -> Interruptible:
         raise NotImplementedError
@@ -62,6 +67,7 @@ def backend_with_all_but(missing: str | None) -> type[EventLoop]:
     methods: dict[str, Any] = {
         "current_task": current_task,
         "is_current": is_current,
+        "waiters": waiters,
         "interruptible": interruptible,
         "spawn": spawn,
         "run_soon": run_soon,

@@ -1,4 +1,4 @@
-"""The one-shot events under every fan-out wait: a wake is never lost."""
+"""The one-shot waiters under every fan-out wait: a wake is never lost."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_a_wait_after_the_wake_returns_at_once() -> None:
-    waiters = current_loop().event()
-    waiters.set()
+    waiters = current_loop().waiters()
+    waiters.wake()
     with anyio.fail_after(5):
         await waiters.wait()
         await waiters.wait()
 
 
 async def test_wake_releases_every_waiter_and_a_cancelled_one_is_withdrawn() -> None:
-    waiters = current_loop().event()
+    waiters = current_loop().waiters()
     woken: list[int] = []
 
     async def wait(index: int) -> None:
@@ -42,7 +42,7 @@ async def test_wake_releases_every_waiter_and_a_cancelled_one_is_withdrawn() -> 
         withdrawn.cancel()
         await anyio.wait_all_tasks_blocked()
         assert woken == []
-        waiters.set()
+        waiters.wake()
     assert sorted(woken) == [0, 1]
 
 

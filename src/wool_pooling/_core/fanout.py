@@ -28,10 +28,11 @@ import anyio
 import anyio.lowlevel
 import attrs
 
-from .backend import Event
 from .backend import EventLoop
 from .backend import Interruptible
+from .backend import Waiters
 from .backend import current_loop
+from .backend import ready
 from .iterators import aclose_iterator
 from .iterators import throw_into
 from .signatures import check_positional
@@ -171,7 +172,7 @@ class _Pump:
         # stop() interrupts it; where the task waits for a demand; set once
         # the task has ended (None until it starts).
         self.interruptible: Interruptible = loop.interruptible()
-        self.parking: Event | None = None
+        self.parking: Waiters | None = None
         self.done: anyio.Event | None = None
         self.task: object = None
         self.pulling = False
@@ -186,7 +187,7 @@ class _Pump:
         """Have the task close the source and end (from outside the task)."""
         self.stopping = True
         if self.parking is not None:
-            self.parking.set()
+            self.parking.wake()
         elif self.pulling:
             self.interruptible.cancel()
 
@@ -272,8 +273,8 @@ class Fanout(Generic[T]):
         self._ahead = 0  # pulled since the most advanced consumer waited
         self._end: _End | None = None
         # Waits for the next item and for room under the bound.
-        self._arrival: Event | None = None
-        self._space: Event | None = None
+        self._arrival: Waiters | None = None
+        self._space: Waiters | None = None
         self._pump: _Pump | None = None
 
     def consumer(
@@ -474,14 +475,14 @@ class Fanout(Generic[T]):
             self._arrival = None
             assert self._pump is not None  # bound by the first wait
             self._pump.deferred = False
-            arrival.set()
+            arrival.wake()
 
     def _wake_space(self) -> None:
         """A slow consumer moved or left: let a wait for room look again."""
         space = self._space
         if space is not None:
             self._space = None
-            space.set()
+            space.wake()
 
     def _wake_all(self) -> None:
         self._wake_arrival()
@@ -501,7 +502,7 @@ class Fanout(Generic[T]):
 
     # -- waiting and pulling -------------------------------------------------
 
-    def _wait(self, consumer: FanoutConsumer[T]) -> Awaitable[object]:
+    def _wait(self, consumer: FanoutConsumer[T]) -> Awaitable[None]:
         """Register ``consumer`` (at the log's end) for one wake-up, asking
         for a pull if none is in flight; return what to await."""
         if consumer._busy is not None:
@@ -514,7 +515,7 @@ class Fanout(Generic[T]):
         if not self._drop_lagging and self._log_is_full():
             waiters = self._space
             if waiters is None:
-                waiters = self._space = loop.event()
+                waiters = self._space = loop.waiters()
             self._watch_slowest()
         else:
             self._ahead = 0  # the most advanced consumer has read everything
@@ -522,10 +523,10 @@ class Fanout(Generic[T]):
                 self._demand(pump)
                 # An eager task factory may have logged an item already.
                 if consumer._node is not self._tail or self._end is not None:
-                    return _ready()
+                    return ready()
             waiters = self._arrival
             if waiters is None:
-                waiters = self._arrival = loop.event()
+                waiters = self._arrival = loop.waiters()
         waiting = waiters.wait()
         consumer._busy = waiters
         return waiting
@@ -539,7 +540,7 @@ class Fanout(Generic[T]):
             weakref.finalize(self, loop.run_soon, pump.stop).atexit = False
             loop.spawn(_run_pump, weakref.ref(self), pump, context=pump.context)
         elif pump.parking is not None:
-            pump.parking.set()
+            pump.parking.wake()
 
     def _reads_ahead(self, pump: _Pump) -> bool:
         """Whether the pump may pull once more unasked, counting the pull."""
@@ -638,7 +639,7 @@ async def _iterate(ref: weakref.ref[Fanout[Any]], pump: _Pump) -> None:
                 classify = False
                 fanout._wake_arrival()
                 del fanout
-                parking = pump.parking = pump.loop.event()
+                parking = pump.parking = pump.loop.waiters()
                 try:
                     await parking.wait()
                 except anyio.get_cancelled_exc_class() as cancelled:
@@ -706,10 +707,6 @@ async def _release_when_idle(ref: weakref.ref[Fanout[Any]], pump: _Pump) -> None
                 fanout._wake_arrival()
 
 
-async def _ready() -> None:
-    """A wait that is over before it starts."""
-
-
 @functools.cache
 def _ended_state() -> Fanout[Any]:
     """The closed fan-out every ended consumer points to."""
@@ -750,7 +747,7 @@ class FanoutConsumer(Generic[T]):
     ) -> None:
         self._state: Fanout[Any] = state  # once ended, a closed stand-in
         self._node: _Node = node  # the next to read, or a trap over it
-        self._busy: Event | None = None  # what its waiting task waits in
+        self._busy: Waiters | None = None  # what its waiting task waits in
         self._on_skip = on_skip
 
     def __aiter__(self) -> FanoutConsumer[T]:
@@ -823,8 +820,10 @@ class FanoutConsumer(Generic[T]):
                 del node, following, state
                 try:
                     await waiting
-                finally:
-                    self._busy = None
+                except BaseException:
+                    self._give_up(waiting)
+                    raise
+                self._busy = None
                 continue
             del node, following, state  # a traceback must not pin the log
             item = self._take()  # a trap, or the end
@@ -849,8 +848,16 @@ class FanoutConsumer(Generic[T]):
             waiting = self._state._wait(self)
             try:
                 await waiting
-            finally:
-                self._busy = None
+            except BaseException:
+                self._give_up(waiting)
+                raise
+            self._busy = None
+
+    def _give_up(self, waiting: Awaitable[None]) -> None:
+        """The wait ``waiting`` raised: withdraw its demand, unless woken."""
+        if self._busy is not None:
+            self._busy.withdraw(waiting)
+            self._busy = None
 
     def skip_buffered(self) -> int:
         """Drop what this consumer has yet to read (and a pending :exc:`Lagged`).

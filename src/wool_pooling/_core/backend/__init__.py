@@ -11,11 +11,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ._asyncio import AsyncioLoop
-from ._base import Event
 from ._base import EventLoop
 from ._base import Interruptible
+from ._base import Waiters
+from ._base import ready
 
-__all__ = ["Event", "EventLoop", "Interruptible", "current_loop"]
+__all__ = ["EventLoop", "Interruptible", "Waiters", "current_loop", "ready"]
 
 #: The handle of each live asyncio loop and trio run (by its token).
 _handles: weakref.WeakKeyDictionary[object, EventLoop] = weakref.WeakKeyDictionary()

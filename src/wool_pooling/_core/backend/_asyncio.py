@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import types
 import weakref
 from collections.abc import Awaitable
@@ -15,7 +16,9 @@ from typing import final
 from ._base import AsyncFn
 from ._base import EventLoop
 from ._base import Interruptible
+from ._base import Waiters
 from ._base import guarded
+from ._base import ready
 
 #: Background tasks, held until done (the loop holds tasks weakly).
 _running: set[asyncio.Task[Any]] = set()
@@ -33,7 +36,6 @@ class AsyncioLoop(EventLoop):
 
     __slots__ = ("_loop_ref",)
     backend = "asyncio"
-    event = asyncio.Event
     next_pass = staticmethod(_next_pass)
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -58,6 +60,9 @@ class AsyncioLoop(EventLoop):
 
     def current_task(self) -> object:
         return asyncio.current_task()
+
+    def waiters(self) -> Waiters:
+        return _FutureWaiters(self._loop())
 
     def interruptible(self) -> Interruptible:
         return _TaskInterruptible()
@@ -104,6 +109,36 @@ def _until_waits(
             sent = yield yielded
         except BaseException as thrown:  # GeneratorExit included: closes steps
             sent, error = None, thrown
+
+
+@final
+class _FutureWaiters:
+    """asyncio: one future per waiter, awaited directly."""
+
+    __slots__ = ("_futures", "_loop", "_woken")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._futures: list[asyncio.Future[None]] = []
+        self._woken = False
+
+    def wait(self) -> Awaitable[None]:
+        if self._woken:
+            return ready()
+        future = self._loop.create_future()
+        self._futures.append(future)
+        return future
+
+    def withdraw(self, waiting: Awaitable[None]) -> None:
+        with contextlib.suppress(ValueError):  # woken meanwhile
+            self._futures.remove(waiting)  # pyright: ignore[reportArgumentType]
+
+    def wake(self) -> None:
+        self._woken = True
+        futures, self._futures = self._futures, []
+        for future in futures:
+            if not future.done():
+                future.set_result(None)
 
 
 @final

@@ -22,12 +22,20 @@ logger = logging.getLogger("wool_pooling")
 AsyncFn = Callable[..., Awaitable[Any]]
 
 
-class Event(Protocol):
-    """A backend's own one-shot event: :class:`asyncio.Event`, :class:`trio.Event`."""
+class Waiters(Protocol):
+    """A one-shot event: a wait that starts after :meth:`wake` returns at once."""
 
-    def wait(self) -> Awaitable[object]: ...
+    def wait(self) -> Awaitable[None]:
+        """What the calling task awaits, in its own frame, until :meth:`wake`."""
+        ...
 
-    def set(self) -> None: ...
+    def withdraw(self, waiting: Awaitable[None]) -> None:
+        """Forget ``waiting``, cancelled before :meth:`wake`."""
+        ...
+
+    def wake(self) -> None:
+        """Wake every task waiting, now and later."""
+        ...
 
 
 class Interruptible(Protocol):
@@ -54,8 +62,6 @@ class EventLoop(ABC):
 
     #: ``"asyncio"`` or ``"trio"``.
     backend: ClassVar[str]
-    #: The backend's own event class.
-    event: ClassVar[type[Event]]
     #: The thread the loop runs in.
     thread: int
     #: What a task awaits to let every task ready to run have its step first.
@@ -91,6 +97,10 @@ class EventLoop(ABC):
         return threading.get_ident() == self.thread
 
     @abstractmethod
+    def waiters(self) -> Waiters:
+        """A new, empty set of waiters for this loop."""
+
+    @abstractmethod
     def interruptible(self) -> Interruptible:
         """A new region that :meth:`Interruptible.cancel` can cut short."""
 
@@ -105,6 +115,10 @@ class EventLoop(ABC):
 
     def __repr__(self) -> str:
         return f"<EventLoop [{self.backend}]>"
+
+
+async def ready() -> None:
+    """A wait that is over before it starts."""
 
 
 async def guarded(fn: AsyncFn, *args: Any) -> None:

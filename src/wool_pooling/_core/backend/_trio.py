@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import weakref
+from collections.abc import Awaitable
 from collections.abc import Callable
 from contextvars import Context
 from contextvars import copy_context
@@ -14,6 +15,7 @@ import trio
 from ._base import AsyncFn
 from ._base import EventLoop
 from ._base import Interruptible
+from ._base import Waiters
 from ._base import guarded
 
 
@@ -23,7 +25,6 @@ class TrioLoop(EventLoop):
 
     __slots__ = ("_token_ref",)
     backend = "trio"
-    event = trio.Event
     next_pass = staticmethod(trio.lowlevel.checkpoint)
 
     def __init__(self, token: trio.lowlevel.TrioToken) -> None:
@@ -39,6 +40,9 @@ class TrioLoop(EventLoop):
 
     def current_task(self) -> object:
         return trio.lowlevel.current_task()
+
+    def waiters(self) -> Waiters:
+        return _TrioWaiters()
 
     def interruptible(self) -> Interruptible:
         return trio.CancelScope()
@@ -57,3 +61,22 @@ class TrioLoop(EventLoop):
         except trio.RunFinishedError:
             return False
         return True
+
+
+@final
+class _TrioWaiters:
+    """trio: a :class:`trio.Event` (a wait cancelled leaves its parking lot)."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+
+    def wait(self) -> Awaitable[None]:
+        return self._event.wait()
+
+    def withdraw(self, waiting: Awaitable[None]) -> None:
+        pass
+
+    def wake(self) -> None:
+        self._event.set()
