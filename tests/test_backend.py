@@ -24,7 +24,7 @@ from wool_pooling._core.backend import Interruptible
 from wool_pooling._core.backend import Waiters
 from wool_pooling._core.backend import current_loop
 from wool_pooling._core.backend._asyncio import AsyncioLoop
-from wool_pooling._core.backend._asyncio import _UntilWaits
+from wool_pooling._core.backend._asyncio import _until_waits
 from wool_pooling._core.backend._trio import TrioLoop
 
 #: What a backend must provide.
@@ -251,12 +251,14 @@ async def test_until_waits_is_offered_on_asyncios_own_loops_only(
 @pytest.mark.anyio
 async def test_until_waits_calls_on_wait_for_a_wait_that_may_last_only() -> None:
     """A pull through asyncio's ``until_waits`` wrapper returns or raises
-    what the awaitable does; ``on_wait`` runs before a yield on a future and
-    before a second bare yield, never for one bare yield or none; reused,
-    it starts afresh at each pull."""
+    what the awaitable does, and whether it yielded; ``on_wait`` runs before
+    a yield on a future and before a second bare yield, never for one bare
+    yield or none."""
     calls: list[str] = []
     stage = ["start"]
-    wrapper = _UntilWaits(lambda: calls.append(stage[0]))
+
+    def on_wait() -> None:
+        calls.append(stage[0])
 
     async def at_once() -> str:
         return "ready"
@@ -271,15 +273,15 @@ async def test_until_waits_calls_on_wait_for_a_wait_that_may_last_only() -> None
         await asyncio.sleep(0)
         raise LookupError("from the source")
 
-    assert await wrapper.pull(at_once()) == "ready"
-    assert (calls, wrapper.suspended) == ([], False)
-    assert await wrapper.pull(checkpoints(1)) == 1
-    assert (calls, wrapper.suspended) == ([], True)
-    assert await wrapper.pull(checkpoints(2)) == 2
+    assert await _until_waits(at_once(), on_wait) == ("ready", False)
+    assert calls == []
+    assert await _until_waits(checkpoints(1), on_wait) == (1, True)
+    assert calls == []
+    assert await _until_waits(checkpoints(2), on_wait) == (2, True)
     assert calls == ["checkpoint 2"]
     calls.clear()
     with pytest.raises(LookupError, match="from the source"):
-        await wrapper.pull(fails())
+        await _until_waits(fails(), on_wait)
     assert calls == []
 
     event = asyncio.Event()
@@ -295,7 +297,7 @@ async def test_until_waits_calls_on_wait_for_a_wait_that_may_last_only() -> None
         event.set()
 
     setter = asyncio.ensure_future(set_later())
-    assert await wrapper.pull(waits()) == "set"
+    assert await _until_waits(waits(), on_wait) == ("set", True)
     await setter
     assert calls == ["waiting"]
 
@@ -308,7 +310,7 @@ async def test_until_waits_calls_on_wait_for_a_wait_that_may_last_only() -> None
         finally:
             cleaned.append(True)
 
-    task = asyncio.ensure_future(wrapper.pull(cancelled()))
+    task = asyncio.ensure_future(_until_waits(cancelled(), on_wait))
     await asyncio.sleep(0)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -318,9 +320,9 @@ async def test_until_waits_calls_on_wait_for_a_wait_that_may_last_only() -> None
 
 def test_until_waits_hands_a_sent_value_and_a_thrown_error_to_the_awaitable() -> None:
     """What a task sends into asyncio's ``until_waits`` wrapper, a value or an
-    error (an instance, a class, or a class with its value), reaches the
-    awaitable's step unchanged; each such step counts as a wait that may
-    last, and what the awaitable yields or returns comes back unchanged."""
+    error, reaches the awaitable's step unchanged; each such step counts as a
+    wait that may last, and what the awaitable yields or returns comes back
+    unchanged."""
     waits: list[int] = []
     received: list[object] = []
 
@@ -334,19 +336,17 @@ def test_until_waits_hands_a_sent_value_and_a_thrown_error_to_the_awaitable() ->
                     received.append(error)
             return "done"
 
-    wrapper = _UntilWaits(lambda: waits.append(len(waits)))
-    steps = wrapper.pull(Steps()).__await__()
+    steps = _until_waits(Steps(), lambda: waits.append(len(waits)))
     assert next(steps) == "first"
     assert steps.send(42) == "next"
     assert received == [42]
-    assert steps.throw(LookupError) == "next"
-    assert steps.throw(LookupError, LookupError("with a value")) == "next"
+    assert steps.throw(LookupError("first")) == "next"
+    assert steps.throw(LookupError("with a value")) == "next"
     instance = LookupError("an instance")
     with pytest.raises(StopIteration) as stopped:
         steps.throw(instance)
-    assert stopped.value.value == "done"
+    assert stopped.value.value == ("done", True)
     assert received[0] == 42
     assert [type(error) for error in received[1:]] == [LookupError] * 3
     assert [str(error) for error in received[2:]] == ["with a value", "an instance"]
     assert waits == [0, 1, 2, 3]
-    assert wrapper.suspended

@@ -11,7 +11,10 @@ import gc
 import weakref
 from typing import Any
 
+import pytest
+
 from wool_pooling._core.signatures import BindingMemo
+from wool_pooling._core.signatures import check_positional
 
 
 def _function(a: int, b: int = 0) -> None: ...
@@ -56,3 +59,24 @@ def test_a_memo_does_not_keep_its_callables_alive() -> None:
     del function
     gc.collect()
     assert held() is None
+
+
+def test_a_function_made_anew_shares_its_codes_memo_unless_its_defaults_differ() -> (
+    None
+):
+    """A binding found for one function holds for another made from the same
+    code (a lambda per call, a function unpickled), not for one whose defaults
+    were changed: its count is checked again, and refused when it must be."""
+
+    def made() -> Any:
+        def function(a: int, b: int) -> None: ...
+
+        return function
+
+    first, again, changed = made(), made(), made()
+    check_positional(first, 2, lambda: "first")
+    check_positional(again, 2, lambda: "again")
+    changed.__defaults__ = (0,)
+    check_positional(changed, 1, lambda: "changed")
+    with pytest.raises(TypeError, match="again must take 1 positional argument"):
+        check_positional(again, 1, lambda: "again")

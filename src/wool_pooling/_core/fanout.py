@@ -604,16 +604,14 @@ async def _iterate(ref: weakref.ref[Fanout[Any]], pump: _Pump) -> None:
         iterator = aiter(source)
         del source
         thrown: BaseException | None = None
-        suspensions = None
-        if pump.loop.until_waits is not None:
-            suspensions = pump.loop.until_waits(functools.partial(_watch, pump, ref))
+        until_waits = pump.loop.until_waits
+        on_wait = functools.partial(_watch, pump, ref)
         classify = False
         suspends = True
         while True:
             if thrown is None:
-                if classify and suspensions is not None:
-                    item = await suspensions.pull(iterator.__anext__())
-                    suspends = suspensions.suspended
+                if classify and until_waits is not None:
+                    item, suspends = await until_waits(iterator.__anext__(), on_wait)
                 else:
                     item = await iterator.__anext__()
             else:

@@ -90,8 +90,8 @@ def check_keywords(
         saying why the keywords do not bind.
     """
     plain: Any = function.__func__ if inspect.ismethod(function) else function
-    names = (inspect.ismethod(function), *keywords)
-    if _binds.binds(plain, names):
+    memo, shape = _memo(plain, inspect.ismethod(function), *keywords)
+    if _binds.binds(memo, shape):
         return
     signature = signature_of(function)
     if signature is None:
@@ -111,33 +111,21 @@ def check_keywords(
     except TypeError as error:
         shown = ", ".join(f"{name}={value!r}" for name, value in keywords.items())
         raise TypeError(f"{what} cannot be called with ({shown}): {error}") from None
-    _binds.add(plain, names)
+    _binds.add(memo, shape)
 
 
-#: Functions found to take these keywords (whether bound first).
+#: Callables found to take these arguments: a function made anew (unpickled,
+#: or a lambda per call) is remembered by its code, which it shares.
 _binds: BindingMemo[tuple[object, ...]] = BindingMemo()
 
-#: Plain functions' shapes found to take so many positional arguments: a
-#: function unpickled anew is a new object each time, with the same shape.
-_shape_takes: dict[tuple[int, ...], set[int]] = {}
 
-_VARIADIC = inspect.CO_VARARGS | inspect.CO_VARKEYWORDS
-
-
-def _shape(function: object) -> tuple[int, ...] | None:
-    """What decides which positional arguments bind to a plain function
-    without attributes; ``None`` for anything else."""
-    if type(function) is not types.FunctionType or function.__dict__:
-        return None
-    code = function.__code__
-    return (
-        code.co_argcount,
-        code.co_posonlyargcount,
-        code.co_kwonlyargcount,
-        code.co_flags & _VARIADIC,
-        len(function.__defaults__ or ()),
-        len(function.__kwdefaults__ or ()),
-    )
+def _memo(function: Any, *shape: object) -> tuple[object, tuple[object, ...]]:
+    """Where ``_binds`` remembers ``shape`` for ``function``: a plain
+    function's code, with its defaults' counts; any other callable itself."""
+    if type(function) is types.FunctionType and not function.__dict__:
+        defaults = len(function.__defaults__ or ()), len(function.__kwdefaults__ or ())
+        return function.__code__, (*shape, *defaults)
+    return function, shape
 
 
 def check_positional(
@@ -154,8 +142,8 @@ def check_positional(
         plain, needed = function.__func__, count + 1
     elif _called_through_its_class(function):
         plain, needed = type(function).__call__, count + 1
-    shape = _shape(plain)
-    if shape is not None and needed in _shape_takes.get(shape, ()):
+    memo, shape = _memo(plain, needed)
+    if _binds.binds(memo, shape):
         return
     signature = signature_of(plain)
     if signature is None:
@@ -167,8 +155,7 @@ def check_positional(
         raise TypeError(
             f"{what()} must take {count} positional argument{plural}: {error}"
         ) from None
-    if shape is not None:
-        _shape_takes.setdefault(shape, set()).add(needed)
+    _binds.add(memo, shape)
 
 
 def _called_through_its_class(function: object) -> bool:

@@ -43,7 +43,7 @@ class AsyncioLoop(EventLoop):
         self._loop_ref = weakref.ref(loop)
         # A task's step costs more than classifying yields, but on uvloop.
         self.until_waits = (
-            _UntilWaits if isinstance(loop, asyncio.BaseEventLoop) else None
+            _until_waits if isinstance(loop, asyncio.BaseEventLoop) else None
         )
 
     def _loop(self) -> asyncio.AbstractEventLoop:
@@ -84,61 +84,31 @@ class AsyncioLoop(EventLoop):
         return True
 
 
-@final
-class _UntilWaits(Generator[Any, Any, Any]):
-    """:attr:`EventLoop.until_waits` for asyncio's own loops: ``await
-    wrapper.pull(awaitable)`` calls ``on_wait()`` before a yield on a future
-    or a second bare yield. Reused from pull to pull, for speed."""
-
-    __slots__ = ("_on_wait", "_steps", "suspended")
-
-    def __init__(self, on_wait: Callable[[], object]) -> None:
-        self._on_wait = on_wait
-        self._steps: Generator[Any, Any, Any] | None = None
-        #: Whether the last pull yielded to the loop at all.
-        self.suspended = False
-
-    def pull(self, awaitable: Awaitable[Any]) -> _UntilWaits:
-        self._steps = awaitable.__await__()
-        self.suspended = False
-        return self
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        return self
-
-    def __next__(self) -> Any:  # what a task calls
-        assert self._steps is not None
-        yielded = self._steps.send(None)
-        if yielded is not None or self.suspended:
-            self._on_wait()
-        self.suspended = True
-        return yielded
-
-    def send(self, value: Any, /) -> Any:
-        if value is None:
-            return self.__next__()
-        assert self._steps is not None
-        yielded = self._steps.send(value)
-        self._on_wait()
-        self.suspended = True
-        return yielded
-
-    def throw(self, error: Any, value: Any = None, traceback: Any = None, /) -> Any:
-        if not isinstance(error, BaseException):
-            error = error() if value is None else value
-        del value, traceback
-        assert self._steps is not None
+@types.coroutine
+def _until_waits(
+    awaitable: Awaitable[Any], on_wait: Callable[[], object]
+) -> Generator[Any, Any, tuple[Any, bool]]:
+    """:attr:`EventLoop.until_waits` for asyncio's own loops: await
+    ``awaitable``, calling ``on_wait()`` before a yield on a future or a
+    second yield; return its result and whether it yielded at all."""
+    steps = awaitable.__await__()
+    suspended = False
+    sent: Any = None
+    error: BaseException | None = None
+    while True:
         try:
-            yielded = self._steps.throw(error)
+            yielded = steps.send(sent) if error is None else steps.throw(error)
+        except StopIteration as stop:
+            return stop.value, suspended
         finally:
-            del error  # raised on, it would hold this frame, and this frame it
-        self._on_wait()
-        self.suspended = True
-        return yielded
-
-    def close(self) -> None:
-        if self._steps is not None:
-            self._steps.close()
+            error = None  # raised on, it would hold this frame, and this frame it
+        if yielded is not None or suspended:
+            on_wait()
+        suspended = True
+        try:
+            sent = yield yielded
+        except BaseException as thrown:  # GeneratorExit included: closes steps
+            sent, error = None, thrown
 
 
 @final

@@ -10,15 +10,11 @@ from abc import abstractmethod
 from collections.abc import Awaitable
 from collections.abc import Callable
 from contextvars import Context
-from typing import TYPE_CHECKING
 from typing import Any
 from typing import ClassVar
 from typing import Protocol
 
 import anyio
-
-if TYPE_CHECKING:
-    from ._asyncio import _UntilWaits
 
 logger = logging.getLogger("wool_pooling")
 
@@ -72,7 +68,10 @@ class EventLoop(ABC):
     next_pass: ClassVar[staticmethod[[], Awaitable[None]]]
     #: What the pump awaits a pull through, calling ``on_wait()`` once it may
     #: wait long; ``None`` where that costs more than a step (uvloop, trio).
-    until_waits: Callable[[Callable[[], object]], _UntilWaits] | None
+    until_waits: (
+        Callable[[Awaitable[Any], Callable[[], object]], Awaitable[tuple[Any, bool]]]
+        | None
+    )
 
     def __init__(self) -> None:
         self.thread = threading.get_ident()

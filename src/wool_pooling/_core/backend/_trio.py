@@ -11,21 +11,12 @@ from typing import Any
 from typing import final
 
 import trio
-from trio.lowlevel import Abort
-from trio.lowlevel import Task
-from trio.lowlevel import TrioToken
-from trio.lowlevel import current_task
-from trio.lowlevel import current_trio_token
-from trio.lowlevel import reschedule
-from trio.lowlevel import spawn_system_task
-from trio.lowlevel import wait_task_rescheduled
 
 from ._base import AsyncFn
 from ._base import EventLoop
 from ._base import Interruptible
 from ._base import Waiters
 from ._base import guarded
-from ._base import ready
 
 
 @final
@@ -36,19 +27,19 @@ class TrioLoop(EventLoop):
     backend = "trio"
     next_pass = staticmethod(trio.lowlevel.checkpoint)
 
-    def __init__(self, token: TrioToken) -> None:
+    def __init__(self, token: trio.lowlevel.TrioToken) -> None:
         super().__init__()
         self._token_ref = weakref.ref(token)
         self.until_waits = None  # a checkpoint and a wait yield alike
 
     def is_current(self) -> bool:
         try:
-            return current_trio_token() is self._token_ref()
+            return trio.lowlevel.current_trio_token() is self._token_ref()
         except RuntimeError:
             return False
 
     def current_task(self) -> object:
-        return current_task()
+        return trio.lowlevel.current_task()
 
     def waiters(self) -> Waiters:
         return _TrioWaiters()
@@ -59,7 +50,7 @@ class TrioLoop(EventLoop):
     def spawn(self, fn: AsyncFn, *args: Any, context: Context | None = None) -> None:
         if context is None:
             context = copy_context()
-        spawn_system_task(guarded, fn, *args, context=context)
+        trio.lowlevel.spawn_system_task(guarded, fn, *args, context=context)
 
     def run_soon(self, fn: Callable[..., object], *args: Any) -> bool:
         token = self._token_ref()
@@ -74,36 +65,18 @@ class TrioLoop(EventLoop):
 
 @final
 class _TrioWaiters:
-    """trio: the waiting tasks, parked and rescheduled (a one-shot
-    :class:`trio.lowlevel.ParkingLot`)."""
+    """trio: a :class:`trio.Event` (a wait cancelled leaves its parking lot)."""
 
-    __slots__ = ("_tasks", "_woken")
+    __slots__ = ("_event",)
 
     def __init__(self) -> None:
-        self._tasks: dict[Task, None] = {}
-        self._woken = False
+        self._event = trio.Event()
 
     def wait(self) -> Awaitable[None]:
-        if self._woken:
-            return ready()
-        task = current_task()
-        tasks = self._tasks
-        tasks[task] = None
-
-        def abort(_: object) -> Abort:
-            tasks.pop(task, None)
-            return Abort.SUCCEEDED
-
-        # Awaited by the caller, in its own frame (see Waiters.wait).
-        return wait_task_rescheduled(abort)  # noqa: ASYNC105
+        return self._event.wait()
 
     def withdraw(self, waiting: Awaitable[None]) -> None:
-        pass  # the abort function has forgotten the task
+        pass
 
     def wake(self) -> None:
-        self._woken = True
-        tasks = self._tasks
-        if tasks:
-            self._tasks = {}
-            for task in tasks:
-                reschedule(task)
+        self._event.set()
