@@ -165,6 +165,40 @@ def subscribe(cls: type[StreamStub], name: str = "a") -> SharedSubscription:
     return cast(SharedSubscription, cls(name))
 
 
+def added(n: int) -> DiscoveryEvent:
+    """A ``worker-added`` event of a worker with pid ``n``."""
+    return ev("worker-added", meta(pid=n))
+
+
+async def first_read(consumer: AsyncIterator[T], feed: Callable[[], object]) -> T:
+    """Start ``consumer``'s first read (it joins, building the raw instance
+    if need be), then ``feed()`` the raw instance; the item read."""
+    got: list[T] = []
+
+    async def read() -> None:
+        got.append(await anext(consumer))
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read)
+            await anyio.wait_all_tasks_blocked()
+            feed()
+    return got[0]
+
+
+class Endless:
+    """A raw subscriber of ints that always has the next one ready."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def __aiter__(self) -> AsyncIterator[int]:
+        n = 0
+        while True:
+            yield n
+            n += 1
+
+
 def entry_of(pool: SubscriptionPool, sub: SharedSubscription) -> Any:
     """The pool's entry for ``sub``'s class and key."""
     return pool._entries[(sub.cls, sub.key)]  # pyright: ignore[reportPrivateUsage]

@@ -4,57 +4,29 @@ how many items it skipped (``skipped``)."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 from typing import cast
 
 import anyio
 import pytest
-from _stubs import AcloseStub
-from _stubs import StreamStub
-from _stubs import ev
-from _stubs import meta
+from _stubs import added
+from _stubs import first_read
+from _stubs import make_stub
 from _stubs import take
 from wool import DiscoveryEvent
 
 from wool_pooling import Lagged
 from wool_pooling import SharedSubscription
-from wool_pooling import SubscriptionConsumer
 from wool_pooling import SubscriptionPool
 from wool_pooling import shared_subscription
 
 pytestmark = pytest.mark.anyio
 
 
-def stub_class(**options: Any) -> type[StreamStub]:
-    """A fresh decorated stub class (its own ``instances``), with ``options``."""
-    cls = type("Stub", (AcloseStub,), {"instances": []})
-    return shared_subscription(**options)(cls)
-
-
-def added(n: int) -> DiscoveryEvent:
-    return ev("worker-added", meta(pid=n))
-
-
-async def first_read(consumer: SubscriptionConsumer[Any], feed: Any) -> Any:
-    """Start ``consumer``'s first read (it joins), then ``feed()``; the item read."""
-    got: list[Any] = []
-
-    async def read() -> None:
-        got.append(await anext(consumer))
-
-    with anyio.fail_after(5):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(read)
-            await anyio.wait_all_tasks_blocked()
-            feed()
-    return got[0]
-
-
 async def test_lag_counts_the_logged_items_a_consumer_has_yet_to_read() -> None:
     """``lag`` is 0 before the join, grows by each item the others pulled
     that this consumer has not read, falls as it reads, and is 0 once it
     ended; the join's replay is not lag."""
-    cls = stub_class(read_ahead=0)
+    cls = make_stub(read_ahead=0)
     sub = cast("SharedSubscription[DiscoveryEvent]", cls("a"))
     async with SubscriptionPool():
         fast, slow = aiter(sub), aiter(sub)
@@ -76,7 +48,7 @@ async def test_a_resynced_consumer_counts_what_it_skipped() -> None:
     """A discovery consumer left ``max_lag`` behind is at most ``max_lag``
     behind; once caught up by a difference it counts every log item it
     missed in ``skipped`` and has no lag; later reads skip nothing."""
-    cls = stub_class(max_lag=2)
+    cls = make_stub(max_lag=2)
     sub = cast("SharedSubscription[DiscoveryEvent]", cls("a"))
     async with SubscriptionPool():
         fast, slow = aiter(sub), aiter(sub)

@@ -4,7 +4,6 @@ its entries' closes and reopens, and never go down."""
 from __future__ import annotations
 
 import gc
-import itertools
 from collections.abc import AsyncIterator
 from typing import Any
 from typing import cast
@@ -13,15 +12,15 @@ import anyio
 import pytest
 from _loops import BACKENDS
 from _loops import run as run_on_backend
-from _stubs import AcloseStub
-from _stubs import StreamStub
-from _stubs import ev
-from _stubs import meta
+from _stubs import Endless
+from _stubs import added
+from _stubs import first_read
+from _stubs import make_stub
+from _stubs import subscribe
 from _stubs import take
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
-from wool import DiscoveryEvent
 
 from wool_pooling import PoolTotals
 from wool_pooling import RestartPolicy
@@ -33,35 +32,12 @@ from wool_pooling import shared_subscription
 pytestmark = pytest.mark.anyio
 
 
-def stub_class(**options: Any) -> type[StreamStub]:
-    """A fresh decorated stub class (its own ``instances``), with ``options``."""
-    cls = type("Stub", (AcloseStub,), {"instances": []})
-    return shared_subscription(**options)(cls)
-
-
-def subscription(cls: type[StreamStub]) -> SharedSubscription[DiscoveryEvent]:
-    return cast("SharedSubscription[DiscoveryEvent]", cls("a"))
-
-
-def added(n: int) -> DiscoveryEvent:
-    return ev("worker-added", meta(pid=n))
-
-
-async def first_read(consumer: AsyncIterator[Any], feed: Any) -> None:
-    """Start ``consumer``'s first read (it joins), then ``feed()``."""
-    with anyio.fail_after(5):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(anext, consumer)
-            await anyio.wait_all_tasks_blocked()
-            feed()
-
-
 async def test_totals_outlive_the_entry_that_counted_them() -> None:
     """An entry's deliveries stay in the pool's totals once it closed, while
     its subscription's statistics start from zero; the next entry adds to
     them; opened and closed count the entries."""
-    cls = stub_class()
-    sub = subscription(cls)
+    cls = make_stub()
+    sub = subscribe(cls)
     async with SubscriptionPool() as pool:
         assert pool.totals() == PoolTotals()
         async with aiter(sub) as consumer:
@@ -83,8 +59,8 @@ async def test_lags_and_skips_stay_counted_after_the_entry_closed() -> None:
     """A lagging consumer's lag, skipped items and resync stay in the totals
     once its entry closed; the entry's statistics count the skipped items
     while it lives."""
-    cls = stub_class(max_lag=2)
-    sub = subscription(cls)
+    cls = make_stub(max_lag=2)
+    sub = subscribe(cls)
     async with SubscriptionPool() as pool:
         fast, slow = aiter(sub), aiter(sub)
         await first_read(fast, lambda: cls.instances[0].push(added(1)))
@@ -104,8 +80,8 @@ async def test_lags_and_skips_stay_counted_after_the_entry_closed() -> None:
 async def test_restarts_stay_counted_after_the_entry_closed() -> None:
     """The restarts of a raw stream, and the errors behind them, stay in the
     totals once its entry closed."""
-    cls = stub_class(restart=RestartPolicy(backoff=0, jitter=0, settle=60))
-    sub = subscription(cls)
+    cls = make_stub(restart=RestartPolicy(backoff=0, jitter=0, settle=60))
+    sub = subscribe(cls)
     async with SubscriptionPool() as pool:
         async with aiter(sub) as consumer:
             await first_read(consumer, lambda: cls.instances[0].push(added(1)))
@@ -121,8 +97,8 @@ async def test_closing_the_pool_counts_what_its_consumers_had_read() -> None:
     """Consumers still attached when the pool closes are counted for what
     they had read, not for what was logged, and their later release
     changes nothing."""
-    cls = stub_class(read_ahead=0)
-    sub = subscription(cls)
+    cls = make_stub(read_ahead=0)
+    sub = subscribe(cls)
     pool = SubscriptionPool()
     async with pool:
         ahead, behind = aiter(sub), aiter(sub)
@@ -137,17 +113,6 @@ async def test_closing_the_pool_counts_what_its_consumers_had_read() -> None:
     await ahead.aclose()
     await behind.aclose()
     assert pool.totals() == closed
-
-
-class Endless:
-    """A raw subscriber of ints that always has the next one ready."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    async def __aiter__(self) -> AsyncIterator[int]:
-        for item in itertools.count():
-            yield item
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

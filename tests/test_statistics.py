@@ -4,9 +4,7 @@ and ``SharedDiscovery.statistics()``."""
 from __future__ import annotations
 
 import gc
-import itertools
 from collections.abc import AsyncIterator
-from collections.abc import Callable
 from typing import Any
 from typing import TypeVar
 from typing import cast
@@ -15,15 +13,18 @@ import anyio
 import pytest
 from _loops import BACKENDS
 from _loops import run as run_on_backend
-from _stubs import AcloseStub
+from _stubs import Endless
 from _stubs import StreamStub
+from _stubs import added
 from _stubs import ev
+from _stubs import first_read
+from _stubs import make_stub
 from _stubs import meta
+from _stubs import subscribe
 from _stubs import take
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
-from wool import DiscoveryEvent
 
 from wool_pooling import Lagged
 from wool_pooling import RestartPolicy
@@ -39,45 +40,15 @@ pytestmark = pytest.mark.anyio
 T = TypeVar("T")
 
 
-def stub_class(**options: Any) -> type[StreamStub]:
-    """A fresh decorated stub class (its own ``instances``), with ``options``."""
-    cls = type("Stub", (AcloseStub,), {"instances": []})
-    return shared_subscription(**options)(cls)
-
-
-def subscription(cls: type[StreamStub]) -> SharedSubscription[DiscoveryEvent]:
-    return cast("SharedSubscription[DiscoveryEvent]", cls("a"))
-
-
-def added(n: int) -> DiscoveryEvent:
-    return ev("worker-added", meta(pid=n))
-
-
-async def join(consumer: AsyncIterator[T], feed: Callable[[], object]) -> T:
-    """Start ``consumer`` (its first read joins, building the raw instance
-    if need be), then ``feed()`` the raw instance; the first item read."""
-    got: list[T] = []
-
-    async def first() -> None:
-        got.append(await anext(consumer))
-
-    with anyio.fail_after(5):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(first)
-            await anyio.wait_all_tasks_blocked()
-            feed()
-    return got[0]
-
-
 async def test_statistics_are_zero_when_nothing_iterates_the_key() -> None:
     """A subscription no consumer iterates in the pool has all-zero statistics,
     and they count from zero again once its entry closed."""
-    cls = stub_class()
-    sub = subscription(cls)
+    cls = make_stub()
+    sub = subscribe(cls)
     async with SubscriptionPool() as pool:
         assert sub.statistics() == SubscriptionStatistics()
         async with aiter(sub) as consumer:
-            await join(consumer, lambda: cls.instances[0].push(added(1)))
+            await first_read(consumer, lambda: cls.instances[0].push(added(1)))
             assert sub.statistics(pool).delivered == 1
         assert sub.statistics(pool) == SubscriptionStatistics()
 
@@ -85,11 +56,13 @@ async def test_statistics_are_zero_when_nothing_iterates_the_key() -> None:
 async def test_delivered_counts_every_item_each_consumer_received() -> None:
     """``delivered`` sums the live items each consumer read, joined or left,
     and leaves out the join's replay; ``replays`` counts joins replayed."""
-    cls = stub_class()
-    sub = subscription(cls)
+    cls = make_stub()
+    sub = subscribe(cls)
     async with SubscriptionPool():
         first = aiter(sub)
-        await join(first, lambda: cls.instances[0].push(added(1), added(2), added(3)))
+        await first_read(
+            first, lambda: cls.instances[0].push(added(1), added(2), added(3))
+        )
         await take(first, 2)
         assert sub.statistics() == SubscriptionStatistics(consumers=1, delivered=3)
         second = aiter(sub)
@@ -115,11 +88,11 @@ async def test_a_dropped_consumer_keeps_what_it_received_counted() -> None:
     counted."""
     # Pulled on demand (read_ahead=0): the second consumer joins after one
     # item, so its replay is worker 1 alone.
-    cls = stub_class(ttl=60, read_ahead=0)
-    sub = subscription(cls)
+    cls = make_stub(ttl=60, read_ahead=0)
+    sub = subscribe(cls)
     async with SubscriptionPool():
         keeper = aiter(sub)
-        await join(keeper, lambda: cls.instances[0].push(added(1), added(2)))
+        await first_read(keeper, lambda: cls.instances[0].push(added(1), added(2)))
         dropped = aiter(sub)
         await take(dropped, 1)  # the replay of worker 1
         await take(keeper, 1)
@@ -136,11 +109,11 @@ async def test_a_dropped_consumer_keeps_what_it_received_counted() -> None:
 async def test_a_lagging_consumer_is_counted_lagged_and_resynced() -> None:
     """A consumer left ``max_lag`` behind counts one lag and one resync; the
     items it skipped and the resync's difference are not delivered."""
-    cls = stub_class(max_lag=2)
-    sub = subscription(cls)
+    cls = make_stub(max_lag=2)
+    sub = subscribe(cls)
     async with SubscriptionPool():
         fast, slow = aiter(sub), aiter(sub)
-        await join(fast, lambda: cls.instances[0].push(added(1)))
+        await first_read(fast, lambda: cls.instances[0].push(added(1)))
         await take(slow, 1)  # joins: the replay of worker 1
         cls.instances[0].push(*(added(n) for n in range(2, 7)))
         await take(fast, 5)
@@ -184,8 +157,8 @@ async def test_a_lag_that_cannot_be_resynced_counts_no_resync() -> None:
     sub = cast("SharedSubscription[int]", cls("n"))
     async with SubscriptionPool():
         fast, slow = aiter(sub), aiter(sub)
-        assert await join(fast, lambda: built[0].send.send_nowait(0)) == 0
-        assert await join(slow, lambda: built[0].send.send_nowait(1)) == 1
+        assert await first_read(fast, lambda: built[0].send.send_nowait(0)) == 0
+        assert await first_read(slow, lambda: built[0].send.send_nowait(1)) == 1
         for n in range(2, 7):
             built[0].send.send_nowait(n)
         assert await take(fast, 6) == [1, 2, 3, 4, 5, 6]
@@ -203,11 +176,11 @@ async def test_restarts_and_the_errors_behind_them_are_counted() -> None:
     """Each restart of a failing raw stream counts one restart and one source
     error."""
     policy = RestartPolicy(backoff=0, jitter=0, settle=60)
-    cls = stub_class(restart=policy)
-    sub = subscription(cls)
+    cls = make_stub(restart=policy)
+    sub = subscribe(cls)
     async with SubscriptionPool(), aiter(sub) as consumer:
         one = ev("worker-added", meta(pid=1))
-        await join(consumer, lambda: cls.instances[0].push(one))
+        await first_read(consumer, lambda: cls.instances[0].push(one))
         raw = cls.instances[0]
         raw.fail(RuntimeError("first"))
         raw.fail(RuntimeError("second"))
@@ -222,11 +195,11 @@ async def test_a_source_error_without_restart_is_counted_while_consumers_remain(
 ):
     """The error that ended an unrestarted source counts once, as long as a
     consumer still holds the ended entry."""
-    cls = stub_class()
-    sub = subscription(cls)
+    cls = make_stub()
+    sub = subscribe(cls)
     async with SubscriptionPool():
         first, second = aiter(sub), aiter(sub)
-        await join(first, lambda: cls.instances[0].push(added(1)))
+        await first_read(first, lambda: cls.instances[0].push(added(1)))
         await take(second, 1)  # the replay
         cls.instances[0].fail(RuntimeError("boom"))
         with pytest.raises(RuntimeError, match="boom"):
@@ -281,17 +254,6 @@ async def test_shared_discovery_counts_the_rescans_of_its_joiners() -> None:
         assert stats.delivered == 1 + 1
         await late.aclose()
         await early.aclose()
-
-
-class Endless:
-    """A raw subscriber of ints that always has the next one ready."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    async def __aiter__(self) -> AsyncIterator[int]:
-        for item in itertools.count():
-            yield item
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
