@@ -115,7 +115,8 @@ def check_keywords(
 
 
 #: Callables found to take these arguments: a function made anew (unpickled,
-#: or a lambda per call) is remembered by its code, which it shares.
+#: or a lambda per call) is remembered by its code, which it shares. A
+#: positional check's shape is tagged: none equals a keyword check's.
 _binds: BindingMemo[tuple[object, ...]] = BindingMemo()
 
 
@@ -142,7 +143,7 @@ def check_positional(
         plain, needed = function.__func__, count + 1
     elif _called_through_its_class(function):
         plain, needed = type(function).__call__, count + 1
-    memo, shape = _memo(plain, needed)
+    memo, shape = _memo(plain, "positional", needed)
     if _binds.binds(memo, shape):
         return
     signature = signature_of(plain)
