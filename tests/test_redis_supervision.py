@@ -135,6 +135,35 @@ async def test_the_options_of_shared_subscribers_go_with_the_last_one(
     assert noted() == 0
 
 
+def test_a_subscriber_collected_while_the_options_are_compared_is_forgotten() -> None:
+    """A subscriber collected while a new one's options are compared with
+    those noted (a collection can run at any allocation) is forgotten, and
+    the new one is noted: the comparison reads a copy of the record."""
+
+    class Dropped:
+        pass
+
+    dropped: Dropped | None = Dropped()
+
+    class Key:
+        def __eq__(self, other: object) -> bool:
+            nonlocal dropped
+            dropped = None  # its finaliser forgets it, mid-comparison
+            return False
+
+        def __hash__(self) -> int:
+            return 0
+
+    live = _discovery._live  # pyright: ignore[reportPrivateUsage]
+    _discovery._note_options(Key(), dropped, ())  # pyright: ignore[reportPrivateUsage]
+    newcomer = Dropped()
+    _discovery._note_options(("other",), newcomer, ())  # pyright: ignore[reportPrivateUsage]
+    assert dropped is None
+    assert live.get(id(newcomer)) == (("other",), ())
+    assert all(not isinstance(key, Key) for key, _ in live.values())
+    live.pop(id(newcomer))
+
+
 @pytest.mark.parametrize(
     ("field", "value"), [("settle", 5.0), ("restart_on_end", True)]
 )

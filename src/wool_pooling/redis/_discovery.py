@@ -442,7 +442,9 @@ _live: dict[int, tuple[Hashable, tuple[object, ...]]] = {}
 def _note_options(
     key: Hashable, subscriber: object, options: tuple[object, ...]
 ) -> None:
-    if any(each == key and known != options for each, known in _live.values()):
+    # A copy: a collection during a comparison may forget a subscriber.
+    noted = list(_live.values())
+    if any(each == key and known != options for each, known in noted):
         warnings.warn(
             "a RedisDiscovery subscriber shares the subscription of an earlier "
             "one to the same connection and namespace but was given other "
