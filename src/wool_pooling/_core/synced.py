@@ -7,6 +7,8 @@ from contextvars import ContextVar
 from typing import Any
 from typing import final
 
+import attrs
+
 __all__ = ["Synced", "listing", "mark_synced"]
 
 
@@ -34,6 +36,7 @@ def mark_synced() -> bool:
 
 
 @final
+@attrs.frozen
 class Synced:
     """Yielded by a shared subscription's source: "my first listing is complete".
 
@@ -42,14 +45,3 @@ class Synced:
     :class:`~wool_pooling.Fanout` passes it on like any other item. Every
     instance equals every other. See :ref:`synced`.
     """
-
-    __slots__ = ()
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Synced)
-
-    def __hash__(self) -> int:
-        return hash(Synced)
-
-    def __repr__(self) -> str:
-        return "Synced()"
