@@ -27,25 +27,17 @@ from wool_pooling._core.backend._asyncio import AsyncioLoop
 from wool_pooling._core.backend._asyncio import _until_waits
 from wool_pooling._core.backend._trio import TrioLoop
 
-#: What a backend must provide.
-ABSTRACT = {
-    "current_task",
-    "is_current",
-    "waiters",
-    "interruptible",
-    "spawn",
-    "run_soon",
-}
+#: What a backend must provide, beyond its class attributes (``backend``,
+#: ``current_task``, ``_running``, ``next_pass``).
+ABSTRACT = {"waiters", "interruptible", "spawn", "_call_soon"}
+
+
+class Native:
+    """What a test backend's handle is made for (an asyncio loop, a trio token)."""
 
 
 def backend_with_all_but(missing: str | None) -> type[EventLoop]:
     """A subclass of EventLoop defining every abstract method but ``missing``."""
-
-    def current_task(self: EventLoop) -> object:
-        return None
-
-    def is_current(self: EventLoop) -> bool:
-        return True
 
     def waiters(self: EventLoop) -> Waiters:
         raise NotImplementedError
@@ -61,20 +53,28 @@ def backend_with_all_but(missing: str | None) -> type[EventLoop]:
     ) -> None:
         pass
 
-    def run_soon(self: EventLoop, fn: Callable[..., object], *args: Any) -> bool:
-        return False
+    def _call_soon(
+        self: EventLoop, native: Any, fn: Callable[..., object], *args: Any
+    ) -> None:
+        fn(*args)
 
     methods: dict[str, Any] = {
-        "current_task": current_task,
-        "is_current": is_current,
         "waiters": waiters,
         "interruptible": interruptible,
         "spawn": spawn,
-        "run_soon": run_soon,
+        "_call_soon": _call_soon,
     }
     methods.pop(missing or "", None)
     return type(
-        "Partial", (EventLoop,), {"__slots__": (), "backend": "test", **methods}
+        "Partial",
+        (EventLoop,),
+        {
+            "__slots__": (),
+            "backend": "test",
+            "current_task": staticmethod(lambda: None),
+            "_running": staticmethod(lambda: None),
+            **methods,
+        },
     )
 
 
@@ -82,18 +82,29 @@ def test_event_loop_is_abstract_in_exactly_the_backend_methods() -> None:
     """EventLoop itself cannot be instantiated; what it leaves to a backend is
     exactly its backend-specific methods."""
     with pytest.raises(TypeError, match="abstract"):
-        EventLoop()  # pyright: ignore[reportAbstractUsage]
+        EventLoop(Native())  # pyright: ignore[reportAbstractUsage]
     assert EventLoop.__abstractmethods__ == ABSTRACT
 
 
 @pytest.mark.parametrize("missing", sorted(ABSTRACT))
 def test_a_backend_missing_a_method_cannot_be_instantiated(missing: str) -> None:
     """A subclass that leaves out any one backend method is refused at
-    instantiation, naming the method; with all of them it is accepted."""
+    instantiation, naming the method; with all of them it is accepted, and its
+    shared methods work through what it defines: current while its native
+    handle is the running one, scheduling until that handle is gone."""
     with pytest.raises(TypeError, match=missing):
-        backend_with_all_but(missing)()
-    handle = backend_with_all_but(None)()
+        backend_with_all_but(missing)(Native())
+    native = Native()
+    handle = backend_with_all_but(None)(native)
     assert repr(handle) == "<EventLoop [test]>"
+    assert not handle.is_current()  # its _running() gives None
+    called: list[int] = []
+    assert handle.run_soon(called.append, 1) is True
+    assert called == [1]
+    del native
+    gc.collect()
+    assert handle.run_soon(called.append, 2) is False
+    assert called == [1]
 
 
 def test_current_loop_outside_any_loop_raises() -> None:

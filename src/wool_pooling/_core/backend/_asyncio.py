@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import types
-import weakref
 from collections.abc import Awaitable
 from collections.abc import Callable
 from collections.abc import Generator
@@ -34,54 +33,32 @@ def _next_pass() -> Generator[None]:
 class AsyncioLoop(EventLoop):
     """:class:`EventLoop` for an asyncio loop."""
 
-    __slots__ = ("_loop_ref",)
+    __slots__ = ()
     backend = "asyncio"
+    current_task = staticmethod(asyncio.current_task)
+    _running = staticmethod(asyncio.get_running_loop)
     next_pass = staticmethod(_next_pass)
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__()
-        self._loop_ref = weakref.ref(loop)
+        super().__init__(loop)
         # A task's step costs more than classifying yields, but on uvloop.
-        self.until_waits = (
-            _until_waits if isinstance(loop, asyncio.BaseEventLoop) else None
-        )
-
-    def _loop(self) -> asyncio.AbstractEventLoop:
-        loop = self._loop_ref()
-        if loop is None:
-            raise RuntimeError("the event loop is gone")
-        return loop
-
-    def is_current(self) -> bool:
-        try:
-            return asyncio.get_running_loop() is self._loop_ref()
-        except RuntimeError:
-            return False
-
-    def current_task(self) -> object:
-        return asyncio.current_task()
+        if isinstance(loop, asyncio.BaseEventLoop):
+            self.until_waits = _until_waits
 
     def waiters(self) -> Waiters:
-        return _FutureWaiters(self._loop())
+        return _FutureWaiters(asyncio.get_running_loop())
 
     def interruptible(self) -> Interruptible:
         return _TaskInterruptible()
 
     def spawn(self, fn: AsyncFn, *args: Any, context: Context | None = None) -> None:
-        task = self._loop().create_task(guarded(fn, *args), context=context)
+        task = asyncio.create_task(guarded(fn, *args), context=context)
         if not task.done():
             _running.add(task)
             task.add_done_callback(_running.discard)
 
-    def run_soon(self, fn: Callable[..., object], *args: Any) -> bool:
-        loop = self._loop_ref()
-        if loop is None:
-            return False
-        try:
-            loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:  # the loop is closed
-            return False
-        return True
+    def _call_soon(self, native: Any, fn: Callable[..., object], *args: Any) -> None:
+        native.call_soon_threadsafe(fn, *args)
 
 
 @types.coroutine

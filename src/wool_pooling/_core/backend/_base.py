@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-import types
+import weakref
 from abc import ABC
 from abc import abstractmethod
 from collections.abc import Awaitable
@@ -31,11 +31,9 @@ class Waiters(Protocol):
 
     def withdraw(self, waiting: Awaitable[None]) -> None:
         """Forget ``waiting``, cancelled before :meth:`wake`."""
-        ...
 
     def wake(self) -> None:
         """Wake every task waiting, now and later."""
-        ...
 
 
 class Interruptible(Protocol):
@@ -44,13 +42,7 @@ class Interruptible(Protocol):
 
     def __enter__(self) -> object: ...
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: types.TracebackType | None,
-        /,
-    ) -> bool | None: ...
+    def __exit__(self, *exc_info: Any, **kwargs: Any) -> bool | None: ...
 
     def cancel(self) -> None: ...
 
@@ -58,12 +50,16 @@ class Interruptible(Protocol):
 class EventLoop(ABC):
     """A handle on one running asyncio loop or trio run, held weakly."""
 
-    __slots__ = ("__weakref__", "thread", "until_waits")
+    __slots__ = ("__weakref__", "_native", "thread", "until_waits")
 
     #: ``"asyncio"`` or ``"trio"``.
     backend: ClassVar[str]
     #: The thread the loop runs in.
     thread: int
+    #: The calling task.
+    current_task: ClassVar[staticmethod[[], object]]
+    #: The running asyncio loop or trio token; raises :exc:`RuntimeError` if none.
+    _running: ClassVar[staticmethod[[], object]]
     #: What a task awaits to let every task ready to run have its step first.
     next_pass: ClassVar[staticmethod[[], Awaitable[None]]]
     #: What the pump awaits a pull through, calling ``on_wait()`` once it may
@@ -73,16 +69,17 @@ class EventLoop(ABC):
         | None
     )
 
-    def __init__(self) -> None:
+    def __init__(self, native: object) -> None:
+        self._native: weakref.ref[Any] = weakref.ref(native)  # what _running gives
         self.thread = threading.get_ident()
+        self.until_waits = None
 
-    @abstractmethod
-    def current_task(self) -> object:
-        """The calling task."""
-
-    @abstractmethod
     def is_current(self) -> bool:
         """Whether this is the loop running in the calling thread."""
+        try:
+            return self._running() is self._native()
+        except RuntimeError:
+            return False
 
     def check_current(self, what: str) -> None:
         """:raises RuntimeError: naming ``what``, unless this loop is current."""
@@ -98,7 +95,7 @@ class EventLoop(ABC):
 
     @abstractmethod
     def waiters(self) -> Waiters:
-        """A new, empty set of waiters for this loop."""
+        """A new, empty set of waiters, from a task or callback of the loop."""
 
     @abstractmethod
     def interruptible(self) -> Interruptible:
@@ -106,12 +103,24 @@ class EventLoop(ABC):
 
     @abstractmethod
     def spawn(self, fn: AsyncFn, *args: Any, context: Context | None = None) -> None:
-        """Start ``fn(*args)`` as a background task, from the loop's thread
-        (in ``context``, by default a copy of the caller's); its error is logged."""
+        """Start ``fn(*args)`` as a background task, from a task or callback of
+        the loop (in ``context``, by default a copy of the caller's); its error
+        is logged."""
 
-    @abstractmethod
     def run_soon(self, fn: Callable[..., object], *args: Any) -> bool:
         """Schedule ``fn(*args)`` from any thread; ``False`` once the loop ended."""
+        native = self._native()
+        if native is None:
+            return False
+        try:
+            self._call_soon(native, fn, *args)
+        except RuntimeError:  # the loop is closed, or the run finished
+            return False
+        return True
+
+    @abstractmethod
+    def _call_soon(self, native: Any, fn: Callable[..., object], *args: Any) -> None:
+        """Schedule ``fn(*args)`` on ``native``, the loop or token, thread-safely."""
 
     def __repr__(self) -> str:
         return f"<EventLoop [{self.backend}]>"

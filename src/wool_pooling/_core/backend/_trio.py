@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Awaitable
 from collections.abc import Callable
 from contextvars import Context
@@ -23,23 +22,11 @@ from ._base import guarded
 class TrioLoop(EventLoop):
     """:class:`EventLoop` for a trio run."""
 
-    __slots__ = ("_token_ref",)
+    __slots__ = ()
     backend = "trio"
+    current_task = staticmethod(trio.lowlevel.current_task)
+    _running = staticmethod(trio.lowlevel.current_trio_token)
     next_pass = staticmethod(trio.lowlevel.checkpoint)
-
-    def __init__(self, token: trio.lowlevel.TrioToken) -> None:
-        super().__init__()
-        self._token_ref = weakref.ref(token)
-        self.until_waits = None  # a checkpoint and a wait yield alike
-
-    def is_current(self) -> bool:
-        try:
-            return trio.lowlevel.current_trio_token() is self._token_ref()
-        except RuntimeError:
-            return False
-
-    def current_task(self) -> object:
-        return trio.lowlevel.current_task()
 
     def waiters(self) -> Waiters:
         return _TrioWaiters()
@@ -52,15 +39,8 @@ class TrioLoop(EventLoop):
             context = copy_context()
         trio.lowlevel.spawn_system_task(guarded, fn, *args, context=context)
 
-    def run_soon(self, fn: Callable[..., object], *args: Any) -> bool:
-        token = self._token_ref()
-        if token is None:
-            return False
-        try:
-            token.run_sync_soon(fn, *args)
-        except trio.RunFinishedError:
-            return False
-        return True
+    def _call_soon(self, native: Any, fn: Callable[..., object], *args: Any) -> None:
+        native.run_sync_soon(fn, *args)
 
 
 @final
