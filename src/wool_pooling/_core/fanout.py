@@ -148,40 +148,27 @@ _CLOSED_END = _End("CLOSED")
 
 
 @final
+@attrs.define(eq=False)
 class _Pump:
     """The task that iterates a fan-out's source, and its event loop."""
 
-    __slots__ = (
-        "close_error",
-        "context",
-        "deferred",
-        "done",
-        "interruptible",
-        "loop",
-        "parking",
-        "patience",
-        "pulling",
-        "stopping",
-        "task",
-        "watching",
-    )
-
-    def __init__(self, loop: EventLoop) -> None:
-        self.loop = loop
-        self.context = contextvars.copy_context()  # every pull runs in it
-        # stop() interrupts it; where the task waits for a demand; set once
-        # the task has ended (None until it starts).
-        self.interruptible: Interruptible = loop.interruptible()
-        self.parking: Waiters | None = None
-        self.done: anyio.Event | None = None
-        self.task: object = None
-        self.pulling = False
-        self.stopping = False
-        self.close_error: BaseException | None = None
-        # A held wake (Fanout._release), its watch, releases that wake at once.
-        self.deferred = False
-        self.watching = False
-        self.patience = 0
+    loop: EventLoop
+    #: What :meth:`stop` interrupts.
+    interruptible: Interruptible
+    #: What every pull runs in: the first waiting consumer's context.
+    context: contextvars.Context = attrs.field(factory=contextvars.copy_context)
+    #: Where the task waits for a demand.
+    parking: Waiters | None = None
+    #: Set once the task has ended (``None`` until it starts).
+    done: anyio.Event | None = None
+    task: object = None
+    pulling: bool = False
+    stopping: bool = False
+    close_error: BaseException | None = None
+    # A held wake (Fanout._release), its watch, releases that wake at once.
+    deferred: bool = False
+    watching: bool = False
+    patience: int = 0
 
     def stop(self) -> None:
         """Have the task close the source and end (from outside the task)."""
@@ -342,9 +329,7 @@ class Fanout(Generic[T]):
         if first:
             self._end = _CLOSED_END
             for consumer in self._live():
-                consumer._node = _ENDED
-                consumer._state = _ended_state()
-            self._registry = set()
+                consumer.close()
             self._wake_all()
         source, self._source = self._source, _NO_SOURCE
         pump = self._pump
@@ -509,7 +494,8 @@ class Fanout(Generic[T]):
             raise anyio.BusyResourceError("receiving from")
         pump = self._pump
         if pump is None:  # bound at the first wait
-            pump = self._pump = _Pump(current_loop())
+            loop = current_loop()
+            pump = self._pump = _Pump(loop, loop.interruptible())
         loop = pump.loop
         loop.check_current("this fan-out")
         if not self._drop_lagging and self._log_is_full():
@@ -655,7 +641,6 @@ async def _iterate(ref: weakref.ref[Fanout[Any]], pump: _Pump) -> None:
                     pump.pulling = True
             del fanout
     except BaseException as error:
-        pump.pulling = False
         fanout = ref()
         if fanout is not None:
             fanout._fail(error)
@@ -707,14 +692,6 @@ async def _release_when_idle(ref: weakref.ref[Fanout[Any]], pump: _Pump) -> None
                 fanout._wake_arrival()
 
 
-@functools.cache
-def _ended_state() -> Fanout[Any]:
-    """The closed fan-out every ended consumer points to."""
-    fanout: Fanout[Any] = Fanout(_NO_SOURCE)
-    fanout._end = _CLOSED_END
-    return fanout
-
-
 class _NoSource:
     """What a closed fan-out iterates: nothing."""
 
@@ -726,6 +703,10 @@ class _NoSource:
 
 
 _NO_SOURCE: Any = _NoSource()
+
+#: The closed fan-out every ended consumer points to.
+_ENDED_STATE: Fanout[Any] = Fanout(_NO_SOURCE)
+_ENDED_STATE._end = _CLOSED_END
 
 
 @final
@@ -876,7 +857,7 @@ class FanoutConsumer(Generic[T]):
             self._node = _ENDED
             self._on_skip = None
             state = self._state
-            self._state = _ended_state()
+            self._state = _ENDED_STATE
             state._registry.discard(weakref.ref(self))
             state._wake_space()
             if self._busy is not None:
