@@ -283,8 +283,7 @@ class Fanout(Generic[T]):
         if self.closed:
             raise anyio.ClosedResourceError("this fan-out is closed")
         consumer = FanoutConsumer(self, self._tail, on_skip)
-        registry = self._registry
-        registry.add(weakref.ref(consumer, registry.discard))
+        self._registry.add(weakref.ref(consumer, self._registry.discard))
         return consumer
 
     def inject(self, item: T) -> None:
@@ -377,12 +376,11 @@ class Fanout(Generic[T]):
 
     def _live(self) -> list[FanoutConsumer[T]]:
         """The registered consumers not ended (a finaliser may end one meanwhile)."""
-        live: list[FanoutConsumer[T]] = []
-        for reference in list(self._registry):
-            consumer = reference()
-            if consumer is not None and consumer._node is not _ENDED:
-                live.append(consumer)
-        return live
+        return [
+            consumer
+            for reference in list(self._registry)
+            if (consumer := reference()) is not None and consumer._node is not _ENDED
+        ]
 
     def _positions(self) -> list[int]:
         """The seq of every registered consumer's next item."""

@@ -138,11 +138,15 @@ def check_positional(
     :raises TypeError: when it cannot.
     """
     plain: Any = function
-    needed = count
     if inspect.ismethod(function):
-        plain, needed = function.__func__, count + 1
-    elif _called_through_its_class(function):
-        plain, needed = type(function).__call__, count + 1
+        plain = function.__func__
+    elif (
+        not isinstance(function, type)
+        and inspect.isfunction(type(function).__call__)
+        and getattr(function, "__signature__", None) is None
+    ):
+        plain = type(function).__call__  # what calling it calls, self first
+    needed = count if plain is function else count + 1
     memo, shape = _memo(plain, "positional", needed)
     if _binds.binds(memo, shape):
         return
@@ -157,16 +161,6 @@ def check_positional(
             f"{what()} must take {count} positional argument{plural}: {error}"
         ) from None
     _binds.add(memo, shape)
-
-
-def _called_through_its_class(function: object) -> bool:
-    """Whether calling ``function`` calls its class's Python ``__call__``."""
-    return (
-        not isinstance(function, type)
-        and callable(function)
-        and inspect.isfunction(type(function).__call__)
-        and getattr(function, "__signature__", None) is None
-    )
 
 
 Checked = TypeVar("Checked", bound=Callable[..., Any])

@@ -12,6 +12,8 @@ from contextvars import Context
 from typing import Any
 from typing import final
 
+import attrs
+
 from ._base import AsyncFn
 from ._base import EventLoop
 from ._base import Interruptible
@@ -119,23 +121,20 @@ class _FutureWaiters:
 
 
 @final
+@attrs.define(eq=False)
 class _TaskInterruptible:
     """asyncio: :meth:`cancel` cancels the task once; leaving the region
     takes it back (:meth:`asyncio.Task.uncancel`)."""
 
-    __slots__ = ("_interrupted", "_task")
-
-    def __init__(self) -> None:
-        self._task: asyncio.Task[Any] | None = None
-        self._interrupted = False
+    _task: asyncio.Task[Any] | None = None
+    _interrupted: bool = False
 
     def __enter__(self) -> object:
         self._task = asyncio.current_task()
         return self
 
     def __exit__(self, *exc_info: object) -> bool:
-        task = self._task
-        self._task = None
+        task, self._task = self._task, None
         if not self._interrupted or task is None:
             return False
         # One cancel() was ours; one still counted came from elsewhere.

@@ -9,6 +9,7 @@ from contextvars import copy_context
 from typing import Any
 from typing import final
 
+import attrs
 import trio
 
 from ._base import AsyncFn
@@ -44,13 +45,11 @@ class TrioLoop(EventLoop):
 
 
 @final
+@attrs.define(eq=False)
 class _TrioWaiters:
     """trio: a :class:`trio.Event` (a wait cancelled leaves its parking lot)."""
 
-    __slots__ = ("_event",)
-
-    def __init__(self) -> None:
-        self._event = trio.Event()
+    _event: trio.Event = attrs.field(factory=trio.Event)
 
     def wait(self) -> Awaitable[None]:
         return self._event.wait()
