@@ -520,9 +520,8 @@ class Fanout(Generic[T]):
         pump.pulling = True
         if pump.done is None:
             pump.done = anyio.Event()
-            loop = pump.loop
-            weakref.finalize(self, loop.run_soon, pump.stop).atexit = False
-            loop.spawn(_run_pump, weakref.ref(self), pump, context=pump.context)
+            weakref.finalize(self, pump.loop.run_soon, pump.stop).atexit = False
+            pump.loop.spawn(_run_pump, weakref.ref(self), pump, context=pump.context)
         elif pump.parking is not None:
             pump.parking.wake()
 
@@ -579,14 +578,10 @@ async def _iterate(ref: weakref.ref[Fanout[Any]], pump: _Pump) -> None:
     try:
         pump.task = pump.loop.current_task()
         fanout = ref()
-        if fanout is None:
+        if fanout is None or pump.stopping:  # gone or closed before this step
             return
-        source = fanout._source
+        iterator = aiter(fanout._source)
         del fanout
-        if pump.stopping:  # closed before this task's first step
-            return
-        iterator = aiter(source)
-        del source
         thrown: BaseException | None = None
         until_waits = pump.loop.until_waits
         on_wait = functools.partial(_watch, pump, ref)
