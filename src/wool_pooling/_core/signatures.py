@@ -17,7 +17,6 @@ from collections.abc import Hashable
 from collections.abc import Iterable
 from collections.abc import Mapping
 from typing import Any
-from typing import Generic
 from typing import TypeVar
 from typing import cast
 
@@ -46,28 +45,21 @@ def signature_of(function: Callable[..., Any]) -> inspect.Signature | None:
         return None
 
 
-class BindingMemo(Generic[Shape]):
+class BindingMemo(weakref.WeakKeyDictionary[Any, set[Shape]]):
     """The shapes of call found to bind to each callable, held weakly (a
     binding costs tens of microseconds, on hot paths)."""
-
-    __slots__ = ("_bound",)
-
-    def __init__(self) -> None:
-        self._bound: weakref.WeakKeyDictionary[Any, set[Shape]] = (
-            weakref.WeakKeyDictionary()
-        )
 
     def binds(self, function: object, shape: Shape) -> bool:
         """Whether ``shape`` was found to bind to ``function``."""
         try:
-            return shape in self._bound.get(function, ())
+            return shape in self.get(function, ())
         except TypeError:  # not weakly referable
             return False
 
     def add(self, function: object, shape: Shape) -> None:
         """Remember that ``shape`` binds to ``function``."""
         with contextlib.suppress(TypeError):
-            self._bound.setdefault(function, set()).add(shape)
+            self.setdefault(function, set()).add(shape)
 
 
 def _keywords(parameters: Mapping[str, inspect.Parameter]) -> list[str]:
