@@ -114,9 +114,6 @@ _DONE: Any = object()
 #: Where an ended consumer points: a node that never gets a next one.
 _ENDED: _Node = [None, None, -1]
 
-#: The horizon when no lag bound applies.
-_NEVER = sys.maxsize
-
 
 @attrs.frozen
 class FanoutStatistics:
@@ -254,8 +251,9 @@ class Fanout(Generic[T]):
         self._max_lag = max_lag
         self._drop_lagging = on_lag == "error"
         # slowest + max_lag + 1, slowest a lower bound on every consumer's
-        # seq: the lag check is one comparison until the log reaches it.
-        self._horizon = _NEVER if max_lag is None else max_lag + 1
+        # seq: the lag check is one comparison until the log reaches it (and
+        # never without a bound).
+        self._horizon = sys.maxsize if max_lag is None else max_lag + 1
         self._read_ahead = validate_read_ahead(read_ahead)
         self._ahead = 0  # pulled since the most advanced consumer waited
         self._end: _End | None = None
