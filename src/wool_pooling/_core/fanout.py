@@ -34,7 +34,6 @@ from .backend import Waiters
 from .backend import current_loop
 from .backend import ready
 from .iterators import aclose_iterator
-from .iterators import throw_into
 from .signatures import check_positional
 from .signatures import suggest_keywords
 
@@ -593,7 +592,7 @@ async def _iterate(ref: weakref.ref[Fanout[Any]], pump: _Pump) -> None:
                     item = await iterator.__anext__()
             else:
                 # The source's own scope's cancellation, met between pulls.
-                item = await throw_into(iterator, thrown)
+                item = await iterator.athrow(thrown)  # thrown only where it exists
                 thrown = None
             pump.pulling = False
             fanout = ref()
