@@ -255,18 +255,14 @@ class EntryCounters:
             here = consumer.position
             self.moved += fanout.statistics().pulled if here < 0 else here
 
-    def settle(self, fanout: Fanout[Any]) -> None:
-        """``fanout`` is about to end its consumers: count their leaves now."""
-        for consumer in [*self.consumers]:
-            self.leave(consumer, fanout)
-
-    def skipped(self, skipped: int, resync: bool = False) -> None:
+    def skipped(self, skipped: int, resync: bool = False) -> int:
         """A consumer fell behind and skipped ``skipped`` items (``resync``: it
-        was caught up by its view instead)."""
+        was caught up by its view instead); returns ``skipped``."""
         self.resyncs += resync
         self.lagged += not resync
         self.items_skipped += skipped
         self.moved -= skipped
+        return skipped
 
     def snapshot(
         self, consumers: int, source: RestartingSource[Any]
@@ -413,7 +409,8 @@ class Entry:
         ``CLOSED``. Runs exactly once per entry."""
         with anyio.CancelScope(shield=True):
             try:
-                self.counters.settle(self.fanout)  # before it ends them
+                for consumer in [*self.counters.consumers]:  # before it ends them
+                    self.counters.leave(consumer, self.fanout)
                 try:
                     await self.fanout.aclose()
                 except Exception:
