@@ -164,8 +164,7 @@ class SharedDiscovery:
         :param filter: Whether a worker appears in this stream; ``None``: all.
         """
         portable = self._portable
-        upstream: SharedSubscription[DiscoveryEvent]
-        upstream = Upstream(portable, portable.options)  # pyright: ignore[reportAssignmentType]
+        upstream = Upstream(portable, portable.options)
         return upstream if filter is None else afilter(filter, upstream)
 
     def workers(
@@ -206,9 +205,8 @@ class SharedDiscovery:
         while self._transition is not None:  # entering or exiting ``inner``
             await self._transition.wait()
         if not self._entered and isinstance(inner, AbstractAsyncContextManager):
-            await self._switch(
-                cast(AbstractAsyncContextManager[Any], inner).__aenter__()
-            )
+            enter = cast(AbstractAsyncContextManager[Any], inner).__aenter__()
+            await self._switch(enter)
         self._entered += 1
         return self
 
