@@ -264,34 +264,6 @@ class EntryCounters:
         self.moved -= skipped
         return skipped
 
-    def snapshot(
-        self, consumers: int, source: RestartingSource[Any]
-    ) -> SubscriptionStatistics:
-        """The statistics of an entry with ``consumers`` attached and ``source``."""
-        live = [consumer.position for consumer in self.consumers]
-        return SubscriptionStatistics(
-            consumers=consumers,
-            delivered=self.moved + sum(here for here in live if here >= 0),
-            replays=self.replays,
-            lagged=self.lagged,
-            skipped=self.items_skipped,
-            resyncs=self.resyncs,
-            restarts=source.restarts,
-            source_errors=source.errors,
-        )
-
-    def add_to(
-        self, totals: PoolTotals, source: RestartingSource[Any], closed: bool
-    ) -> PoolTotals:
-        """``totals`` and this entry, of ``source``, ``closed`` or not."""
-        counts = attrs.asdict(self.snapshot(0, source))
-        del counts["consumers"]
-        return PoolTotals(
-            opened=totals.opened + 1,
-            closed=totals.closed + closed,
-            **{name: getattr(totals, name) + n for name, n in counts.items()},
-        )
-
 
 @attrs.frozen
 class PoolStatistics:
@@ -331,6 +303,31 @@ class Entry:
     closed: anyio.Event = attrs.field(factory=anyio.Event)
     #: What its joins, leaves and lags counted, for its statistics.
     counters: EntryCounters = attrs.field(factory=EntryCounters)
+
+    def statistics(self) -> SubscriptionStatistics:
+        """What this entry counted, with the consumers attached now."""
+        counters = self.counters
+        live = [consumer.position for consumer in counters.consumers]
+        return SubscriptionStatistics(
+            consumers=self.refs,
+            delivered=counters.moved + sum(here for here in live if here >= 0),
+            replays=counters.replays,
+            lagged=counters.lagged,
+            skipped=counters.items_skipped,
+            resyncs=counters.resyncs,
+            restarts=self.source.restarts,
+            source_errors=self.source.errors,
+        )
+
+    def add_to(self, totals: PoolTotals, closed: bool) -> PoolTotals:
+        """``totals`` and what this entry counted (``closed`` or not)."""
+        counts = attrs.asdict(self.statistics())
+        del counts["consumers"]
+        return PoolTotals(
+            opened=totals.opened + 1,
+            closed=totals.closed + closed,
+            **{name: getattr(totals, name) + n for name, n in counts.items()},
+        )
 
     async def release(self) -> None:
         """Detach one consumer; close the entry if it was the last one and
@@ -389,7 +386,7 @@ class Entry:
         if after is EntryState.CLOSED:
             pool = self.pool
             del pool._live[self]
-            pool._totals = self.counters.add_to(pool._totals, self.source, True)
+            pool._totals = self.add_to(pool._totals, True)
             self.closed.set()
         return False
 
@@ -539,7 +536,7 @@ class SubscriptionPool:
         ones included; see :doc:`metrics`. O(consumers)."""
         totals = self._totals
         for entry in self._live:
-            totals = entry.counters.add_to(totals, entry.source, False)
+            totals = entry.add_to(totals, False)
         return totals
 
     async def __aenter__(self) -> SubscriptionPool:

@@ -129,7 +129,6 @@ class SharedSubscription(Generic[T_co]):
         # then releases it at once.
         consumer = await aiter(attrs.evolve(self)).__aenter__()  # joins
         try:
-            assert consumer._entry is not None
             error = await _pull_listing(consumer._entry)
             if error is not None:
                 raise error
@@ -165,7 +164,7 @@ class SharedSubscription(Generic[T_co]):
         entry = find_entry(pool or current_pool(), (self._cls, self._key))
         if entry is None:
             return SubscriptionStatistics()
-        return entry.counters.snapshot(entry.refs, entry.source)
+        return entry.statistics()
 
     def __aiter__(self) -> SubscriptionConsumer[T_co]:
         return SubscriptionConsumer(self)
@@ -336,8 +335,7 @@ class SubscriptionConsumer(Generic[T_co]):
         """
         await anyio.lowlevel.checkpoint()
         self._join()
-        if self._entry is not None:
-            await _pull_listing(self._entry)
+        await _pull_listing(self._entry)
 
     def _join(self) -> FanoutConsumer[Any] | None:
         """Join, unless joined or ended: its fan-out consumer, if any."""
@@ -425,25 +423,25 @@ class SubscriptionConsumer(Generic[T_co]):
         return f"<SubscriptionConsumer [{state}] of {self._subscription!r}>"
 
 
-async def _pull_listing(entry: Entry) -> Exception | None:
-    """Read ``entry``'s fan-out until its source's first listing is complete
-    or the source has ended; the source's error if it failed first."""
-    source = entry.source
-    if source.listed_at is not None or entry.fanout.finished:
+async def _pull_listing(entry: Entry | None) -> Exception | None:
+    """Read ``entry``'s fan-out (an ended consumer has none) until its
+    source's first listing is complete or the source has ended; the source's
+    error if it failed first."""
+    if entry is None or entry.source.listed_at is not None or entry.fanout.finished:
         return None
+    source = entry.source
     failed: list[Exception] = []
     reader = entry.fanout.consumer()
 
     async def pull() -> None:
         try:
-            while True:
-                with contextlib.suppress(Lagged):  # what it missed is not needed
-                    await reader.__anext__()
-        except StopAsyncIteration:
-            group.cancel_scope.cancel()
+            with contextlib.suppress(StopAsyncIteration):  # the source's end
+                while True:
+                    with contextlib.suppress(Lagged):  # what it missed is not needed
+                        await reader.__anext__()
         except Exception as error:
             failed.append(error)
-            group.cancel_scope.cancel()
+        group.cancel_scope.cancel()
 
     try:
         async with anyio.create_task_group() as group:
