@@ -29,12 +29,11 @@ from .view import View
 from .view import ViewFactory
 
 __all__ = [
-    "Entry",
     "PoolStatistics",
+    "PoolTotals",
     "SubscriptionPool",
-    "attach",
+    "SubscriptionStatistics",
     "current_pool",
-    "find_entry",
 ]
 
 logger = logging.getLogger("wool_pooling")
