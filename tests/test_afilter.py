@@ -323,7 +323,7 @@ async def test_properties_and_repr() -> None:
     filtered = afilter(is_gpu, inner)
     assert filtered.predicate is is_gpu
     assert filtered.inner is inner
-    assert repr(filtered) == f"afilter({is_gpu!r}, {inner!r})"
+    assert repr(filtered) == f"afilter(predicate={is_gpu!r}, inner={inner!r})"
     with pytest.raises(AttributeError):
         filtered.inner = inner  # type: ignore[misc]
 

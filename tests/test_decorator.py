@@ -185,6 +185,16 @@ def test_bad_ttl_is_rejected(ttl: Any, error: type[Exception], form: str) -> Non
         decorate()
 
 
+@pytest.mark.parametrize("name", ["key", "view"])
+def test_a_key_or_view_that_is_not_callable_is_refused(name: str) -> None:
+    """``key`` and ``view`` must be callable: anything else is a TypeError
+    naming the parameter, before any class is decorated."""
+    with pytest.raises(
+        TypeError, match=rf"^shared_subscription {name} must be callable, got 5$"
+    ):
+        shared_subscription(**{name: 5})
+
+
 @pytest.mark.parametrize("ttl", [0, 0.0, 1, 2.5])
 def test_valid_ttl_is_accepted(ttl: float) -> None:
     """Zero and positive int or float ttls are accepted and reported."""

@@ -93,23 +93,23 @@ def test_workers_rebuilt_at_every_point_within_the_history(
     assert known.workers == reference(stream)
     assert known.untracked == any(not isinstance(i, DiscoveryEvent) for i in stream)
     for n in range(max(0, len(stream) - history), len(stream) + 1):
-        assert known.at(n) == reference(stream[:n]), n
+        assert known.seen_at(n) == reference(stream[:n]), n
 
 
 def test_rebuilding_beyond_the_history_or_ahead_is_refused() -> None:
     known = known_workers(2)
     for pid in range(1, 5):
         known.record(ev("worker-added", meta(UIDS[0], pid=pid)))
-    assert known.at(2) == {UIDS[0]: meta(UIDS[0], pid=2)}
+    assert known.seen_at(2) == {UIDS[0]: meta(UIDS[0], pid=2)}
     with pytest.raises(ValueError, match="history of 2"):
-        known.at(1)
+        known.seen_at(1)
     with pytest.raises(ValueError, match="4 recorded"):
-        known.at(5)
+        known.seen_at(5)
     without = known_workers()
     without.record(ev("worker-added", meta(UIDS[0])))
-    assert without.at(1) == without.workers
+    assert without.seen_at(1) == without.workers
     with pytest.raises(ValueError, match="history of 0"):
-        without.at(0)
+        without.seen_at(0)
 
 
 def test_consumers_behind_at_the_same_item_share_one_rebuilt_view() -> None:
@@ -119,11 +119,11 @@ def test_consumers_behind_at_the_same_item_share_one_rebuilt_view() -> None:
     a, b = meta(UIDS[0]), meta(UIDS[1])
     known.record(ev("worker-added", a))
     known.record(ev("worker-added", b))
-    first = known.at(1)
-    assert known.at(1) is first
-    assert known.at(0) is not first
+    first = known.seen_at(1)
+    assert known.seen_at(1) is first
+    assert known.seen_at(0) is not first
     known.record(ev("worker-dropped", a))
-    again = known.at(1)
+    again = known.seen_at(1)
     assert again == {a.uid: a} == first
     assert again is not first
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from collections.abc import AsyncIterator
@@ -194,6 +195,40 @@ async def test_entering_closed_pool_raises() -> None:
         async with pool:
             pass  # pragma: no cover
     assert current_pool() is not pool
+
+
+async def test_entering_an_entered_pool_raises() -> None:
+    """A pool entered once cannot be entered again until it is exited."""
+    async with SubscriptionPool() as pool:
+        with pytest.raises(RuntimeError, match="already entered"):
+            await pool.__aenter__()
+        assert current_pool() is pool
+    assert pool.closed
+
+
+def test_a_pool_refuses_a_join_under_another_event_loop() -> None:
+    """A pool is bound to the event loop that first uses it: a join under
+    another loop (trio, in a thread where the pool is current) raises
+    RuntimeError, and the pool's own consumer is not disturbed."""
+    stub = make_stub()
+    errors: list[RuntimeError] = []
+
+    async def elsewhere() -> None:
+        with pytest.raises(
+            RuntimeError, match="a SubscriptionPool is bound to the event"
+        ) as info:
+            await anext(aiter(subscribe(stub)))
+        errors.append(info.value)
+
+    async def main() -> None:
+        async with SubscriptionPool() as pool, aiter(subscribe(stub)):
+            another_loop = functools.partial(anyio.run, elsewhere, backend="trio")
+            await anyio.to_thread.run_sync(another_loop)
+            assert pool.statistics().consumers == 1
+
+    anyio.run(main)
+    assert len(errors) == 1
+    assert len(stub.instances) == 1
 
 
 # -- statistics and repr --------------------------------------------------------

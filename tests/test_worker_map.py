@@ -199,7 +199,7 @@ def test_known_workers_record_and_apply_leave_the_map_state(
     assert recorded.count == len(stream)
     assert applied.count == len(states) - 1
     for n in range(max(0, applied.count - history), applied.count + 1):
-        assert applied.at(n) == states[n], n
+        assert applied.seen_at(n) == states[n], n
 
 
 def test_drop_forgets_a_known_worker_with_its_known_metadata() -> None:
@@ -229,8 +229,8 @@ def test_a_settled_relisting_drops_what_it_did_not_report() -> None:
     assert pairs(drops) == [("worker-dropped", first)]
     assert drops[0].metadata is first
     assert known.count == 2
-    assert known.at(1) == {first.uid: first}
-    assert known.at(2) == {}
+    assert known.seen_at(1) == {first.uid: first}
+    assert known.seen_at(2) == {}
 
 
 # -- the places that apply events through the map ---------------------------------

@@ -29,12 +29,11 @@ from .view import View
 from .view import ViewFactory
 
 __all__ = [
-    "Entry",
     "PoolStatistics",
+    "PoolTotals",
     "SubscriptionPool",
-    "attach",
+    "SubscriptionStatistics",
     "current_pool",
-    "find_entry",
 ]
 
 logger = logging.getLogger("wool_pooling")
@@ -255,46 +254,14 @@ class EntryCounters:
             here = consumer.position
             self.moved += fanout.statistics().pulled if here < 0 else here
 
-    def settle(self, fanout: Fanout[Any]) -> None:
-        """``fanout`` is about to end its consumers: count their leaves now."""
-        for consumer in [*self.consumers]:
-            self.leave(consumer, fanout)
-
-    def skipped(self, skipped: int, resync: bool = False) -> None:
+    def skipped(self, skipped: int, resync: bool = False) -> int:
         """A consumer fell behind and skipped ``skipped`` items (``resync``: it
-        was caught up by its view instead)."""
+        was caught up by its view instead); returns ``skipped``."""
         self.resyncs += resync
         self.lagged += not resync
         self.items_skipped += skipped
         self.moved -= skipped
-
-    def snapshot(
-        self, consumers: int, source: RestartingSource[Any]
-    ) -> SubscriptionStatistics:
-        """The statistics of an entry with ``consumers`` attached and ``source``."""
-        live = [consumer.position for consumer in self.consumers]
-        return SubscriptionStatistics(
-            consumers=consumers,
-            delivered=self.moved + sum(here for here in live if here >= 0),
-            replays=self.replays,
-            lagged=self.lagged,
-            skipped=self.items_skipped,
-            resyncs=self.resyncs,
-            restarts=source.restarts,
-            source_errors=source.errors,
-        )
-
-    def add_to(
-        self, totals: PoolTotals, source: RestartingSource[Any], closed: bool
-    ) -> PoolTotals:
-        """``totals`` and this entry, of ``source``, ``closed`` or not."""
-        counts = attrs.asdict(self.snapshot(0, source))
-        del counts["consumers"]
-        return PoolTotals(
-            opened=totals.opened + 1,
-            closed=totals.closed + closed,
-            **{name: getattr(totals, name) + n for name, n in counts.items()},
-        )
+        return skipped
 
 
 @attrs.frozen
@@ -335,6 +302,31 @@ class Entry:
     closed: anyio.Event = attrs.field(factory=anyio.Event)
     #: What its joins, leaves and lags counted, for its statistics.
     counters: EntryCounters = attrs.field(factory=EntryCounters)
+
+    def statistics(self) -> SubscriptionStatistics:
+        """What this entry counted, with the consumers attached now."""
+        counters = self.counters
+        live = [consumer.position for consumer in counters.consumers]
+        return SubscriptionStatistics(
+            consumers=self.refs,
+            delivered=counters.moved + sum(here for here in live if here >= 0),
+            replays=counters.replays,
+            lagged=counters.lagged,
+            skipped=counters.items_skipped,
+            resyncs=counters.resyncs,
+            restarts=self.source.restarts,
+            source_errors=self.source.errors,
+        )
+
+    def add_to(self, totals: PoolTotals, closed: bool) -> PoolTotals:
+        """``totals`` and what this entry counted (``closed`` or not)."""
+        counts = attrs.asdict(self.statistics())
+        del counts["consumers"]
+        return PoolTotals(
+            opened=totals.opened + 1,
+            closed=totals.closed + closed,
+            **{name: getattr(totals, name) + n for name, n in counts.items()},
+        )
 
     async def release(self) -> None:
         """Detach one consumer; close the entry if it was the last one and
@@ -393,7 +385,7 @@ class Entry:
         if after is EntryState.CLOSED:
             pool = self.pool
             del pool._live[self]
-            pool._totals = self.counters.add_to(pool._totals, self.source, True)
+            pool._totals = self.add_to(pool._totals, True)
             self.closed.set()
         return False
 
@@ -413,7 +405,8 @@ class Entry:
         ``CLOSED``. Runs exactly once per entry."""
         with anyio.CancelScope(shield=True):
             try:
-                self.counters.settle(self.fanout)  # before it ends them
+                for consumer in [*self.counters.consumers]:  # before it ends them
+                    self.counters.leave(consumer, self.fanout)
                 try:
                     await self.fanout.aclose()
                 except Exception:
@@ -542,7 +535,7 @@ class SubscriptionPool:
         ones included; see :doc:`metrics`. O(consumers)."""
         totals = self._totals
         for entry in self._live:
-            totals = entry.counters.add_to(totals, entry.source, False)
+            totals = entry.add_to(totals, False)
         return totals
 
     async def __aenter__(self) -> SubscriptionPool:

@@ -205,9 +205,7 @@ class RestartingSource(Generic[T]):
             try:
                 if self._thrown is not None:
                     thrown, self._thrown = self._thrown, None
-                    if iterator is None:
-                        raise thrown
-                    item = await throw_into(iterator, thrown)
+                    item = await throw_into(iterator, thrown)  # (raised if not started)
                 else:
                     if iterator is None:
                         iterator = self._iterator = open_iterator(self._raw)

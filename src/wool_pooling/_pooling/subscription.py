@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from typing import Any
 from typing import Generic
 from typing import TypeVar
-from typing import cast
 from typing import final
 
 import anyio
@@ -41,7 +40,7 @@ T_co = TypeVar("T_co", covariant=True)
 
 
 @final
-@attrs.define(eq=False, repr=False)
+@attrs.define(unsafe_hash=True, repr=False)
 class SharedSubscription(Generic[T_co]):
     """What ``Cls(*args, **kwargs)`` returns for a decorated class: its
     class, key and arguments, nothing built.
@@ -56,12 +55,14 @@ class SharedSubscription(Generic[T_co]):
 
     _cls: type
     _key: Hashable
-    _args: tuple[Any, ...]
-    _kwargs: dict[str, Any]
+    _args: tuple[Any, ...] = attrs.field(eq=False)
+    _kwargs: dict[str, Any] = attrs.field(eq=False)
     #: Whether cloudpickle was found to pickle it.
-    _checked: bool = attrs.field(default=False, init=False)
+    _checked: bool = attrs.field(default=False, init=False, eq=False)
     #: The consumer :meth:`wait_synced` left holding the entry.
-    _held: SubscriptionConsumer[T_co] | None = attrs.field(default=None, init=False)
+    _held: SubscriptionConsumer[T_co] | None = attrs.field(
+        default=None, init=False, eq=False
+    )
 
     @property
     def cls(self) -> type:
@@ -128,7 +129,6 @@ class SharedSubscription(Generic[T_co]):
         # then releases it at once.
         consumer = await aiter(attrs.evolve(self)).__aenter__()  # joins
         try:
-            assert consumer._entry is not None
             error = await _pull_listing(consumer._entry)
             if error is not None:
                 raise error
@@ -164,19 +164,10 @@ class SharedSubscription(Generic[T_co]):
         entry = find_entry(pool or current_pool(), (self._cls, self._key))
         if entry is None:
             return SubscriptionStatistics()
-        return entry.counters.snapshot(entry.refs, entry.source)
+        return entry.statistics()
 
     def __aiter__(self) -> SubscriptionConsumer[T_co]:
         return SubscriptionConsumer(self)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, SharedSubscription):
-            return NotImplemented
-        theirs = cast("SharedSubscription[object]", other)
-        return self._cls is theirs._cls and self._key == theirs._key
-
-    def __hash__(self) -> int:
-        return hash((self._cls, self._key))
 
     def __reduce__(self) -> tuple[Any, ...]:
         if not self._checked:  # pickled again and again by wool: checked once
@@ -302,13 +293,14 @@ class SubscriptionConsumer(Generic[T_co]):
         :ref:`lag`, or raised), or an end, this consumer's."""
         entry = self._entry
         if isinstance(error, Lagged) and entry is not None:
-            self._count_skipped(entry, error.skipped, resync=False)
+            self._skipped += entry.counters.skipped(error.skipped, resync=False)
             seen = self._seen
             catch_up = entry.source.view.catch_up(seen.pop()) if seen else None
             if catch_up is None:
                 raise error
             self._replay = deque(catch_up) or None
-            self._count_skipped(entry, consumer.skip_buffered(), resync=True)
+            skipped = consumer.skip_buffered()  # what the catch-up stands in for
+            self._skipped += entry.counters.skipped(skipped, resync=True)
             return await self.__anext__()
         if isinstance(error, (anyio.BusyResourceError, RuntimeError)) and not (
             consumer.closed  # (a closed one met the source's error)
@@ -317,28 +309,20 @@ class SubscriptionConsumer(Generic[T_co]):
         await self._release()  # the end, or the source's error, whatever its type
         raise error
 
-    def _count_skipped(self, entry: Entry, skipped: int, resync: bool) -> None:
-        entry.counters.skipped(skipped, resync)
-        self._skipped += skipped
-
     @property
     def synced(self) -> bool:
         """Whether this consumer has been handed the whole first listing (its
         replay, and every item up to the end of the listing if it was not over
         when it joined); once true, it stays true. See :ref:`synced`.
         """
-        if self._synced:
-            return True
         consumer = self._consumer
         entry = self._entry
-        if consumer is None or entry is None or self._replay is not None:
-            return False
+        if self._synced or consumer is None or entry is None or self._replay:
+            return self._synced
         source = entry.source
         listed = source.listed_at
-        if listed is None or source.count - consumer.buffered < listed:
-            return False
-        self._synced = True
-        return True
+        self._synced = listed is not None and source.count - consumer.buffered >= listed
+        return self._synced
 
     async def wait_synced(self) -> None:
         """Join, and wait until the whole first listing has reached this
@@ -351,8 +335,7 @@ class SubscriptionConsumer(Generic[T_co]):
         """
         await anyio.lowlevel.checkpoint()
         self._join()
-        if self._entry is not None:
-            await _pull_listing(self._entry)
+        await _pull_listing(self._entry)
 
     def _join(self) -> FanoutConsumer[Any] | None:
         """Join, unless joined or ended: its fan-out consumer, if any."""
@@ -440,25 +423,25 @@ class SubscriptionConsumer(Generic[T_co]):
         return f"<SubscriptionConsumer [{state}] of {self._subscription!r}>"
 
 
-async def _pull_listing(entry: Entry) -> Exception | None:
-    """Read ``entry``'s fan-out until its source's first listing is complete
-    or the source has ended; the source's error if it failed first."""
-    source = entry.source
-    if source.listed_at is not None or entry.fanout.finished:
+async def _pull_listing(entry: Entry | None) -> Exception | None:
+    """Read ``entry``'s fan-out (an ended consumer has none) until its
+    source's first listing is complete or the source has ended; the source's
+    error if it failed first."""
+    if entry is None or entry.source.listed_at is not None or entry.fanout.finished:
         return None
+    source = entry.source
     failed: list[Exception] = []
     reader = entry.fanout.consumer()
 
     async def pull() -> None:
         try:
-            while True:
-                with contextlib.suppress(Lagged):  # what it missed is not needed
-                    await reader.__anext__()
-        except StopAsyncIteration:
-            group.cancel_scope.cancel()
+            with contextlib.suppress(StopAsyncIteration):  # the source's end
+                while True:
+                    with contextlib.suppress(Lagged):  # what it missed is not needed
+                        await reader.__anext__()
         except Exception as error:
             failed.append(error)
-            group.cancel_scope.cancel()
+        group.cancel_scope.cancel()
 
     try:
         async with anyio.create_task_group() as group:

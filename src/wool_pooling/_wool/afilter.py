@@ -19,7 +19,7 @@ from .workers import WorkerMap
 
 
 @suggest_keywords
-@attrs.frozen(repr=False)
+@attrs.frozen
 class afilter:
     """The part of ``inner``'s discovery stream that concerns the workers
     ``predicate`` accepts, as a consistent lifecycle per worker. Two are
@@ -45,9 +45,6 @@ class afilter:
         if not hasattr(inner, "__aiter__"):
             msg = f"afilter inner must have __aiter__, got {type(inner).__name__}"
             raise TypeError(f"{msg}: {inner!r}")
-
-    def __repr__(self) -> str:
-        return f"afilter({self.predicate!r}, {self.inner!r})"
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (afilter, (self.predicate, self.inner))

@@ -51,7 +51,7 @@ class WorkerView(WorkerMap, View[Any]):
         #: Items recorded so far.
         self.count = 0
         self._undo: deque[_Undo] | None = None
-        # The last view at() built, while no item followed: consumers that
+        # The last view seen_at() built, while no item followed: consumers that
         # fell behind at the same item share it.
         self._at: tuple[int, int, Workers] | None = None
         # While relisting: the workers the new stream has reported.
@@ -77,9 +77,6 @@ class WorkerView(WorkerMap, View[Any]):
             self.untracked = True
         if self._undo is not None:
             self._undo.append(undo)
-
-    def seen_at(self, position: int) -> object:
-        return self.at(position)
 
     def catch_up(self, seen: object) -> deque[DiscoveryEvent] | None:
         if self.untracked or not isinstance(seen, dict):
@@ -117,22 +114,22 @@ class WorkerView(WorkerMap, View[Any]):
     def snapshot(self) -> Mapping[Any, Any]:
         return types.MappingProxyType(dict(self.workers))
 
-    def at(self, count: int) -> Workers:
-        """The known workers as they stood after the first ``count`` items
+    def seen_at(self, position: int) -> Workers:
+        """The known workers as they stood after the first ``position`` items
         (read-only: it may be shared with the next call).
 
-        :raises ValueError: if ``count`` is ahead of :attr:`count`, or
+        :raises ValueError: if ``position`` is ahead of :attr:`count`, or
             further back than the items remembered.
         """
-        back = self.count - count
+        back = self.count - position
         undo = self._undo
         if back < 0 or back > (0 if undo is None else len(undo)):
             raise ValueError(
-                f"cannot rebuild the workers after item {count}: "
+                f"cannot rebuild the workers after item {position}: "
                 f"{self.count} recorded, history of {len(undo or ())}"
             )
         cached = self._at
-        if cached is not None and cached[:2] == (self.count, count):
+        if cached is not None and cached[:2] == (self.count, position):
             return cached[2]
         view = dict(self.workers)
         for record in itertools.islice(reversed(undo or ()), back):
@@ -142,7 +139,7 @@ class WorkerView(WorkerMap, View[Any]):
                     view.pop(uid, None)
                 else:
                     view[uid] = before
-        self._at = (self.count, count, view)
+        self._at = (self.count, position, view)
         return view
 
 

@@ -53,6 +53,7 @@ class _SyncContextDiscovery(DiscoveryLike, Protocol):
     def __exit__(self, *exc_info: object) -> bool | None: ...
 
 
+@attrs.define(init=False, unsafe_hash=True)
 class SharedDiscovery:
     """A wool ``DiscoveryLike`` whose subscribers share one upstream per
     (inner discovery, options) in a :class:`~wool_pooling.SubscriptionPool`.
@@ -69,7 +70,11 @@ class SharedDiscovery:
         can travel to another process.
     """
 
-    __slots__ = ("__weakref__", "_entered", "_lock", "_portable", "_transition")
+    #: The one record of its arguments: equality and hash follow it.
+    _portable: Portable
+    _entered: int = attrs.field(default=0, init=False, eq=False)
+    _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, eq=False)
+    _transition: anyio.Event | None = attrs.field(default=None, init=False, eq=False)
 
     @overload
     def __new__(
@@ -111,13 +116,7 @@ class SharedDiscovery:
             raise TypeError(
                 f"SharedDiscovery subscribe options must be hashable, got {options!r}"
             ) from error
-        self._start(Portable.of(inner, options))
-
-    def _start(self, portable: Portable) -> None:
-        self._portable = portable
-        self._entered = 0
-        self._lock = threading.Lock()
-        self._transition: anyio.Event | None = None
+        self.__attrs_init__(Portable.of(inner, options))  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]
 
     @property
     def inner(self) -> DiscoveryLike:
@@ -164,8 +163,7 @@ class SharedDiscovery:
         :param filter: Whether a worker appears in this stream; ``None``: all.
         """
         portable = self._portable
-        upstream: SharedSubscription[DiscoveryEvent]
-        upstream = Upstream(portable, portable.options)  # pyright: ignore[reportAssignmentType]
+        upstream = Upstream(portable, portable.options)
         return upstream if filter is None else afilter(filter, upstream)
 
     def workers(
@@ -206,9 +204,8 @@ class SharedDiscovery:
         while self._transition is not None:  # entering or exiting ``inner``
             await self._transition.wait()
         if not self._entered and isinstance(inner, AbstractAsyncContextManager):
-            await self._switch(
-                cast(AbstractAsyncContextManager[Any], inner).__aenter__()
-            )
+            enter = cast(AbstractAsyncContextManager[Any], inner).__aenter__()
+            await self._switch(enter)
         self._entered += 1
         return self
 
@@ -262,15 +259,6 @@ class SharedDiscovery:
             )
         return (_restore, (self._portable,))
 
-    def __eq__(self, other: object) -> bool:
-        """Equal when of the same class, with equal upstream keys."""
-        if not isinstance(other, SharedDiscovery):
-            return NotImplemented
-        return type(self) is type(other) and self._portable == other._portable
-
-    def __hash__(self) -> int:
-        return hash((type(self), self._portable))
-
     def __repr__(self) -> str:
         options = "".join(f", {k}={v!r}" for k, v in self._portable.options)
         name = type(self).__name__
@@ -298,5 +286,5 @@ class SyncSharedDiscovery(SharedDiscovery):
 def _restore(portable: Portable) -> SharedDiscovery:
     """Unpickle a :class:`SharedDiscovery`, unentered."""
     shared = SharedDiscovery.__new__(SharedDiscovery, portable.discovery)
-    shared._start(portable)
+    shared.__attrs_init__(portable)  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]
     return shared
