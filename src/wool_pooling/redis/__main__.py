@@ -19,12 +19,11 @@ import sys
 from typing import Any
 
 import anyio
-import redis.exceptions as redis_errors
 
 from ._connection import open_client
 from ._connection import parse_url
 from ._discovery import RedisDiscovery
-from ._errors import CONNECTION_ERRORS
+from ._errors import FAILURES
 from ._errors import RedisDiscoveryError
 from ._errors import failed
 from ._scripts import DEFAULT_KEY_PREFIX
@@ -123,11 +122,7 @@ async def _listing(discovery: RedisDiscovery, lease: float) -> list[str]:
             count = await client.pubsub_shardnumsub(keys.channel, target_nodes=node)
         else:
             count = await client.pubsub_numsub(keys.channel)
-    except (
-        redis_errors.RedisError,
-        redis_errors.RedisClusterException,  # no seed node reachable
-        *CONNECTION_ERRORS,
-    ) as error:
+    except FAILURES as error:
         raise failed(discovery.url, f"listing {discovery.namespace}", error) from error
     finally:
         await connection.aclose()

@@ -169,9 +169,10 @@ def _parse(url: str, scheme: str) -> Target:
     return Target(url, scheme, hosts, None, db, username, service)
 
 
-def address(host: str, port: int) -> str:
+def address(host: str, port: object) -> str:
     """``host:port``, an IPv6 host in brackets."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    bare = ":" in host and not host.startswith("[")
+    return f"[{host}]:{port}" if bare else f"{host}:{port}"
 
 
 def node_url(url: str, node: str, db: str = "0") -> str:

@@ -22,7 +22,6 @@ from typing import cast
 from typing import final
 
 import anyio
-import redis.exceptions as redis_errors
 from wool import DiscoveryEventType
 from wool import DiscoverySubscriberLike
 from wool import WorkerMetadata
@@ -106,9 +105,8 @@ class RedisPublisher(_settings.PublisherSettings):
         name_connections: bool = True,
         change_log: int = DEFAULT_CHANGE_LOG,
     ) -> None:
-        arguments = locals().copy()  # every argument: none left out of the record
-        del arguments["self"]
-        _settings.PublisherSettings.__init__(self, **arguments)
+        # Every argument, ``self`` included: none left out of the record.
+        _settings.PublisherSettings.__init__(**locals())
         self._target = _connection.parse_url(url)
         self.keys_for = _scripts.Keys.of(namespace, self._target.db, key_prefix)
         self._connection: _connection.Connection | None = None
@@ -122,10 +120,6 @@ class RedisPublisher(_settings.PublisherSettings):
         self._renewer: asyncio.Task[None] | None = None
         #: What stopped the renewer, raised from the next call or the exit.
         self._renewer_failed: BaseException | None = None
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        """Pickle as its arguments (the copy is unentered)."""
-        return (functools.partial(RedisPublisher, **_settings.arguments_of(self)), ())
 
     async def __aenter__(self) -> RedisPublisher:
         _errors.require_asyncio("RedisPublisher")
@@ -184,9 +178,7 @@ class RedisPublisher(_settings.PublisherSettings):
             host = _default_route_ip()
         else:
             return metadata
-        if ":" in host and not host.startswith("["):
-            host = f"[{host}]"
-        return dataclasses.replace(metadata, address=f"{host}:{port}")
+        return dataclasses.replace(metadata, address=_connection.address(host, port))
 
     async def _publish(self, type: str, uid: str, payload: bytes) -> None:
         lease_ms = max(1, round(self.lease * 1000))
@@ -225,7 +217,7 @@ class RedisPublisher(_settings.PublisherSettings):
                 self._pending_drops.discard(uid)
             try:
                 await self._publish(type, uid, payload)
-            except (redis_errors.RedisError, *_errors.CONNECTION_ERRORS) as error:
+            except _errors.FAILURES as error:
                 failure = _errors.failed(self.url, f"publishing {type} {uid}", error)
                 if type == "worker-dropped":
                     logger.warning(
@@ -245,7 +237,7 @@ class RedisPublisher(_settings.PublisherSettings):
                 await asyncio.sleep(self.lease / 3)
                 try:
                     await self._renew()
-                except (redis_errors.RedisError, *_errors.CONNECTION_ERRORS) as error:
+                except _errors.FAILURES as error:
                     logger.warning(
                         "renewing the leases of %s at %s failed: %s",
                         self.namespace,
@@ -280,7 +272,7 @@ class RedisPublisher(_settings.PublisherSettings):
         async with self._lock:
             try:
                 await self._retry_drops()
-            except (redis_errors.RedisError, *_errors.CONNECTION_ERRORS) as error:
+            except _errors.FAILURES as error:
                 # Never holds back the renewal of the workers still alive.
                 logger.warning(
                     "retrying %d failed drops of %s at %s failed: %s",
@@ -369,9 +361,8 @@ class RedisDiscovery(_settings.DiscoverySettings):
     ) -> None:
         if reap_interval is None:
             reap_interval = _settings.check_seconds("lease", lease) / 4
-        arguments = locals().copy()  # every argument: none left out of the record
-        del arguments["self"]
-        _settings.DiscoverySettings.__init__(self, **arguments)
+        # Every argument, ``self`` included: none left out of the record.
+        _settings.DiscoverySettings.__init__(**locals())
 
     @functools.cached_property
     def _key(self) -> Hashable:
@@ -425,13 +416,6 @@ class RedisDiscovery(_settings.DiscoverySettings):
 
     def __hash__(self) -> int:
         return hash((RedisDiscovery, self._key))
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        """Pickle as its arguments, every one (checked again when unpickled)."""
-        return (functools.partial(RedisDiscovery, **_settings.arguments_of(self)), ())
-
-    def __repr__(self) -> str:
-        return f"RedisDiscovery({_connection.redact(self.url)!r}, {self.namespace!r})"
 
 
 #: The key and options of each live shared subscriber, by its ``id``: one

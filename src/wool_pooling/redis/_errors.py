@@ -21,6 +21,10 @@ from ._state import Resync
 #: :exc:`TimeoutError`): reconnect and resynchronise.
 CONNECTION_ERRORS = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
 
+#: Errors of a command that failed (a cluster's layout unreadable included):
+#: a publisher's call and the operator's listing report them.
+FAILURES = (redis_errors.RedisError, redis_errors.RedisClusterException, OSError)
+
 #: Errors a running subscription retries under its reconnect policy.
 RETRIED = (*CONNECTION_ERRORS, Resync, redis_errors.ResponseError)
 

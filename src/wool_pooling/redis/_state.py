@@ -148,11 +148,7 @@ class SubscriptionState:
             raise Resync("an announcement did not parse")
         number, epoch, kind, uid, payload = parts
         version = int(number)
-        if epoch != self.epoch:
-            raise Resync(
-                "an announcement is from another epoch (the server's data was "
-                "flushed, evicted or lost)"
-            )
+        self.check_epoch(epoch)
         if version <= self.version:
             return None  # already in the snapshot, or a duplicate
         if version != self.version + 1:
@@ -180,8 +176,9 @@ class SubscriptionState:
         self.held.clear()
         return [event for event in dropped if event is not None]
 
-    def reaped(self, epoch: bytes) -> None:
-        """:raises Resync: if a reap's epoch is not the snapshot's (a flush)."""
+    def check_epoch(self, epoch: bytes) -> None:
+        """:raises Resync: if ``epoch`` (an announcement's or a reap's) is not
+        the snapshot's (a flush)."""
         if epoch != self.epoch:
             raise Resync(
                 "the server's epoch changed (its data was flushed, evicted or lost)"

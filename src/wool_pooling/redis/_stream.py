@@ -364,7 +364,7 @@ class _Sessions:
                 continue
             if now >= next_reap:
                 with _errors.within(deadline - now, f"no answer to a reap {silent}"):
-                    state.reaped((await self._script(renew, 0))[1])
+                    state.check_epoch((await self._script(renew, 0))[1])
                 next_reap = time.monotonic() + reap_interval
                 continue
             if not pinged and now >= heard + liveness / 2:
