@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import inspect
-import ipaddress
 import os
 import re
 import socket
@@ -28,7 +28,6 @@ from redis.asyncio.connection import parse_url as parse_redis_url
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import MasterNotFoundError
 from redis.asyncio.sentinel import Sentinel
-from redis.asyncio.sentinel import SentinelManagedConnection
 from redis.asyncio.sentinel import SentinelManagedSSLConnection
 from redis.backoff import EqualJitterBackoff
 from redis.backoff import NoBackoff
@@ -84,14 +83,10 @@ class Target:
 
     @property
     def key(self) -> tuple[object, ...]:
-        if self.path is not None:
-            where: object = os.path.realpath(self.path)
-        elif self.cluster:  # seeds of one cluster: their order does not matter
-            where = tuple(
-                sorted({(_resolved(host), port) for host, port in self.hosts})
-            )
-        else:
-            where = tuple((_resolved(host), port) for host, port in self.hosts)
+        hosts = tuple((_resolved(host), port) for host, port in self.hosts)
+        if self.cluster:  # seeds of one cluster: their order does not matter
+            hosts = tuple(sorted(set(hosts)))
+        where = hosts if self.path is None else os.path.realpath(self.path)
         scheme = "redis" if self.scheme == "unix" else self.scheme
         return (scheme, where, self.service, self.db, self.username)
 
@@ -99,10 +94,6 @@ class Target:
 @functools.lru_cache(maxsize=256)
 def _resolved(host: str) -> str:
     """``host`` as one address (IPv4 first); lowercased if it does not resolve."""
-    try:
-        return str(ipaddress.ip_address(host.strip("[]")))
-    except ValueError:
-        pass
     try:
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except OSError:
@@ -203,8 +194,7 @@ def redact(url: str) -> str:
             [(name, value) for name, value in pairs if "password" not in name.lower()],
             safe="/:",
         )
-        return f"{scheme}://{rest}?{query}" if query else f"{scheme}://{rest}"
-    return f"{scheme}://{rest}"
+    return f"{scheme}://{rest}?{query}" if query else f"{scheme}://{rest}"
 
 
 #: The server's error codes that redis-py turns into classes (and drops
@@ -251,9 +241,6 @@ def check_client_options(options: Mapping[str, Any], target: Target) -> None:
         option for a url without TLS, or ``ssl_context`` with a Redis
         Cluster url.
     """
-    for name in options:
-        if not isinstance(name, str):  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise TypeError(f"client_options keys must be str, got {name!r}")
     reserved = sorted(RESERVED_CLIENT_OPTIONS.intersection(options))
     if reserved:
         raise ValueError(
@@ -278,6 +265,8 @@ def check_client_options(options: Mapping[str, Any], target: Target) -> None:
     tls = target.scheme.startswith("rediss")
     known = client_option_names(target.scheme, unix=target.path is not None)
     for name in options:
+        if not isinstance(name, str):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise TypeError(f"client_options keys must be str, got {name!r}")
         if not tls and (name == "ssl" or name.startswith("ssl_")):
             raise ValueError(
                 f"client_options {name} needs a TLS url (rediss:// or "
@@ -295,11 +284,9 @@ def client_option_names(scheme: str, *, unix: bool = False) -> frozenset[str]:
     """The keywords of the connection class redis-py builds for a url of
     ``scheme``, of its pool (and ``Sentinel`` or ``RedisCluster``), and
     ``ssl_context``, read from their signatures."""
-    tls = scheme.startswith("rediss")
-    connection: type = SSLConnection if tls else PlainConnection
-    if scheme.endswith("+sentinel"):
-        connection = SentinelManagedSSLConnection if tls else SentinelManagedConnection
-    elif unix:
+    # (a Sentinel-managed connection takes what the plain one takes)
+    connection: type = SSLConnection if scheme.startswith("rediss") else PlainConnection
+    if unix:
         connection = UnixDomainSocketConnection
     names = _keywords(connection) | _keywords(ConnectionPool, own=True)
     if scheme.endswith("+cluster"):
@@ -394,16 +381,12 @@ class _Sentinels(Sentinel):
 
 def _no_client_commands() -> dict[str, Any]:
     """Options that make redis-py send no ``CLIENT`` command of its own."""
-    quiet: dict[str, Any] = (
-        {"driver_info": None}
-        if importlib.util.find_spec("redis.driver_info") is not None
-        else {"lib_name": None, "lib_version": None}
-    )
-    try:
+    quiet: dict[str, Any] = {"lib_name": None, "lib_version": None}
+    if importlib.util.find_spec("redis.driver_info") is not None:  # redis-py 8
+        quiet = {"driver_info": None}
+    with contextlib.suppress(ImportError):  # redis-py 7 and later
         from redis.maint_notifications import MaintNotificationsConfig
-    except ImportError:  # pragma: no cover - redis-py before 7
-        pass
-    else:
+
         quiet["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
     return quiet
 

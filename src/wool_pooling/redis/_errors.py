@@ -66,14 +66,10 @@ async def watched(awaitable: Awaitable[Any]) -> Any:
     task = asyncio.current_task()
     before = task.cancelling() if task is not None else 0
     try:
-        result = await awaitable
-    except Exception:
+        return await awaitable
+    finally:
         if task is not None and task.cancelling() > before:
-            raise asyncio.CancelledError from None
-        raise
-    if task is not None and task.cancelling() > before:
-        raise asyncio.CancelledError
-    return result
+            raise asyncio.CancelledError
 
 
 @contextlib.contextmanager

@@ -428,13 +428,10 @@ class _Sessions:
         return repr(self.stream)
 
 
-def _key(cls: type, settings: _settings.DiscoverySettings) -> Hashable:
-    return _settings.subscription_key(settings)
-
-
-@shared_subscription(key=_key)
+@shared_subscription
 class SharedRedisStream(RedisStream):
-    """The process's one subscription per (connection, namespace), shared;
-    marks each snapshot's end with :class:`~wool_pooling.Synced`."""
+    """The process's one subscription per (connection, namespace), shared
+    (keyed by its discovery, which equals one of the same connection and
+    namespace); marks each snapshot's end with :class:`~wool_pooling.Synced`."""
 
     _marks_listing = True
