@@ -220,11 +220,9 @@ def reason(error: BaseException) -> str:
             # (a SentinelAuthenticationError quotes the sentinel's reason, code
             # included)
             codes = () if isinstance(current, SentinelAuthenticationError) else _CODES
-            for cls, code in codes:
-                if isinstance(current, cls):
-                    if not text.startswith(code):
-                        text = f"{code} {text}"
-                    break
+            code = next((code for cls, code in codes if isinstance(current, cls)), "")
+            if not text.startswith(code):
+                text = f"{code} {text}"
             return f"{type(current).__name__}: {text}"
         current = current.__cause__ or current.__context__
     return type(error).__name__

@@ -427,8 +427,7 @@ def _note_options(
     key: Hashable, subscriber: object, options: tuple[object, ...]
 ) -> None:
     # A copy: a collection during a comparison may forget a subscriber.
-    noted = list(_live.values())
-    if any(each == key and known != options for each, known in noted):
+    if any(each == key and known != options for each, known in list(_live.values())):
         warnings.warn(
             "a RedisDiscovery subscriber shares the subscription of an earlier "
             "one to the same connection and namespace but was given other "

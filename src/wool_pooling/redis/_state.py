@@ -103,8 +103,7 @@ class SubscriptionState:
         :attr:`settle_until`, not dropped). ``change``: the logged change of
         ``version``, if any."""
         lost = self.epoch is not None and epoch != self.epoch
-        self.epoch, self.version = epoch, version
-        self.change = change
+        self.epoch, self.version, self.change = epoch, version, change
         current: dict[uuid.UUID, WorkerMetadata] = {}
         records: dict[bytes, tuple[bytes, WorkerMetadata | None]] = {}
         for uid, payload in zip(flat[::2], flat[1::2], strict=False):

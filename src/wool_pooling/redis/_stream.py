@@ -123,11 +123,10 @@ class RedisStream:
 
     def __eq__(self, other: object) -> bool:
         """Equal to a subscriber of the same class made of equal arguments."""
-        if not isinstance(other, RedisStream):
+        if not isinstance(other, RedisStream) or type(other) is not type(self):
             return NotImplemented
-        arguments = _settings.arguments_of
-        same = arguments(self.settings) == arguments(other.settings)
-        return type(self) is type(other) and same
+        # The record's own comparison: every argument (a discovery's is its key).
+        return _settings.DiscoverySettings.__eq__(self.settings, other.settings)
 
     def __hash__(self) -> int:
         return hash((type(self), self.settings))
@@ -142,19 +141,17 @@ class RedisStream:
     async def _events(self) -> AsyncGenerator[DiscoveryEvent, None]:
         _errors.require_asyncio("RedisDiscovery's subscriber")
         sessions = _Sessions(self)
-        source: RestartingSource[DiscoveryEvent] | None = None
+        source = RestartingSource[DiscoveryEvent](sessions, self.settings.reconnect)
         try:
             for event in await sessions.connect():
                 yield event
             if self._marks_listing:
                 yield cast(DiscoveryEvent, Synced())  # the first listing is complete
-            source = RestartingSource(sessions, self.settings.reconnect)
             async for event in source:
                 yield event
         finally:
             with anyio.CancelScope(shield=True):
-                if source is not None:
-                    await source.aclose()
+                await source.aclose()
                 await sessions.close()
 
     def __repr__(self) -> str:
