@@ -16,9 +16,7 @@ import weakref
 from collections.abc import Callable
 from collections.abc import Hashable
 from collections.abc import Mapping
-from types import TracebackType
 from typing import Any
-from typing import cast
 from typing import final
 
 import anyio
@@ -142,19 +140,14 @@ class RedisPublisher(_settings.PublisherSettings):
         self._renewer = asyncio.get_running_loop().create_task(self._renew_forever())
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         renewer, self._renewer = self._renewer, None
         if renewer is not None:
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await renewer
         try:
-            if exc is None:
+            if exc_info[1] is None:  # (an error leaving the block wins)
                 self._raise_if_renewer_failed()
             if self._pending_drops and self._connection is not None:
                 with anyio.move_on_after(self.connect_timeout):
@@ -399,9 +392,7 @@ class RedisDiscovery(_settings.DiscoverySettings):
             _note_options(self._key, stream, _settings.run_options(self))
         else:
             stream = _stream.RedisStream(self)
-        if filter is None:
-            return cast(DiscoverySubscriberLike, stream)
-        return afilter(filter, cast(DiscoverySubscriberLike, stream))
+        return stream if filter is None else afilter(filter, stream)
 
     def statistics(self) -> _stream.RedisStatistics:
         """Counters of this process's subscribers to this connection and

@@ -122,8 +122,7 @@ class SubscriptionState:
         self._records = records
         missing = [uid for uid in self.workers.workers if uid not in current]
         if lost:  # held: not dropped before the settle time
-            for uid in missing:
-                current[uid] = self.workers.workers[uid]
+            current.update((uid, self.workers.workers[uid]) for uid in missing)
         target = WorkerMap(current)
         events = list(self.workers.diff(target))
         self.workers = target
@@ -131,14 +130,13 @@ class SubscriptionState:
         self.settle_until = now + self.settle_seconds
         return events, lost
 
-    def message(self, data: object) -> DiscoveryEvent | None:
-        """The event announcement ``data`` makes, if any.
+    def message(self, raw: bytes) -> DiscoveryEvent | None:
+        """The event announcement ``raw`` makes, if any.
 
         :raises Resync: on a gap, another epoch, or an announcement that does
             not parse (reported through ``invalid``; the next session then
             takes a snapshot).
         """
-        raw = data if isinstance(data, bytes) else b"?"
         parts = raw.split(b" ", 4)
         if len(parts) != 5 or not parts[0].isdigit():
             malformed = "not '<version> <epoch> <type> <uid> <metadata>'"

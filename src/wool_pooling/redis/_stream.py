@@ -175,9 +175,6 @@ class _Sessions:
         self.keys = _scripts.Keys.of(
             self.settings.namespace, stream.target.db, self.settings.key_prefix
         )
-        #: What :meth:`connect` is doing, for error messages.
-        self.stage = "connecting"
-        self.node = "the cluster"
         #: Whether a session is open (its connections counted), and those
         #: it has opened so far.
         self.live = False
@@ -254,7 +251,7 @@ class _Sessions:
             # Without RedisCluster's own options: a node's client takes none.
             known = _connection.client_option_names(target.scheme)
             options = {name: options[name] for name in options if name in known}
-        self.stage = "connecting"
+        self.stage = "connecting"  # what connect() is doing, for its errors
         command = self._client(target, "subscriber-cmd", options).client
         self.pubsub = self._client(target, "subscriber", options).client.pubsub()
         self.scripts = _scripts.register(
