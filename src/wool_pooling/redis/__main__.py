@@ -95,13 +95,8 @@ def _option(text: str) -> tuple[str, Any]:
 
 
 def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    return [
-        "  ".join(
-            cell.ljust(width) for cell, width in zip(row, widths, strict=True)
-        ).rstrip()
-        for row in rows
-    ]
+    widths = [max(map(len, column)) for column in zip(*rows, strict=True)]
+    return ["  ".join(map(str.ljust, row, widths)).rstrip() for row in rows]
 
 
 async def _listing(discovery: RedisDiscovery, lease: float) -> list[str]:
@@ -137,18 +132,15 @@ async def _listing(discovery: RedisDiscovery, lease: float) -> list[str]:
             cells = ("(not a worker's record)", "-", "-")
         age = f"{lease - left:.1f}s" if left <= lease else "?"
         rows.append((uid.decode(), *cells, age, f"{left:.1f}s" if left > 0 else "-"))
+    rows.sort(key=lambda row: (row[1], row[0]))
+    header = ("UID", "ADDRESS", "PID", "VERSION", "LEASE-AGE", "EXPIRES-IN")
     return [
         f"namespace    {discovery.namespace}",
         f"version      {int(version or 0)}",
         f"epoch        {epoch.decode() if epoch else '-'}",
         f"subscribers  {int(count[0][1])}",
         f"workers      {len(rows)}",
-        *_aligned(
-            [
-                ("UID", "ADDRESS", "PID", "VERSION", "LEASE-AGE", "EXPIRES-IN"),
-                *sorted(rows, key=lambda row: (row[1], row[0])),
-            ]
-        ),
+        *_aligned([header, *rows]),
     ]
 
 

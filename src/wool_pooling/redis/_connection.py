@@ -10,6 +10,7 @@ import os
 import re
 import socket
 import ssl
+import string
 import urllib.parse
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -331,12 +332,8 @@ class _GivenContextSentinelSSLConnection(
 
 def _escape(text: str) -> str:
     """``text`` percent-encoded outside ``!``..``~``, as ``CLIENT SETNAME`` needs."""
-    return "".join(
-        char
-        if "!" <= char <= "~" and char != "%"
-        else "".join(f"%{byte:02X}" for byte in char.encode("utf-8", "replace"))
-        for char in text
-    )
+    safe = string.punctuation.replace("%", "")  # (letters and digits are)
+    return urllib.parse.quote(text, safe=safe, errors="replace")
 
 
 def client_name(role: str, namespace: str) -> str:
@@ -411,11 +408,10 @@ def open_client(
     settings: PublisherSettings,
     *,
     retries: int,
-    client_options: Mapping[str, Any] | None = None,
 ) -> Connection:
-    """A client for ``target`` with the options of ``settings``
-    (``client_options`` in place of its own if given), by the precedence of
-    docs/redis.rst, *Options and their precedence*."""
+    """A client for ``target`` with the options of ``settings`` that its
+    client takes (a cluster node's takes no ``RedisCluster`` option), by the
+    precedence of docs/redis.rst, *Options and their precedence*."""
     timeout, named = settings.connect_timeout, settings.name_connections
     options: dict[str, Any] = {
         "socket_connect_timeout": timeout,
@@ -425,9 +421,9 @@ def open_client(
         options["socket_keepalive"] = True
     if target.cluster:
         options["require_full_coverage"] = False
-    options.update(
-        settings.client_options if client_options is None else client_options
-    )
+    known = client_option_names(target.scheme, unix=target.path is not None)
+    chosen = settings.client_options
+    options.update({name: chosen[name] for name in chosen if name in known})
     given = options.pop("ssl_context", None)
     quiet = {} if named else _no_client_commands()
     options.update(

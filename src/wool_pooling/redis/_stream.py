@@ -11,7 +11,6 @@ import weakref
 from collections.abc import AsyncGenerator
 from collections.abc import AsyncIterator
 from collections.abc import Hashable
-from collections.abc import Mapping
 from typing import Any
 from typing import cast
 from typing import final
@@ -244,16 +243,13 @@ class _Sessions:
         Subscribing first is what makes that read and the announcements
         after it meet with no gap.
         """
-        target, options = self.stream.target, self.settings.client_options
+        target = self.stream.target
         cluster = target.cluster
         if cluster:
             target = await self._owner()
-            # Without RedisCluster's own options: a node's client takes none.
-            known = _connection.client_option_names(target.scheme)
-            options = {name: options[name] for name in options if name in known}
         self.stage = "connecting"  # what connect() is doing, for its errors
-        command = self._client(target, "subscriber-cmd", options).client
-        self.pubsub = self._client(target, "subscriber", options).client.pubsub()
+        command = self._client(target, "subscriber-cmd").client
+        self.pubsub = self._client(target, "subscriber").client.pubsub()
         self.scripts = _scripts.register(
             command, cluster, _scripts.SNAPSHOT, _scripts.RENEW
         )
@@ -268,15 +264,8 @@ class _Sessions:
         self.stage = "taking a snapshot"
         return cast(list[Any], await self._script(self.scripts[0], *since))
 
-    def _client(
-        self,
-        target: _connection.Target,
-        role: str,
-        options: Mapping[str, Any] | None = None,
-    ) -> _connection.Connection:
-        connection = _connection.open_client(
-            target, role, self.settings, retries=0, client_options=options
-        )
+    def _client(self, target: _connection.Target, role: str) -> _connection.Connection:
+        connection = _connection.open_client(target, role, self.settings, retries=0)
         self.opened.append(connection)
         return connection
 
