@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import importlib.util
 import inspect
 import os
 import re
@@ -375,12 +373,14 @@ class _Sentinels(Sentinel):
 
 
 def _no_client_commands() -> dict[str, Any]:
-    """Options that make redis-py send no ``CLIENT`` command of its own."""
+    """Options that make redis-py send no ``CLIENT`` command of its own: those
+    its asyncio connections take (``driver_info`` from 8.0, maintenance
+    notifications in later 8.x), so each branch runs with some versions only."""
+    known = client_option_names("redis")
     quiet: dict[str, Any] = {"lib_name": None, "lib_version": None}
-    # Which branch runs depends on redis-py's version: 8 has driver_info.
-    if importlib.util.find_spec("redis.driver_info") is not None:  # pragma: no branch
+    if "driver_info" in known:  # pragma: no branch
         quiet = {"driver_info": None}
-    with contextlib.suppress(ImportError):  # redis-py 7 and later
+    if "maint_notifications_config" in known:  # pragma: no branch
         from redis.maint_notifications import MaintNotificationsConfig
 
         quiet["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
