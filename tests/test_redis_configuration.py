@@ -96,6 +96,13 @@ def test_valid_urls_of_every_scheme_are_accepted_and_logged_safely() -> None:
         assert "pw" not in repr(RedisDiscovery(url, "ns"))
 
 
+def test_a_publisher_shows_its_url_without_the_password() -> None:
+    """A publisher's ``repr``, like its discovery's, names its class, url
+    (without the password) and namespace."""
+    publisher = RedisDiscovery("redis://u:pw@10.0.0.1:6380/2", "ns").publisher
+    assert repr(publisher) == "RedisPublisher('redis://u@10.0.0.1:6380/2', 'ns')"
+
+
 # -- 11. one server, one subscription --
 
 

@@ -17,6 +17,7 @@ import anyio
 import pytest
 from _loops import asyncio_options
 from _redis import RedisServer
+from redis.exceptions import RedisClusterException
 from redis_views import admin
 from redis_views import discovery
 from redis_views import fake_worker
@@ -24,6 +25,7 @@ from redis_views import fake_worker
 from wool_pooling import RestartPolicy
 from wool_pooling.redis import RedisDiscoveryError
 from wool_pooling.redis import _discovery
+from wool_pooling.redis import _scripts
 from wool_pooling.redis import _stream
 
 pytestmark = pytest.mark.anyio
@@ -93,6 +95,26 @@ async def test_a_renewer_that_failed_is_forgotten_by_the_next_entry(
     monkeypatch.undo()
     async with publisher:
         await publisher.publish("worker-added", fake_worker())
+
+
+@pytest.mark.parametrize("anyio_backend", [("asyncio", asyncio_options())])
+async def test_a_cluster_error_in_a_publish_is_a_redis_discovery_error(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redis-py's cluster errors (no seed reachable, no node for the slot),
+    which are no ``RedisError``, reach the publisher's caller as the
+    :exc:`RedisDiscoveryError` of the action, as a lost connection does."""
+
+    async def no_node(*args: object) -> None:
+        raise RedisClusterException("no node for the slot")
+
+    async with discovery(redis_server.url).publisher as publisher:
+        monkeypatch.setattr(_scripts, "run", no_node)
+        with pytest.raises(
+            RedisDiscoveryError,
+            match=r"^publishing worker-added .* RedisClusterException: no node",
+        ):
+            await publisher.publish("worker-added", fake_worker())
 
 
 async def test_the_counters_of_a_key_go_with_its_last_user(

@@ -19,12 +19,11 @@ import sys
 from typing import Any
 
 import anyio
-import redis.exceptions as redis_errors
 
 from ._connection import open_client
 from ._connection import parse_url
 from ._discovery import RedisDiscovery
-from ._errors import CONNECTION_ERRORS
+from ._errors import FAILURES
 from ._errors import RedisDiscoveryError
 from ._errors import failed
 from ._scripts import DEFAULT_KEY_PREFIX
@@ -96,13 +95,8 @@ def _option(text: str) -> tuple[str, Any]:
 
 
 def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    return [
-        "  ".join(
-            cell.ljust(width) for cell, width in zip(row, widths, strict=True)
-        ).rstrip()
-        for row in rows
-    ]
+    widths = [max(map(len, column)) for column in zip(*rows, strict=True)]
+    return ["  ".join(map(str.ljust, row, widths)).rstrip() for row in rows]
 
 
 async def _listing(discovery: RedisDiscovery, lease: float) -> list[str]:
@@ -123,11 +117,7 @@ async def _listing(discovery: RedisDiscovery, lease: float) -> list[str]:
             count = await client.pubsub_shardnumsub(keys.channel, target_nodes=node)
         else:
             count = await client.pubsub_numsub(keys.channel)
-    except (
-        redis_errors.RedisError,
-        redis_errors.RedisClusterException,  # no seed node reachable
-        *CONNECTION_ERRORS,
-    ) as error:
+    except FAILURES as error:
         raise failed(discovery.url, f"listing {discovery.namespace}", error) from error
     finally:
         await connection.aclose()
@@ -142,18 +132,15 @@ async def _listing(discovery: RedisDiscovery, lease: float) -> list[str]:
             cells = ("(not a worker's record)", "-", "-")
         age = f"{lease - left:.1f}s" if left <= lease else "?"
         rows.append((uid.decode(), *cells, age, f"{left:.1f}s" if left > 0 else "-"))
+    rows.sort(key=lambda row: (row[1], row[0]))
+    header = ("UID", "ADDRESS", "PID", "VERSION", "LEASE-AGE", "EXPIRES-IN")
     return [
         f"namespace    {discovery.namespace}",
         f"version      {int(version or 0)}",
         f"epoch        {epoch.decode() if epoch else '-'}",
         f"subscribers  {int(count[0][1])}",
         f"workers      {len(rows)}",
-        *_aligned(
-            [
-                ("UID", "ADDRESS", "PID", "VERSION", "LEASE-AGE", "EXPIRES-IN"),
-                *sorted(rows, key=lambda row: (row[1], row[0])),
-            ]
-        ),
+        *_aligned([header, *rows]),
     ]
 
 

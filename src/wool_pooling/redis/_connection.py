@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import functools
-import importlib.util
 import inspect
-import ipaddress
 import os
 import re
 import socket
 import ssl
+import string
 import urllib.parse
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -28,7 +27,6 @@ from redis.asyncio.connection import parse_url as parse_redis_url
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import MasterNotFoundError
 from redis.asyncio.sentinel import Sentinel
-from redis.asyncio.sentinel import SentinelManagedConnection
 from redis.asyncio.sentinel import SentinelManagedSSLConnection
 from redis.backoff import EqualJitterBackoff
 from redis.backoff import NoBackoff
@@ -84,14 +82,10 @@ class Target:
 
     @property
     def key(self) -> tuple[object, ...]:
-        if self.path is not None:
-            where: object = os.path.realpath(self.path)
-        elif self.cluster:  # seeds of one cluster: their order does not matter
-            where = tuple(
-                sorted({(_resolved(host), port) for host, port in self.hosts})
-            )
-        else:
-            where = tuple((_resolved(host), port) for host, port in self.hosts)
+        hosts = tuple((_resolved(host), port) for host, port in self.hosts)
+        if self.cluster:  # seeds of one cluster: their order does not matter
+            hosts = tuple(sorted(set(hosts)))
+        where = hosts if self.path is None else os.path.realpath(self.path)
         scheme = "redis" if self.scheme == "unix" else self.scheme
         return (scheme, where, self.service, self.db, self.username)
 
@@ -99,10 +93,6 @@ class Target:
 @functools.lru_cache(maxsize=256)
 def _resolved(host: str) -> str:
     """``host`` as one address (IPv4 first); lowercased if it does not resolve."""
-    try:
-        return str(ipaddress.ip_address(host.strip("[]")))
-    except ValueError:
-        pass
     try:
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except OSError:
@@ -169,9 +159,10 @@ def _parse(url: str, scheme: str) -> Target:
     return Target(url, scheme, hosts, None, db, username, service)
 
 
-def address(host: str, port: int) -> str:
+def address(host: str, port: object) -> str:
     """``host:port``, an IPv6 host in brackets."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    bare = ":" in host and not host.startswith("[")
+    return f"[{host}]:{port}" if bare else f"{host}:{port}"
 
 
 def node_url(url: str, node: str, db: str = "0") -> str:
@@ -202,8 +193,7 @@ def redact(url: str) -> str:
             [(name, value) for name, value in pairs if "password" not in name.lower()],
             safe="/:",
         )
-        return f"{scheme}://{rest}?{query}" if query else f"{scheme}://{rest}"
-    return f"{scheme}://{rest}"
+    return f"{scheme}://{rest}?{query}" if query else f"{scheme}://{rest}"
 
 
 #: The server's error codes that redis-py turns into classes (and drops
@@ -229,11 +219,9 @@ def reason(error: BaseException) -> str:
             # (a SentinelAuthenticationError quotes the sentinel's reason, code
             # included)
             codes = () if isinstance(current, SentinelAuthenticationError) else _CODES
-            for cls, code in codes:
-                if isinstance(current, cls):
-                    if not text.startswith(code):
-                        text = f"{code} {text}"
-                    break
+            code = next((code for cls, code in codes if isinstance(current, cls)), "")
+            if not text.startswith(code):
+                text = f"{code} {text}"
             return f"{type(current).__name__}: {text}"
         current = current.__cause__ or current.__context__
     return type(error).__name__
@@ -250,9 +238,6 @@ def check_client_options(options: Mapping[str, Any], target: Target) -> None:
         option for a url without TLS, or ``ssl_context`` with a Redis
         Cluster url.
     """
-    for name in options:
-        if not isinstance(name, str):  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise TypeError(f"client_options keys must be str, got {name!r}")
     reserved = sorted(RESERVED_CLIENT_OPTIONS.intersection(options))
     if reserved:
         raise ValueError(
@@ -277,6 +262,8 @@ def check_client_options(options: Mapping[str, Any], target: Target) -> None:
     tls = target.scheme.startswith("rediss")
     known = client_option_names(target.scheme, unix=target.path is not None)
     for name in options:
+        if not isinstance(name, str):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise TypeError(f"client_options keys must be str, got {name!r}")
         if not tls and (name == "ssl" or name.startswith("ssl_")):
             raise ValueError(
                 f"client_options {name} needs a TLS url (rediss:// or "
@@ -294,11 +281,9 @@ def client_option_names(scheme: str, *, unix: bool = False) -> frozenset[str]:
     """The keywords of the connection class redis-py builds for a url of
     ``scheme``, of its pool (and ``Sentinel`` or ``RedisCluster``), and
     ``ssl_context``, read from their signatures."""
-    tls = scheme.startswith("rediss")
-    connection: type = SSLConnection if tls else PlainConnection
-    if scheme.endswith("+sentinel"):
-        connection = SentinelManagedSSLConnection if tls else SentinelManagedConnection
-    elif unix:
+    # (a Sentinel-managed connection takes what the plain one takes)
+    connection: type = SSLConnection if scheme.startswith("rediss") else PlainConnection
+    if unix:
         connection = UnixDomainSocketConnection
     names = _keywords(connection) | _keywords(ConnectionPool, own=True)
     if scheme.endswith("+cluster"):
@@ -345,12 +330,8 @@ class _GivenContextSentinelSSLConnection(
 
 def _escape(text: str) -> str:
     """``text`` percent-encoded outside ``!``..``~``, as ``CLIENT SETNAME`` needs."""
-    return "".join(
-        char
-        if "!" <= char <= "~" and char != "%"
-        else "".join(f"%{byte:02X}" for byte in char.encode("utf-8", "replace"))
-        for char in text
-    )
+    safe = string.punctuation.replace("%", "")  # (letters and digits are)
+    return urllib.parse.quote(text, safe=safe, errors="replace")
 
 
 def client_name(role: str, namespace: str) -> str:
@@ -392,17 +373,16 @@ class _Sentinels(Sentinel):
 
 
 def _no_client_commands() -> dict[str, Any]:
-    """Options that make redis-py send no ``CLIENT`` command of its own."""
-    quiet: dict[str, Any] = (
-        {"driver_info": None}
-        if importlib.util.find_spec("redis.driver_info") is not None
-        else {"lib_name": None, "lib_version": None}
-    )
-    try:
+    """Options that make redis-py send no ``CLIENT`` command of its own: those
+    its asyncio connections take (``driver_info`` from 8.0, maintenance
+    notifications in later 8.x), so each branch runs with some versions only."""
+    known = client_option_names("redis")
+    quiet: dict[str, Any] = {"lib_name": None, "lib_version": None}
+    if "driver_info" in known:  # pragma: no branch
+        quiet = {"driver_info": None}
+    if "maint_notifications_config" in known:  # pragma: no branch
         from redis.maint_notifications import MaintNotificationsConfig
-    except ImportError:  # pragma: no cover - redis-py before 7
-        pass
-    else:
+
         quiet["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
     return quiet
 
@@ -429,11 +409,10 @@ def open_client(
     settings: PublisherSettings,
     *,
     retries: int,
-    client_options: Mapping[str, Any] | None = None,
 ) -> Connection:
-    """A client for ``target`` with the options of ``settings``
-    (``client_options`` in place of its own if given), by the precedence of
-    docs/redis.rst, *Options and their precedence*."""
+    """A client for ``target`` with the options of ``settings`` that its
+    client takes (a cluster node's takes no ``RedisCluster`` option), by the
+    precedence of docs/redis.rst, *Options and their precedence*."""
     timeout, named = settings.connect_timeout, settings.name_connections
     options: dict[str, Any] = {
         "socket_connect_timeout": timeout,
@@ -443,9 +422,9 @@ def open_client(
         options["socket_keepalive"] = True
     if target.cluster:
         options["require_full_coverage"] = False
-    options.update(
-        settings.client_options if client_options is None else client_options
-    )
+    known = client_option_names(target.scheme, unix=target.path is not None)
+    chosen = settings.client_options
+    options.update({name: chosen[name] for name in chosen if name in known})
     given = options.pop("ssl_context", None)
     quiet = {} if named else _no_client_commands()
     options.update(

@@ -16,13 +16,10 @@ import weakref
 from collections.abc import Callable
 from collections.abc import Hashable
 from collections.abc import Mapping
-from types import TracebackType
 from typing import Any
-from typing import cast
 from typing import final
 
 import anyio
-import redis.exceptions as redis_errors
 from wool import DiscoveryEventType
 from wool import DiscoverySubscriberLike
 from wool import WorkerMetadata
@@ -106,9 +103,8 @@ class RedisPublisher(_settings.PublisherSettings):
         name_connections: bool = True,
         change_log: int = DEFAULT_CHANGE_LOG,
     ) -> None:
-        arguments = locals().copy()  # every argument: none left out of the record
-        del arguments["self"]
-        _settings.PublisherSettings.__init__(self, **arguments)
+        # Every argument, ``self`` included: none left out of the record.
+        _settings.PublisherSettings.__init__(**locals())
         self._target = _connection.parse_url(url)
         self.keys_for = _scripts.Keys.of(namespace, self._target.db, key_prefix)
         self._connection: _connection.Connection | None = None
@@ -122,10 +118,6 @@ class RedisPublisher(_settings.PublisherSettings):
         self._renewer: asyncio.Task[None] | None = None
         #: What stopped the renewer, raised from the next call or the exit.
         self._renewer_failed: BaseException | None = None
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        """Pickle as its arguments (the copy is unentered)."""
-        return (functools.partial(RedisPublisher, **_settings.arguments_of(self)), ())
 
     async def __aenter__(self) -> RedisPublisher:
         _errors.require_asyncio("RedisPublisher")
@@ -148,19 +140,14 @@ class RedisPublisher(_settings.PublisherSettings):
         self._renewer = asyncio.get_running_loop().create_task(self._renew_forever())
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         renewer, self._renewer = self._renewer, None
         if renewer is not None:
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await renewer
         try:
-            if exc is None:
+            if exc_info[1] is None:  # (an error leaving the block wins)
                 self._raise_if_renewer_failed()
             if self._pending_drops and self._connection is not None:
                 with anyio.move_on_after(self.connect_timeout):
@@ -184,9 +171,7 @@ class RedisPublisher(_settings.PublisherSettings):
             host = _default_route_ip()
         else:
             return metadata
-        if ":" in host and not host.startswith("["):
-            host = f"[{host}]"
-        return dataclasses.replace(metadata, address=f"{host}:{port}")
+        return dataclasses.replace(metadata, address=_connection.address(host, port))
 
     async def _publish(self, type: str, uid: str, payload: bytes) -> None:
         lease_ms = max(1, round(self.lease * 1000))
@@ -225,7 +210,7 @@ class RedisPublisher(_settings.PublisherSettings):
                 self._pending_drops.discard(uid)
             try:
                 await self._publish(type, uid, payload)
-            except (redis_errors.RedisError, *_errors.CONNECTION_ERRORS) as error:
+            except _errors.FAILURES as error:
                 failure = _errors.failed(self.url, f"publishing {type} {uid}", error)
                 if type == "worker-dropped":
                     logger.warning(
@@ -245,7 +230,7 @@ class RedisPublisher(_settings.PublisherSettings):
                 await asyncio.sleep(self.lease / 3)
                 try:
                     await self._renew()
-                except (redis_errors.RedisError, *_errors.CONNECTION_ERRORS) as error:
+                except _errors.FAILURES as error:
                     logger.warning(
                         "renewing the leases of %s at %s failed: %s",
                         self.namespace,
@@ -280,7 +265,7 @@ class RedisPublisher(_settings.PublisherSettings):
         async with self._lock:
             try:
                 await self._retry_drops()
-            except (redis_errors.RedisError, *_errors.CONNECTION_ERRORS) as error:
+            except _errors.FAILURES as error:
                 # Never holds back the renewal of the workers still alive.
                 logger.warning(
                     "retrying %d failed drops of %s at %s failed: %s",
@@ -369,9 +354,8 @@ class RedisDiscovery(_settings.DiscoverySettings):
     ) -> None:
         if reap_interval is None:
             reap_interval = _settings.check_seconds("lease", lease) / 4
-        arguments = locals().copy()  # every argument: none left out of the record
-        del arguments["self"]
-        _settings.DiscoverySettings.__init__(self, **arguments)
+        # Every argument, ``self`` included: none left out of the record.
+        _settings.DiscoverySettings.__init__(**locals())
 
     @functools.cached_property
     def _key(self) -> Hashable:
@@ -408,9 +392,7 @@ class RedisDiscovery(_settings.DiscoverySettings):
             _note_options(self._key, stream, _settings.run_options(self))
         else:
             stream = _stream.RedisStream(self)
-        if filter is None:
-            return cast(DiscoverySubscriberLike, stream)
-        return afilter(filter, cast(DiscoverySubscriberLike, stream))
+        return stream if filter is None else afilter(filter, stream)
 
     def statistics(self) -> _stream.RedisStatistics:
         """Counters of this process's subscribers to this connection and
@@ -426,13 +408,6 @@ class RedisDiscovery(_settings.DiscoverySettings):
     def __hash__(self) -> int:
         return hash((RedisDiscovery, self._key))
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        """Pickle as its arguments, every one (checked again when unpickled)."""
-        return (functools.partial(RedisDiscovery, **_settings.arguments_of(self)), ())
-
-    def __repr__(self) -> str:
-        return f"RedisDiscovery({_connection.redact(self.url)!r}, {self.namespace!r})"
-
 
 #: The key and options of each live shared subscriber, by its ``id``: one
 #: given other options than a live one of its key is warned about.
@@ -443,8 +418,7 @@ def _note_options(
     key: Hashable, subscriber: object, options: tuple[object, ...]
 ) -> None:
     # A copy: a collection during a comparison may forget a subscriber.
-    noted = list(_live.values())
-    if any(each == key and known != options for each, known in noted):
+    if any(each == key and known != options for each, known in list(_live.values())):
         warnings.warn(
             "a RedisDiscovery subscriber shares the subscription of an earlier "
             "one to the same connection and namespace but was given other "

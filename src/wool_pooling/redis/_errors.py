@@ -21,6 +21,10 @@ from ._state import Resync
 #: :exc:`TimeoutError`): reconnect and resynchronise.
 CONNECTION_ERRORS = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
 
+#: Errors of a command that failed (a cluster's layout unreadable included):
+#: a publisher's call and the operator's listing report them.
+FAILURES = (redis_errors.RedisError, redis_errors.RedisClusterException, OSError)
+
 #: Errors a running subscription retries under its reconnect policy.
 RETRIED = (*CONNECTION_ERRORS, Resync, redis_errors.ResponseError)
 
@@ -62,14 +66,10 @@ async def watched(awaitable: Awaitable[Any]) -> Any:
     task = asyncio.current_task()
     before = task.cancelling() if task is not None else 0
     try:
-        result = await awaitable
-    except Exception:
+        return await awaitable
+    finally:
         if task is not None and task.cancelling() > before:
-            raise asyncio.CancelledError from None
-        raise
-    if task is not None and task.cancelling() > before:
-        raise asyncio.CancelledError
-    return result
+            raise asyncio.CancelledError
 
 
 @contextlib.contextmanager

@@ -47,14 +47,9 @@ class Keys:
     @classmethod
     def of(cls, namespace: str, db: int = 0, prefix: str = DEFAULT_KEY_PREFIX) -> Keys:
         base = f"{prefix}{{{namespace}}}"
-        return cls(
-            workers=f"{base}:workers",
-            leases=f"{base}:leases",
-            version=f"{base}:version",
-            epoch=f"{base}:epoch",
-            changes=f"{base}:changes",
-            channel=f"{base}:events:{db}",
-        )
+        names = ("workers", "leases", "version", "epoch", "changes")
+        keys = {name: f"{base}:{name}" for name in names}
+        return cls(**keys, channel=f"{base}:events:{db}")
 
     @property
     def keys(self) -> list[str]:
@@ -210,9 +205,6 @@ return finish({version, epoch, flat, 0, top and top[2][2] or false})
 )
 
 
-_PUBLISH_CALL = "redis.call('PUBLISH', channel,"
-
-
 def register(client: Any, cluster: bool, *scripts: str) -> list[Any]:
     """Each of ``scripts`` registered on ``client`` (a cluster's: announcing
     with ``SPUBLISH``)."""
@@ -233,4 +225,4 @@ async def run(
 def sharded(script: str) -> str:
     """``script`` announcing with ``SPUBLISH`` (to the channel's shard of a
     cluster) in place of ``PUBLISH`` (to every node)."""
-    return script.replace(_PUBLISH_CALL, "redis.call('SPUBLISH', channel,")
+    return script.replace("call('PUBLISH', channel,", "call('SPUBLISH', channel,")

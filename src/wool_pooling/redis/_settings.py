@@ -4,6 +4,7 @@ equality and the pool key read)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from collections.abc import Hashable
@@ -15,6 +16,7 @@ import attrs
 from .._pooling.restart import RestartPolicy
 from ._connection import check_client_options
 from ._connection import parse_url
+from ._connection import redact
 
 
 def check_seconds(name: str, value: object) -> float:
@@ -144,6 +146,13 @@ class PublisherSettings:
     name_connections: bool = attrs.field(validator=_flag)
     #: The ``change_log`` argument.
     change_log: int = attrs.field(validator=_change_log)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle as its arguments, every one (checked again when unpickled)."""
+        return (functools.partial(type(self), **arguments_of(self)), ())
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({redact(self.url)!r}, {self.namespace!r})"
 
 
 @_record

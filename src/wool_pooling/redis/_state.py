@@ -103,8 +103,7 @@ class SubscriptionState:
         :attr:`settle_until`, not dropped). ``change``: the logged change of
         ``version``, if any."""
         lost = self.epoch is not None and epoch != self.epoch
-        self.epoch, self.version = epoch, version
-        self.change = change
+        self.epoch, self.version, self.change = epoch, version, change
         current: dict[uuid.UUID, WorkerMetadata] = {}
         records: dict[bytes, tuple[bytes, WorkerMetadata | None]] = {}
         for uid, payload in zip(flat[::2], flat[1::2], strict=False):
@@ -123,8 +122,7 @@ class SubscriptionState:
         self._records = records
         missing = [uid for uid in self.workers.workers if uid not in current]
         if lost:  # held: not dropped before the settle time
-            for uid in missing:
-                current[uid] = self.workers.workers[uid]
+            current.update((uid, self.workers.workers[uid]) for uid in missing)
         target = WorkerMap(current)
         events = list(self.workers.diff(target))
         self.workers = target
@@ -132,14 +130,13 @@ class SubscriptionState:
         self.settle_until = now + self.settle_seconds
         return events, lost
 
-    def message(self, data: object) -> DiscoveryEvent | None:
-        """The event announcement ``data`` makes, if any.
+    def message(self, raw: bytes) -> DiscoveryEvent | None:
+        """The event announcement ``raw`` makes, if any.
 
         :raises Resync: on a gap, another epoch, or an announcement that does
             not parse (reported through ``invalid``; the next session then
             takes a snapshot).
         """
-        raw = data if isinstance(data, bytes) else b"?"
         parts = raw.split(b" ", 4)
         if len(parts) != 5 or not parts[0].isdigit():
             malformed = "not '<version> <epoch> <type> <uid> <metadata>'"
@@ -148,11 +145,7 @@ class SubscriptionState:
             raise Resync("an announcement did not parse")
         number, epoch, kind, uid, payload = parts
         version = int(number)
-        if epoch != self.epoch:
-            raise Resync(
-                "an announcement is from another epoch (the server's data was "
-                "flushed, evicted or lost)"
-            )
+        self.check_epoch(epoch)
         if version <= self.version:
             return None  # already in the snapshot, or a duplicate
         if version != self.version + 1:
@@ -180,8 +173,9 @@ class SubscriptionState:
         self.held.clear()
         return [event for event in dropped if event is not None]
 
-    def reaped(self, epoch: bytes) -> None:
-        """:raises Resync: if a reap's epoch is not the snapshot's (a flush)."""
+    def check_epoch(self, epoch: bytes) -> None:
+        """:raises Resync: if ``epoch`` (an announcement's or a reap's) is not
+        the snapshot's (a flush)."""
         if epoch != self.epoch:
             raise Resync(
                 "the server's epoch changed (its data was flushed, evicted or lost)"

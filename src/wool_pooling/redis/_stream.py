@@ -11,7 +11,6 @@ import weakref
 from collections.abc import AsyncGenerator
 from collections.abc import AsyncIterator
 from collections.abc import Hashable
-from collections.abc import Mapping
 from typing import Any
 from typing import cast
 from typing import final
@@ -123,11 +122,10 @@ class RedisStream:
 
     def __eq__(self, other: object) -> bool:
         """Equal to a subscriber of the same class made of equal arguments."""
-        if not isinstance(other, RedisStream):
+        if not isinstance(other, RedisStream) or type(other) is not type(self):
             return NotImplemented
-        arguments = _settings.arguments_of
-        same = arguments(self.settings) == arguments(other.settings)
-        return type(self) is type(other) and same
+        # The record's own comparison: every argument (a discovery's is its key).
+        return _settings.DiscoverySettings.__eq__(self.settings, other.settings)
 
     def __hash__(self) -> int:
         return hash((type(self), self.settings))
@@ -142,19 +140,17 @@ class RedisStream:
     async def _events(self) -> AsyncGenerator[DiscoveryEvent, None]:
         _errors.require_asyncio("RedisDiscovery's subscriber")
         sessions = _Sessions(self)
-        source: RestartingSource[DiscoveryEvent] | None = None
+        source = RestartingSource[DiscoveryEvent](sessions, self.settings.reconnect)
         try:
             for event in await sessions.connect():
                 yield event
             if self._marks_listing:
                 yield cast(DiscoveryEvent, Synced())  # the first listing is complete
-            source = RestartingSource(sessions, self.settings.reconnect)
             async for event in source:
                 yield event
         finally:
             with anyio.CancelScope(shield=True):
-                if source is not None:
-                    await source.aclose()
+                await source.aclose()
                 await sessions.close()
 
     def __repr__(self) -> str:
@@ -178,9 +174,6 @@ class _Sessions:
         self.keys = _scripts.Keys.of(
             self.settings.namespace, stream.target.db, self.settings.key_prefix
         )
-        #: What :meth:`connect` is doing, for error messages.
-        self.stage = "connecting"
-        self.node = "the cluster"
         #: Whether a session is open (its connections counted), and those
         #: it has opened so far.
         self.live = False
@@ -250,16 +243,13 @@ class _Sessions:
         Subscribing first is what makes that read and the announcements
         after it meet with no gap.
         """
-        target, options = self.stream.target, self.settings.client_options
+        target = self.stream.target
         cluster = target.cluster
         if cluster:
             target = await self._owner()
-            # Without RedisCluster's own options: a node's client takes none.
-            known = _connection.client_option_names(target.scheme)
-            options = {name: options[name] for name in options if name in known}
-        self.stage = "connecting"
-        command = self._client(target, "subscriber-cmd", options).client
-        self.pubsub = self._client(target, "subscriber", options).client.pubsub()
+        self.stage = "connecting"  # what connect() is doing, for its errors
+        command = self._client(target, "subscriber-cmd").client
+        self.pubsub = self._client(target, "subscriber").client.pubsub()
         self.scripts = _scripts.register(
             command, cluster, _scripts.SNAPSHOT, _scripts.RENEW
         )
@@ -274,15 +264,8 @@ class _Sessions:
         self.stage = "taking a snapshot"
         return cast(list[Any], await self._script(self.scripts[0], *since))
 
-    def _client(
-        self,
-        target: _connection.Target,
-        role: str,
-        options: Mapping[str, Any] | None = None,
-    ) -> _connection.Connection:
-        connection = _connection.open_client(
-            target, role, self.settings, retries=0, client_options=options
-        )
+    def _client(self, target: _connection.Target, role: str) -> _connection.Connection:
+        connection = _connection.open_client(target, role, self.settings, retries=0)
         self.opened.append(connection)
         return connection
 
@@ -364,7 +347,7 @@ class _Sessions:
                 continue
             if now >= next_reap:
                 with _errors.within(deadline - now, f"no answer to a reap {silent}"):
-                    state.reaped((await self._script(renew, 0))[1])
+                    state.check_epoch((await self._script(renew, 0))[1])
                 next_reap = time.monotonic() + reap_interval
                 continue
             if not pinged and now >= heard + liveness / 2:
@@ -428,13 +411,10 @@ class _Sessions:
         return repr(self.stream)
 
 
-def _key(cls: type, settings: _settings.DiscoverySettings) -> Hashable:
-    return _settings.subscription_key(settings)
-
-
-@shared_subscription(key=_key)
+@shared_subscription
 class SharedRedisStream(RedisStream):
-    """The process's one subscription per (connection, namespace), shared;
-    marks each snapshot's end with :class:`~wool_pooling.Synced`."""
+    """The process's one subscription per (connection, namespace), shared
+    (keyed by its discovery, which equals one of the same connection and
+    namespace); marks each snapshot's end with :class:`~wool_pooling.Synced`."""
 
     _marks_listing = True
