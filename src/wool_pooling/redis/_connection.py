@@ -97,10 +97,10 @@ def _resolved(host: str) -> str:
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except OSError:
         return host.lower()
-    addresses = sorted(
-        {(family != socket.AF_INET, str(info[0])) for family, _, _, _, info in infos}
-    )
-    return addresses[0][1] if addresses else host.lower()
+    # (never an empty list: getaddrinfo raises when nothing resolves)
+    return min(
+        (family != socket.AF_INET, str(info[0])) for family, _, _, _, info in infos
+    )[1]
 
 
 def parse_url(url: object) -> Target:
@@ -317,9 +317,9 @@ _KEYWORD_KINDS = (
 class _GivenContextSSLConnection(SSLConnection):
     """redis-py's TLS connection, with the ``ssl.SSLContext`` it is given."""
 
-    def __init__(self, *, given_ssl_context: ssl.SSLContext, **kwargs: Any) -> None:
+    def __init__(self, *, ssl_context: ssl.SSLContext, **kwargs: Any) -> None:
         super().__init__(**kwargs)  # pyright: ignore[reportUnknownMemberType]
-        self.ssl_context.context = given_ssl_context
+        self.ssl_context.context = ssl_context
 
 
 class _GivenContextSentinelSSLConnection(
@@ -328,17 +328,13 @@ class _GivenContextSentinelSSLConnection(
     """The same, to a Sentinel-monitored master."""
 
 
-def _escape(text: str) -> str:
-    """``text`` percent-encoded outside ``!``..``~``, as ``CLIENT SETNAME`` needs."""
-    safe = string.punctuation.replace("%", "")  # (letters and digits are)
-    return urllib.parse.quote(text, safe=safe, errors="replace")
-
-
 def client_name(role: str, namespace: str) -> str:
     """``wool-pooling:<role>:<namespace>:<host>:<pid>``: who holds a
-    connection, for ``CLIENT LIST``."""
-    host = _escape(socket.gethostname())
-    return f"wool-pooling:{role}:{_escape(namespace)}:{host}:{os.getpid()}"
+    connection, for ``CLIENT LIST``; percent-encoded outside ``!``..``~``,
+    as ``CLIENT SETNAME`` needs."""
+    name = f"wool-pooling:{role}:{namespace}:{socket.gethostname()}:{os.getpid()}"
+    safe = string.punctuation.replace("%", "")  # (letters and digits are)
+    return urllib.parse.quote(name, safe=safe, errors="replace")
 
 
 class SentinelAuthenticationError(redis_errors.AuthenticationError):
@@ -389,18 +385,18 @@ def _no_client_commands() -> dict[str, Any]:
 
 @attrs.define
 class Connection:
-    """A redis-py asyncio client, and what else must be closed with it."""
+    """A redis-py asyncio client, and the clients of its sentinels, closed
+    with it."""
 
     client: Any
-    sentinel: Any = None
+    sentinels: Any = ()
 
     async def aclose(self) -> None:
         try:
             await self.client.aclose()
         finally:
-            if self.sentinel is not None:
-                for each in self.sentinel.sentinels:
-                    await each.aclose()
+            for each in self.sentinels:
+                await each.aclose()
 
 
 def open_client(
@@ -425,7 +421,6 @@ def open_client(
     known = client_option_names(target.scheme, unix=target.path is not None)
     chosen = settings.client_options
     options.update({name: chosen[name] for name in chosen if name in known})
-    given = options.pop("ssl_context", None)
     quiet = {} if named else _no_client_commands()
     options.update(
         quiet,
@@ -433,12 +428,10 @@ def open_client(
         retry=Retry(EqualJitterBackoff(cap=timeout, base=0.05), retries),
         retry_on_error=[redis_errors.ConnectionError, redis_errors.TimeoutError],
     )
-    if given is not None:
-        options["given_ssl_context"] = given
     if not target.cluster and target.service is None:  # neither: one server
         # The url wins over the options; a given context's class over the url's.
         arguments: dict[str, Any] = {**options, **parse_redis_url(target.url)}
-        if given is not None:
+        if "ssl_context" in options:
             arguments["connection_class"] = _GivenContextSSLConnection
         return Connection(aioredis.Redis.from_pool(ConnectionPool(**arguments)))
     # The seeds' user, password and query options, from the url.
@@ -449,7 +442,7 @@ def open_client(
     if target.cluster:
         nodes = [ClusterNode(host, port) for host, port in target.hosts]
         return Connection(RedisCluster(startup_nodes=nodes, **options))
-    if given is not None:
+    if "ssl_context" in options:
         options["connection_class"] = _GivenContextSentinelSSLConnection
     sentinel_options = options.pop("sentinel_kwargs", None)
     if sentinel_options is None:
@@ -468,4 +461,4 @@ def open_client(
     client = sentinel.master_for(  # pyright: ignore[reportUnknownMemberType]
         target.service or "", db=target.db
     )
-    return Connection(client, sentinel)
+    return Connection(client, sentinel.sentinels)

@@ -282,11 +282,9 @@ class RedisPublisher(_settings.PublisherSettings):
                         pid,
                     )
                     del self._workers[uid]
-            pairs = [
-                each
-                for uid, (payload, _) in self._workers.items()
-                for each in (uid, payload)
-            ]
+            pairs: list[object] = []
+            for uid, (payload, _) in self._workers.items():
+                pairs += (uid, payload)
             await self._run(self._scripts[1], max(1, round(self.lease * 1000)), *pairs)
 
 

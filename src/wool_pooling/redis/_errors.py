@@ -75,13 +75,11 @@ async def watched(awaitable: Awaitable[Any]) -> Any:
 @contextlib.contextmanager
 def within(seconds: float, message: str = "") -> Generator[None]:
     """Raise :exc:`TimeoutError` of ``message`` after ``seconds`` (redis-py's
-    own timeouts pass as they are)."""
+    own timeouts, a ``redis.exceptions.TimeoutError``, pass as they are)."""
     try:
         with anyio.fail_after(max(seconds, MIN_WAIT)):
             yield
-    except TimeoutError as error:
-        if str(error):
-            raise
+    except TimeoutError:
         raise TimeoutError(message or f"no answer within {seconds:g}s") from None
 
 

@@ -138,26 +138,25 @@ class SubscriptionState:
             takes a snapshot).
         """
         parts = raw.split(b" ", 4)
-        if len(parts) != 5 or not parts[0].isdigit():
-            malformed = "not '<version> <epoch> <type> <uid> <metadata>'"
-            self._invalid(raw[:60], ValueError(malformed))
-            self.change = None
-            raise Resync("an announcement did not parse")
-        number, epoch, kind, uid, payload = parts
-        version = int(number)
-        self.check_epoch(epoch)
-        if version <= self.version:
-            return None  # already in the snapshot, or a duplicate
-        if version != self.version + 1:
-            raise Gap(
-                f"an announcement is missing (expected version "
-                f"{self.version + 1}, got {version})"
-            )
         try:
+            if len(parts) != 5 or not parts[0].isdigit():
+                raise ValueError("not '<version> <epoch> <type> <uid> <metadata>'")
+            number, epoch, kind, uid, payload = parts
+            version = int(number)
+            self.check_epoch(epoch)
+            if version <= self.version:
+                return None  # already in the snapshot, or a duplicate
+            if version != self.version + 1:
+                raise Gap(
+                    f"an announcement is missing (expected version "
+                    f"{self.version + 1}, got {version})"
+                )
             text = kind.decode()
             if text not in _TYPES:
                 raise ValueError(f"unknown event type {text!r}")
             metadata = decode(uid, payload)
+        except Resync:
+            raise
         except Exception as error:
             self._invalid(raw[:60], error)
             self.change = None

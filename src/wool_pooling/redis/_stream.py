@@ -9,7 +9,6 @@ import logging
 import time
 import weakref
 from collections.abc import AsyncGenerator
-from collections.abc import AsyncIterator
 from collections.abc import Hashable
 from typing import Any
 from typing import cast
@@ -134,10 +133,7 @@ class RedisStream:
         """Pickle as its settings (no connection or state travels)."""
         return (type(self), (self.settings,))
 
-    def __aiter__(self) -> AsyncIterator[DiscoveryEvent]:
-        return self._events()
-
-    async def _events(self) -> AsyncGenerator[DiscoveryEvent, None]:
+    async def __aiter__(self) -> AsyncGenerator[DiscoveryEvent, None]:
         _errors.require_asyncio("RedisDiscovery's subscriber")
         sessions = _Sessions(self)
         source = RestartingSource[DiscoveryEvent](sessions, self.settings.reconnect)
@@ -254,12 +250,12 @@ class _Sessions:
             command, cluster, _scripts.SNAPSHOT, _scripts.RENEW
         )
         self.stage = "subscribing"
-        subscribe = self.pubsub.ssubscribe if cluster else self.pubsub.subscribe
-        await _errors.watched(subscribe(self.keys.channel))
-        confirmation = "ssubscribe" if cluster else "subscribe"
+        # (the command, and the type of the server's confirmation)
+        subscribe = "ssubscribe" if cluster else "subscribe"
+        await _errors.watched(getattr(self.pubsub, subscribe)(self.keys.channel))
         while True:
             message = await _errors.watched(self.pubsub.get_message(timeout=None))
-            if message is not None and message["type"] == confirmation:
+            if message is not None and message["type"] == subscribe:
                 break
         self.stage = "taking a snapshot"
         return cast(list[Any], await self._script(self.scripts[0], *since))
@@ -290,10 +286,7 @@ class _Sessions:
         keep = _scripts.idle_expiry_ms(settings.lease, settings.reap_interval)
         return await _scripts.run(script, self.keys, keep, settings.change_log, *rest)
 
-    def __aiter__(self) -> AsyncIterator[Any]:
-        return self._run()
-
-    async def _run(self) -> AsyncGenerator[Any, None]:
+    async def __aiter__(self) -> AsyncGenerator[Any, None]:
         settings = self.settings
         connected = self.live
         try:
