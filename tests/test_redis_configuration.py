@@ -18,6 +18,7 @@ import pytest
 from _loops import asyncio_backend
 from _redis import RedisServer
 from _redis import free_port
+from redis.asyncio.client import PubSub
 from redis.credentials import UsernamePasswordCredentialProvider
 from redis_views import View
 from redis_views import add_user
@@ -68,6 +69,21 @@ def test_a_malformed_url_is_refused_at_construction(url: object, error: type) ->
         RedisDiscovery(url, "ns")  # type: ignore[arg-type]
     with pytest.raises(error, match="url"):
         RedisPublisher(url, "ns")  # type: ignore[arg-type]
+
+
+def test_a_cluster_url_without_asyncio_sharded_pub_sub_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A redis-py before 8.0 has no asyncio ``ssubscribe``, which a Cluster's
+    announcements need: its url is refused at construction, saying so."""
+    RedisDiscovery("redis+cluster://127.0.0.1:7000", "ns")
+    monkeypatch.delattr(PubSub, "ssubscribe")
+    for url in ("redis+cluster://127.0.0.1:7000", "rediss+cluster://h:7000"):
+        with pytest.raises(ValueError, match=r"Cluster url needs redis-py 8\.0"):
+            RedisDiscovery(url, "ns")
+        with pytest.raises(ValueError, match=r"Cluster url needs redis-py 8\.0"):
+            RedisPublisher(url, "ns")
+    RedisDiscovery("redis://127.0.0.1", "ns")  # other urls need none
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
+from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import Connection as PlainConnection
@@ -156,6 +157,8 @@ def _parse(url: str, scheme: str) -> Target:
     db, username = nodes[0].get("db", 0), nodes[0].get("username")
     if scheme.endswith("+cluster") and db:
         raise ValueError(f"a Redis Cluster has database 0 only, got {db}")
+    if scheme.endswith("+cluster") and not hasattr(PubSub, "ssubscribe"):
+        raise ValueError("a Redis Cluster url needs redis-py 8.0 or later")
     return Target(url, scheme, hosts, None, db, username, service)
 
 
