@@ -700,6 +700,7 @@ _ENDED_STATE._end = _CLOSED_END
 
 
 @final
+@attrs.define(eq=False, repr=False)
 class FanoutConsumer(Generic[T]):
     """One consumer of a :class:`Fanout`, made by :meth:`Fanout.consumer`.
 
@@ -708,18 +709,13 @@ class FanoutConsumer(Generic[T]):
     (or dropping it) frees what it held. See :ref:`fanout`.
     """
 
-    __slots__ = ("__weakref__", "_busy", "_node", "_on_skip", "_state")
-
-    def __init__(
-        self,
-        state: Fanout[T],
-        node: _Node,
-        on_skip: Callable[[int], object] | None = None,
-    ) -> None:
-        self._state: Fanout[Any] = state  # once ended, a closed stand-in
-        self._node: _Node = node  # the next to read, or a trap over it
-        self._busy: Waiters | None = None  # what its waiting task waits in
-        self._on_skip = on_skip
+    #: Its fan-out; once ended, a closed stand-in.
+    _state: Fanout[T]
+    #: The next node to read, or a trap over it.
+    _node: _Node
+    _on_skip: Callable[[int], object] | None = None
+    #: What its waiting task waits in.
+    _busy: Waiters | None = attrs.field(default=None, init=False)
 
     def __aiter__(self) -> FanoutConsumer[T]:
         return self
