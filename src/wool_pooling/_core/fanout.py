@@ -379,17 +379,15 @@ class Fanout(Generic[T]):
             if (consumer := reference()) is not None and consumer._node is not _ENDED
         ]
 
-    def _positions(self) -> list[int]:
-        """The seq of every registered consumer's next item."""
-        return [
-            node[2]
-            for consumer in self._live()
-            if (node := consumer._node) is not _ENDED
-        ]
+    def _slowest(self) -> int:
+        """The seq of the slowest consumer's next item (the log's end if none)."""
+        return min(
+            (consumer._node[2] for consumer in self._live()),
+            default=self._tail[2],
+        )
 
     def _buffered(self) -> int:
-        end = self._tail[2]
-        return end - min(self._positions(), default=end)
+        return self._tail[2] - self._slowest()
 
     def _drop_beyond_lag(self) -> None:
         """``on_lag="error"``: trap each consumer ``max_lag`` items behind."""
@@ -399,7 +397,7 @@ class Fanout(Generic[T]):
         oldest = end - max_lag
         slowest = end
         for consumer in self._live():
-            node = consumer._node  # a finaliser may end it: never trap it then
+            node = consumer._node  # an on_skip before may have ended it
             if node is _ENDED:
                 continue
             seq = node[2]
@@ -412,15 +410,13 @@ class Fanout(Generic[T]):
                     node.covered = kept
                     node.skipped += oldest - seq
                 else:
-                    trap = _Trap(kept, oldest, oldest - seq)
-                    if consumer._node is node:
-                        consumer._node = trap
-                        on_skip = consumer._on_skip
-                        if on_skip is not None:
-                            try:
-                                on_skip(seq)
-                            except Exception:
-                                logger.exception("on_skip of %r raised", consumer)
+                    consumer._node = _Trap(kept, oldest, oldest - seq)
+                    on_skip = consumer._on_skip
+                    if on_skip is not None:
+                        try:
+                            on_skip(seq)
+                        except Exception:
+                            logger.exception("on_skip of %r raised", consumer)
                 seq = oldest
             slowest = min(slowest, seq)
         self._horizon = slowest + max_lag + 1
@@ -431,8 +427,7 @@ class Fanout(Generic[T]):
         if end + 1 < self._horizon:
             return False
         assert self._max_lag is not None
-        slowest = min(self._positions(), default=end)
-        self._horizon = slowest + self._max_lag + 1
+        self._horizon = self._slowest() + self._max_lag + 1
         return end + 1 >= self._horizon
 
     def _watch_slowest(self) -> None:
@@ -441,10 +436,8 @@ class Fanout(Generic[T]):
         slowest = self._horizon - self._max_lag - 1
         for consumer in self._live():
             node = consumer._node
-            if node is not _ENDED and node[2] == slowest and type(node) is not _Trap:
-                trap = _Trap(node, slowest)
-                if consumer._node is node:  # not ended meanwhile
-                    consumer._node = trap
+            if node[2] == slowest and type(node) is not _Trap:
+                consumer._node = _Trap(node, slowest)
 
     # -- waking --------------------------------------------------------------
 
