@@ -321,16 +321,14 @@ class Fanout(Generic[T]):
         :raises RuntimeError: if the source is iterated on another event
             loop (the consumers end all the same; the source closes there).
         """
-        first = not self.closed
-        if first:
+        if not self.closed:
             self._end = _CLOSED_END
             for consumer in self._live():
-                consumer.close()
-            self._wake_all()
+                consumer.close()  # which wakes its wait, if any
         source, self._source = self._source, _NO_SOURCE
         pump = self._pump
-        never_ran = pump is None or pump.task is None
-        if never_ran and first and hasattr(source, "__anext__"):
+        # Not iterated (a closed fan-out's source is _NO_SOURCE, no iterator).
+        if (pump is None or pump.task is None) and hasattr(source, "__anext__"):
             with anyio.CancelScope(shield=True):
                 await aclose_iterator(source)
         del source
@@ -457,10 +455,6 @@ class Fanout(Generic[T]):
             self._space = None
             space.wake()
 
-    def _wake_all(self) -> None:
-        self._wake_arrival()
-        self._wake_space()
-
     def _release(self, pump: _Pump) -> None:
         """Wake the waiting consumers, or hold the wake under a watch."""
         if self._arrival is None or pump.deferred:
@@ -542,7 +536,8 @@ class Fanout(Generic[T]):
                 )
             else:
                 self._end = _End("FAILED", error, error.__traceback__)
-            self._wake_all()
+            self._wake_arrival()
+            self._wake_space()
 
 
 def _watch(pump: _Pump, ref: weakref.ref[Fanout[Any]]) -> None:
@@ -840,7 +835,7 @@ class FanoutConsumer(Generic[T]):
             state._registry.discard(weakref.ref(self))
             state._wake_space()
             if self._busy is not None:
-                state._wake_all()  # let its wait see the end
+                state._wake_arrival()  # let its wait see the end
 
     async def aclose(self) -> None:
         """Like :meth:`close`, with a checkpoint."""
