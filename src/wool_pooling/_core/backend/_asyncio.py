@@ -55,9 +55,8 @@ class AsyncioLoop(EventLoop):
 
     def spawn(self, fn: AsyncFn, *args: Any, context: Context | None = None) -> None:
         task = asyncio.create_task(guarded(fn, *args), context=context)
-        if not task.done():
-            _running.add(task)
-            task.add_done_callback(_running.discard)
+        _running.add(task)
+        task.add_done_callback(_running.discard)
 
     def _call_soon(self, native: Any, fn: Callable[..., object], *args: Any) -> None:
         native.call_soon_threadsafe(fn, *args)
@@ -138,9 +137,7 @@ class _TaskInterruptible:
         if not self._interrupted or task is None:
             return False
         # One cancel() was ours; one still counted came from elsewhere.
-        if task.uncancel() > 0:
-            return False
-        return isinstance(exc_info[1], asyncio.CancelledError)
+        return task.uncancel() == 0 and isinstance(exc_info[1], asyncio.CancelledError)
 
     def cancel(self) -> None:
         if self._interrupted or self._task is None:
