@@ -62,6 +62,10 @@ class EventLoop(ABC):
     _running: ClassVar[staticmethod[[], object]]
     #: What a task awaits to let every task ready to run have its step first.
     next_pass: ClassVar[staticmethod[[], Awaitable[None]]]
+    #: A new, empty set of waiters, made in a task or callback of the loop.
+    waiters: ClassVar[staticmethod[[], Waiters]]
+    #: A new region that :meth:`Interruptible.cancel` can cut short.
+    interruptible: ClassVar[staticmethod[[], Interruptible]]
     #: What the pump awaits a pull through, calling ``on_wait()`` once it may
     #: wait long; ``None`` where that costs more than a step (uvloop, trio).
     until_waits: (
@@ -92,14 +96,6 @@ class EventLoop(ABC):
     def in_own_thread(self) -> bool:
         """Whether the caller runs in the loop's thread."""
         return threading.get_ident() == self.thread
-
-    @abstractmethod
-    def waiters(self) -> Waiters:
-        """A new, empty set of waiters, from a task or callback of the loop."""
-
-    @abstractmethod
-    def interruptible(self) -> Interruptible:
-        """A new region that :meth:`Interruptible.cancel` can cut short."""
 
     @abstractmethod
     def spawn(self, fn: AsyncFn, *args: Any, context: Context | None = None) -> None:
