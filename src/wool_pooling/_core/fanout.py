@@ -183,6 +183,7 @@ def _wake_space_of(ref: weakref.ref[Fanout[Any]]) -> None:
 
 @suggest_keywords
 @final
+@attrs.define(init=False, eq=False, repr=False)
 class Fanout(Generic[T]):
     """Multicast one async iterable to any number of independent consumers.
 
@@ -208,21 +209,24 @@ class Fanout(Generic[T]):
         is not an int >= 0.
     """
 
-    __slots__ = (
-        "__weakref__",
-        "_ahead",
-        "_arrival",
-        "_drop_lagging",
-        "_end",
-        "_horizon",
-        "_max_lag",
-        "_pump",
-        "_read_ahead",
-        "_registry",
-        "_source",
-        "_space",
-        "_tail",
-    )
+    _source: AsyncIterable[T]
+    #: The empty node at the log's end; its seq: items logged so far.
+    _tail: _Node
+    _registry: set[weakref.ref[FanoutConsumer[T]]]
+    _max_lag: int | None
+    _drop_lagging: bool
+    #: slowest + max_lag + 1, slowest a lower bound on every consumer's seq:
+    #: the lag check is one comparison until the log reaches it (and never
+    #: without a bound).
+    _horizon: int
+    _read_ahead: int
+    #: Pulled since the most advanced consumer waited.
+    _ahead: int
+    _end: _End | None
+    #: Waits for the next item and for room under the bound.
+    _arrival: Waiters | None
+    _space: Waiters | None
+    _pump: _Pump | None
 
     def __init__(
         self,
@@ -244,20 +248,16 @@ class Fanout(Generic[T]):
                 "on_lag='error' needs a max_lag: with max_lag=None no consumer "
                 "ever lags, so the policy could never act"
             )
-        self._source: AsyncIterable[T] = source
-        self._tail: _Node = [None, None, 0]  # its seq: items logged so far
-        self._registry: set[weakref.ref[FanoutConsumer[T]]] = set()
+        self._source = source
+        self._tail = [None, None, 0]
+        self._registry = set()
         self._max_lag = max_lag
         self._drop_lagging = on_lag == "error"
-        # slowest + max_lag + 1, slowest a lower bound on every consumer's
-        # seq: the lag check is one comparison until the log reaches it (and
-        # never without a bound).
         self._horizon = sys.maxsize if max_lag is None else max_lag + 1
         self._read_ahead = validate_read_ahead(read_ahead)
-        self._ahead = 0  # pulled since the most advanced consumer waited
-        self._end: _End | None = None
-        # Waits for the next item and for room under the bound.
-        self._arrival: Waiters | None = None
+        self._ahead = 0
+        self._end = None
+        self._arrival = None
         self._space: Waiters | None = None
         self._pump: _Pump | None = None
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import sys
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 from ._asyncio import AsyncioLoop
@@ -27,7 +26,7 @@ def current_loop() -> EventLoop:
 
     :raises RuntimeError: if no asyncio loop or trio run is active here.
     """
-    make: Callable[[Any], EventLoop] = AsyncioLoop
+    make: type[EventLoop] = AsyncioLoop
     key: Any
     try:
         key = asyncio.get_running_loop()
