@@ -304,7 +304,7 @@ class Fanout(Generic[T]):
         arrival = self._arrival  # (a wait for room is not counted)
         return FanoutStatistics(
             consumers=len(self._registry),
-            buffered=self._buffered(),
+            buffered=self._tail[2] - self._slowest(),
             waiting=0
             if arrival is None
             else sum(consumer._busy is arrival for consumer in self._live()),
@@ -350,10 +350,11 @@ class Fanout(Generic[T]):
             raise error
 
     def __repr__(self) -> str:
+        statistics = self.statistics()
         return (
             f"<Fanout [{self._end.name if self._end else 'OPEN'}, "
-            f"consumers: {len(self._registry)}, "
-            f"buffered: {self._buffered()}] of {self._source!r}>"
+            f"consumers: {statistics.consumers}, "
+            f"buffered: {statistics.buffered}] of {self._source!r}>"
         )
 
     # -- the log -----------------------------------------------------------
@@ -383,9 +384,6 @@ class Fanout(Generic[T]):
             (consumer._node[2] for consumer in self._live()),
             default=self._tail[2],
         )
-
-    def _buffered(self) -> int:
-        return self._tail[2] - self._slowest()
 
     def _drop_beyond_lag(self) -> None:
         """``on_lag="error"``: trap each consumer ``max_lag`` items behind."""
