@@ -592,11 +592,10 @@ async def _iterate(ref: weakref.ref[Fanout[Any]], pump: _Pump) -> None:
                     return
                 if fanout._reads_ahead(pump):
                     fanout._release(pump)
-                    classify = pump.deferred and not pump.watching
-                    if classify and not suspends:  # a watch costs less then
-                        _watch(pump, ref)
-                        classify = False
+                    if not suspends and pump.deferred and not pump.watching:
+                        _watch(pump, ref)  # a watch costs less then
                         suspends = True  # classify again at the next hold
+                    classify = pump.deferred and not pump.watching
                     break
                 classify = False
                 fanout._wake_arrival()
