@@ -9,6 +9,7 @@ from abc import ABC
 from abc import abstractmethod
 from collections.abc import Awaitable
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from contextvars import Context
 from typing import Any
 from typing import ClassVar
@@ -36,13 +37,9 @@ class Waiters(Protocol):
         """Wake every task waiting, now and later."""
 
 
-class Interruptible(Protocol):
+class Interruptible(AbstractContextManager[object, bool | None], Protocol):
     """A region of one task that another can :meth:`cancel` once; the region
     takes that cancellation back and lets others through."""
-
-    def __enter__(self) -> object: ...
-
-    def __exit__(self, *exc_info: Any, **kwargs: Any) -> bool | None: ...
 
     def cancel(self) -> None: ...
 
