@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import types
 from collections.abc import Awaitable
 from collections.abc import Callable
@@ -75,7 +74,7 @@ class _FutureWaiters:
         return future
 
     def withdraw(self, waiting: Awaitable[None]) -> None:
-        with contextlib.suppress(ValueError):  # woken meanwhile
+        if not self._woken:  # woken, it is out of the list already
             self._futures.remove(waiting)  # pyright: ignore[reportArgumentType]
 
     def wake(self) -> None:
