@@ -26,7 +26,7 @@ from wool_pooling._core.backend._asyncio import _until_waits
 from wool_pooling._core.backend._trio import TrioLoop
 
 #: What a backend must provide, beyond its class attributes (``backend``,
-#: ``current_task``, ``_running``, ``next_pass``, and the ``waiters`` and
+#: ``current_task``, ``running``, ``next_pass``, and the ``waiters`` and
 #: ``interruptible`` factories, pinned for each backend below).
 ABSTRACT = {"spawn", "_call_soon"}
 
@@ -63,7 +63,7 @@ def backend_with_all_but(missing: str | None) -> type[EventLoop]:
             "__slots__": (),
             "backend": "test",
             "current_task": staticmethod(lambda: None),
-            "_running": staticmethod(lambda: None),
+            "running": staticmethod(lambda: None),
             **methods,
         },
     )
@@ -88,7 +88,7 @@ def test_a_backend_missing_a_method_cannot_be_instantiated(missing: str) -> None
     native = Native()
     handle = backend_with_all_but(None)(native)
     assert repr(handle) == "<EventLoop [test]>"
-    assert not handle.is_current()  # its _running() gives None
+    assert not handle.is_current()  # its running() gives None
     called: list[int] = []
     assert handle.run_soon(called.append, 1) is True
     assert called == [1]
@@ -113,7 +113,7 @@ def test_each_backend_defines_every_class_attribute_the_seam_declares(
     assert declared == {
         "backend",
         "current_task",
-        "_running",
+        "running",
         "next_pass",
         "waiters",
         "interruptible",

@@ -33,12 +33,10 @@ def current_loop() -> EventLoop:
     except RuntimeError:
         if sys.modules.get("trio") is None:
             raise RuntimeError(_NO_LOOP) from None
-        from trio.lowlevel import current_trio_token
-
         from ._trio import TrioLoop
 
         try:
-            key, make = current_trio_token(), TrioLoop
+            key, make = TrioLoop.running(), TrioLoop
         except RuntimeError:
             raise RuntimeError(_NO_LOOP) from None
     handle = _handles.get(key)

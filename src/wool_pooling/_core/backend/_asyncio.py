@@ -119,7 +119,7 @@ class AsyncioLoop(EventLoop):
     __slots__ = ()
     backend = "asyncio"
     current_task = staticmethod(asyncio.current_task)
-    _running = staticmethod(asyncio.get_running_loop)
+    running = staticmethod(asyncio.get_running_loop)
     next_pass = staticmethod(_next_pass)
     waiters = staticmethod(_FutureWaiters)
     interruptible = staticmethod(_TaskInterruptible)

@@ -56,7 +56,7 @@ class EventLoop(ABC):
     #: The calling task.
     current_task: ClassVar[staticmethod[[], object]]
     #: The running asyncio loop or trio token; raises :exc:`RuntimeError` if none.
-    _running: ClassVar[staticmethod[[], object]]
+    running: ClassVar[staticmethod[[], object]]
     #: What a task awaits to let every task ready to run have its step first.
     next_pass: ClassVar[staticmethod[[], Awaitable[None]]]
     #: A new, empty set of waiters, made in a task or callback of the loop.
@@ -71,14 +71,14 @@ class EventLoop(ABC):
     )
 
     def __init__(self, native: object) -> None:
-        self._native: weakref.ref[Any] = weakref.ref(native)  # what _running gives
+        self._native: weakref.ref[Any] = weakref.ref(native)  # what running gives
         self.thread = threading.get_ident()
         self.until_waits = None
 
     def is_current(self) -> bool:
         """Whether this is the loop running in the calling thread."""
         try:
-            return self._running() is self._native()
+            return self.running() is self._native()
         except RuntimeError:
             return False
 

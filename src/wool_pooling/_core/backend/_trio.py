@@ -41,7 +41,7 @@ class TrioLoop(EventLoop):
     __slots__ = ()
     backend = "trio"
     current_task = staticmethod(trio.lowlevel.current_task)
-    _running = staticmethod(trio.lowlevel.current_trio_token)
+    running = staticmethod(trio.lowlevel.current_trio_token)
     next_pass = staticmethod(trio.lowlevel.checkpoint)
     waiters = staticmethod(_TrioWaiters)
     interruptible = staticmethod(trio.CancelScope)
