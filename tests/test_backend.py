@@ -20,16 +20,15 @@ from _loops import asyncio_only
 from _loops import run
 
 from wool_pooling._core.backend import EventLoop
-from wool_pooling._core.backend import Interruptible
-from wool_pooling._core.backend import Waiters
 from wool_pooling._core.backend import current_loop
 from wool_pooling._core.backend._asyncio import AsyncioLoop
 from wool_pooling._core.backend._asyncio import _until_waits
 from wool_pooling._core.backend._trio import TrioLoop
 
 #: What a backend must provide, beyond its class attributes (``backend``,
-#: ``current_task``, ``_running``, ``next_pass``).
-ABSTRACT = {"waiters", "interruptible", "spawn", "_call_soon"}
+#: ``current_task``, ``running``, ``next_pass``, and the ``waiters`` and
+#: ``interruptible`` factories, pinned for each backend below).
+ABSTRACT = {"spawn", "_call_soon"}
 
 
 class Native:
@@ -38,12 +37,6 @@ class Native:
 
 def backend_with_all_but(missing: str | None) -> type[EventLoop]:
     """A subclass of EventLoop defining every abstract method but ``missing``."""
-
-    def waiters(self: EventLoop) -> Waiters:
-        raise NotImplementedError
-
-    def interruptible(self: EventLoop) -> Interruptible:
-        raise NotImplementedError
 
     def spawn(
         self: EventLoop,
@@ -59,8 +52,6 @@ def backend_with_all_but(missing: str | None) -> type[EventLoop]:
         fn(*args)
 
     methods: dict[str, Any] = {
-        "waiters": waiters,
-        "interruptible": interruptible,
         "spawn": spawn,
         "_call_soon": _call_soon,
     }
@@ -72,7 +63,7 @@ def backend_with_all_but(missing: str | None) -> type[EventLoop]:
             "__slots__": (),
             "backend": "test",
             "current_task": staticmethod(lambda: None),
-            "_running": staticmethod(lambda: None),
+            "running": staticmethod(lambda: None),
             **methods,
         },
     )
@@ -97,7 +88,7 @@ def test_a_backend_missing_a_method_cannot_be_instantiated(missing: str) -> None
     native = Native()
     handle = backend_with_all_but(None)(native)
     assert repr(handle) == "<EventLoop [test]>"
-    assert not handle.is_current()  # its _running() gives None
+    assert not handle.is_current()  # its running() gives None
     called: list[int] = []
     assert handle.run_soon(called.append, 1) is True
     assert called == [1]
@@ -105,6 +96,29 @@ def test_a_backend_missing_a_method_cannot_be_instantiated(missing: str) -> None
     gc.collect()
     assert handle.run_soon(called.append, 2) is False
     assert called == [1]
+
+
+@pytest.mark.parametrize("backend", [AsyncioLoop, TrioLoop])
+def test_each_backend_defines_every_class_attribute_the_seam_declares(
+    backend: type[EventLoop],
+) -> None:
+    """What EventLoop declares as class attributes (its name, task and loop
+    look-ups, the pass, and the factories of waiters and regions), each
+    backend defines itself."""
+    declared = {
+        name
+        for name, annotation in EventLoop.__annotations__.items()
+        if str(annotation).startswith("ClassVar")
+    }
+    assert declared == {
+        "backend",
+        "current_task",
+        "running",
+        "next_pass",
+        "waiters",
+        "interruptible",
+    }
+    assert declared <= set(vars(backend))
 
 
 def test_current_loop_outside_any_loop_raises() -> None:

@@ -19,6 +19,18 @@ async def test_a_wait_after_the_wake_returns_at_once() -> None:
         await waiters.wait()
 
 
+async def test_a_wait_woken_before_it_is_withdrawn_stays_woken() -> None:
+    """Withdrawing a wait the wake reached first (its task cancelled after the
+    wake) raises nothing, and a wait after it still returns at once."""
+    waiters = current_loop().waiters()
+    waiting = waiters.wait()
+    waiters.wake()
+    waiters.withdraw(waiting)
+    with anyio.fail_after(5):
+        await waiting
+        await waiters.wait()
+
+
 async def test_wake_releases_every_waiter_and_a_cancelled_one_is_withdrawn() -> None:
     waiters = current_loop().waiters()
     woken: list[int] = []

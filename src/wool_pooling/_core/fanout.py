@@ -183,6 +183,7 @@ def _wake_space_of(ref: weakref.ref[Fanout[Any]]) -> None:
 
 @suggest_keywords
 @final
+@attrs.define(init=False, eq=False, repr=False)
 class Fanout(Generic[T]):
     """Multicast one async iterable to any number of independent consumers.
 
@@ -208,21 +209,24 @@ class Fanout(Generic[T]):
         is not an int >= 0.
     """
 
-    __slots__ = (
-        "__weakref__",
-        "_ahead",
-        "_arrival",
-        "_drop_lagging",
-        "_end",
-        "_horizon",
-        "_max_lag",
-        "_pump",
-        "_read_ahead",
-        "_registry",
-        "_source",
-        "_space",
-        "_tail",
-    )
+    _source: AsyncIterable[T]
+    #: The empty node at the log's end; its seq: items logged so far.
+    _tail: _Node
+    _registry: set[weakref.ref[FanoutConsumer[T]]]
+    _max_lag: int | None
+    _drop_lagging: bool
+    #: slowest + max_lag + 1, slowest a lower bound on every consumer's seq:
+    #: the lag check is one comparison until the log reaches it (and never
+    #: without a bound).
+    _horizon: int
+    _read_ahead: int
+    #: Pulled since the most advanced consumer waited.
+    _ahead: int
+    _end: _End | None
+    #: Waits for the next item and for room under the bound.
+    _arrival: Waiters | None
+    _space: Waiters | None
+    _pump: _Pump | None
 
     def __init__(
         self,
@@ -244,20 +248,16 @@ class Fanout(Generic[T]):
                 "on_lag='error' needs a max_lag: with max_lag=None no consumer "
                 "ever lags, so the policy could never act"
             )
-        self._source: AsyncIterable[T] = source
-        self._tail: _Node = [None, None, 0]  # its seq: items logged so far
-        self._registry: set[weakref.ref[FanoutConsumer[T]]] = set()
+        self._source = source
+        self._tail = [None, None, 0]
+        self._registry = set()
         self._max_lag = max_lag
         self._drop_lagging = on_lag == "error"
-        # slowest + max_lag + 1, slowest a lower bound on every consumer's
-        # seq: the lag check is one comparison until the log reaches it (and
-        # never without a bound).
         self._horizon = sys.maxsize if max_lag is None else max_lag + 1
         self._read_ahead = validate_read_ahead(read_ahead)
-        self._ahead = 0  # pulled since the most advanced consumer waited
-        self._end: _End | None = None
-        # Waits for the next item and for room under the bound.
-        self._arrival: Waiters | None = None
+        self._ahead = 0
+        self._end = None
+        self._arrival = None
         self._space: Waiters | None = None
         self._pump: _Pump | None = None
 
@@ -304,7 +304,7 @@ class Fanout(Generic[T]):
         arrival = self._arrival  # (a wait for room is not counted)
         return FanoutStatistics(
             consumers=len(self._registry),
-            buffered=self._buffered(),
+            buffered=self._tail[2] - self._slowest(),
             waiting=0
             if arrival is None
             else sum(consumer._busy is arrival for consumer in self._live()),
@@ -321,16 +321,14 @@ class Fanout(Generic[T]):
         :raises RuntimeError: if the source is iterated on another event
             loop (the consumers end all the same; the source closes there).
         """
-        first = not self.closed
-        if first:
+        if not self.closed:
             self._end = _CLOSED_END
             for consumer in self._live():
-                consumer.close()
-            self._wake_all()
+                consumer.close()  # which wakes its wait, if any
         source, self._source = self._source, _NO_SOURCE
         pump = self._pump
-        never_ran = pump is None or pump.task is None
-        if never_ran and first and hasattr(source, "__anext__"):
+        # Not iterated (a closed fan-out's source is _NO_SOURCE, no iterator).
+        if (pump is None or pump.task is None) and hasattr(source, "__anext__"):
             with anyio.CancelScope(shield=True):
                 await aclose_iterator(source)
         del source
@@ -352,10 +350,11 @@ class Fanout(Generic[T]):
             raise error
 
     def __repr__(self) -> str:
+        statistics = self.statistics()
         return (
             f"<Fanout [{self._end.name if self._end else 'OPEN'}, "
-            f"consumers: {len(self._registry)}, "
-            f"buffered: {self._buffered()}] of {self._source!r}>"
+            f"consumers: {statistics.consumers}, "
+            f"buffered: {statistics.buffered}] of {self._source!r}>"
         )
 
     # -- the log -----------------------------------------------------------
@@ -379,17 +378,12 @@ class Fanout(Generic[T]):
             if (consumer := reference()) is not None and consumer._node is not _ENDED
         ]
 
-    def _positions(self) -> list[int]:
-        """The seq of every registered consumer's next item."""
-        return [
-            node[2]
-            for consumer in self._live()
-            if (node := consumer._node) is not _ENDED
-        ]
-
-    def _buffered(self) -> int:
-        end = self._tail[2]
-        return end - min(self._positions(), default=end)
+    def _slowest(self) -> int:
+        """The seq of the slowest consumer's next item (the log's end if none)."""
+        return min(
+            (consumer._node[2] for consumer in self._live()),
+            default=self._tail[2],
+        )
 
     def _drop_beyond_lag(self) -> None:
         """``on_lag="error"``: trap each consumer ``max_lag`` items behind."""
@@ -399,7 +393,7 @@ class Fanout(Generic[T]):
         oldest = end - max_lag
         slowest = end
         for consumer in self._live():
-            node = consumer._node  # a finaliser may end it: never trap it then
+            node = consumer._node  # an on_skip before may have ended it
             if node is _ENDED:
                 continue
             seq = node[2]
@@ -412,15 +406,13 @@ class Fanout(Generic[T]):
                     node.covered = kept
                     node.skipped += oldest - seq
                 else:
-                    trap = _Trap(kept, oldest, oldest - seq)
-                    if consumer._node is node:
-                        consumer._node = trap
-                        on_skip = consumer._on_skip
-                        if on_skip is not None:
-                            try:
-                                on_skip(seq)
-                            except Exception:
-                                logger.exception("on_skip of %r raised", consumer)
+                    consumer._node = _Trap(kept, oldest, oldest - seq)
+                    on_skip = consumer._on_skip
+                    if on_skip is not None:
+                        try:
+                            on_skip(seq)
+                        except Exception:
+                            logger.exception("on_skip of %r raised", consumer)
                 seq = oldest
             slowest = min(slowest, seq)
         self._horizon = slowest + max_lag + 1
@@ -431,8 +423,7 @@ class Fanout(Generic[T]):
         if end + 1 < self._horizon:
             return False
         assert self._max_lag is not None
-        slowest = min(self._positions(), default=end)
-        self._horizon = slowest + self._max_lag + 1
+        self._horizon = self._slowest() + self._max_lag + 1
         return end + 1 >= self._horizon
 
     def _watch_slowest(self) -> None:
@@ -441,10 +432,8 @@ class Fanout(Generic[T]):
         slowest = self._horizon - self._max_lag - 1
         for consumer in self._live():
             node = consumer._node
-            if node is not _ENDED and node[2] == slowest and type(node) is not _Trap:
-                trap = _Trap(node, slowest)
-                if consumer._node is node:  # not ended meanwhile
-                    consumer._node = trap
+            if node[2] == slowest and type(node) is not _Trap:
+                consumer._node = _Trap(node, slowest)
 
     # -- waking --------------------------------------------------------------
 
@@ -463,10 +452,6 @@ class Fanout(Generic[T]):
         if space is not None:
             self._space = None
             space.wake()
-
-    def _wake_all(self) -> None:
-        self._wake_arrival()
-        self._wake_space()
 
     def _release(self, pump: _Pump) -> None:
         """Wake the waiting consumers, or hold the wake under a watch."""
@@ -549,7 +534,8 @@ class Fanout(Generic[T]):
                 )
             else:
                 self._end = _End("FAILED", error, error.__traceback__)
-            self._wake_all()
+            self._wake_arrival()
+            self._wake_space()
 
 
 def _watch(pump: _Pump, ref: weakref.ref[Fanout[Any]]) -> None:
@@ -606,11 +592,10 @@ async def _iterate(ref: weakref.ref[Fanout[Any]], pump: _Pump) -> None:
                     return
                 if fanout._reads_ahead(pump):
                     fanout._release(pump)
-                    classify = pump.deferred and not pump.watching
-                    if classify and not suspends:  # a watch costs less then
-                        _watch(pump, ref)
-                        classify = False
+                    if not suspends and pump.deferred and not pump.watching:
+                        _watch(pump, ref)  # a watch costs less then
                         suspends = True  # classify again at the next hold
+                    classify = pump.deferred and not pump.watching
                     break
                 classify = False
                 fanout._wake_arrival()
@@ -700,6 +685,7 @@ _ENDED_STATE._end = _CLOSED_END
 
 
 @final
+@attrs.define(eq=False, repr=False)
 class FanoutConsumer(Generic[T]):
     """One consumer of a :class:`Fanout`, made by :meth:`Fanout.consumer`.
 
@@ -708,18 +694,13 @@ class FanoutConsumer(Generic[T]):
     (or dropping it) frees what it held. See :ref:`fanout`.
     """
 
-    __slots__ = ("__weakref__", "_busy", "_node", "_on_skip", "_state")
-
-    def __init__(
-        self,
-        state: Fanout[T],
-        node: _Node,
-        on_skip: Callable[[int], object] | None = None,
-    ) -> None:
-        self._state: Fanout[Any] = state  # once ended, a closed stand-in
-        self._node: _Node = node  # the next to read, or a trap over it
-        self._busy: Waiters | None = None  # what its waiting task waits in
-        self._on_skip = on_skip
+    #: Its fan-out; once ended, a closed stand-in.
+    _state: Fanout[T]
+    #: The next node to read, or a trap over it.
+    _node: _Node
+    _on_skip: Callable[[int], object] | None = None
+    #: What its waiting task waits in.
+    _busy: Waiters | None = attrs.field(default=None, init=False)
 
     def __aiter__(self) -> FanoutConsumer[T]:
         return self
@@ -851,7 +832,7 @@ class FanoutConsumer(Generic[T]):
             state._registry.discard(weakref.ref(self))
             state._wake_space()
             if self._busy is not None:
-                state._wake_all()  # let its wait see the end
+                state._wake_arrival()  # let its wait see the end
 
     async def aclose(self) -> None:
         """Like :meth:`close`, with a checkpoint."""

@@ -31,11 +31,6 @@ __all__ = [
     "suggest_keywords",
 ]
 
-_KEYWORD_KINDS = (
-    inspect.Parameter.POSITIONAL_OR_KEYWORD,
-    inspect.Parameter.KEYWORD_ONLY,
-)
-
 
 def signature_of(function: Callable[..., Any]) -> inspect.Signature | None:
     """``inspect.signature(function)``, or ``None`` when it cannot be read."""
@@ -63,7 +58,12 @@ class BindingMemo(weakref.WeakKeyDictionary[Any, set[Shape]]):
 
 
 def _keywords(parameters: Mapping[str, inspect.Parameter]) -> list[str]:
-    return [name for name, each in parameters.items() if each.kind in _KEYWORD_KINDS]
+    """The names of ``parameters`` a call can pass by keyword."""
+    return [
+        name
+        for name, each in parameters.items()
+        if each.kind in (each.POSITIONAL_OR_KEYWORD, each.KEYWORD_ONLY)
+    ]
 
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import sys
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 from ._asyncio import AsyncioLoop
@@ -27,19 +26,17 @@ def current_loop() -> EventLoop:
 
     :raises RuntimeError: if no asyncio loop or trio run is active here.
     """
-    make: Callable[[Any], EventLoop] = AsyncioLoop
+    make: type[EventLoop] = AsyncioLoop
     key: Any
     try:
         key = asyncio.get_running_loop()
     except RuntimeError:
         if sys.modules.get("trio") is None:
             raise RuntimeError(_NO_LOOP) from None
-        from trio.lowlevel import current_trio_token
-
         from ._trio import TrioLoop
 
         try:
-            key, make = current_trio_token(), TrioLoop
+            key, make = TrioLoop.running(), TrioLoop
         except RuntimeError:
             raise RuntimeError(_NO_LOOP) from None
     handle = _handles.get(key)

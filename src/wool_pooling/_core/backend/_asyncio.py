@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import types
 from collections.abc import Awaitable
 from collections.abc import Callable
@@ -16,8 +15,6 @@ import attrs
 
 from ._base import AsyncFn
 from ._base import EventLoop
-from ._base import Interruptible
-from ._base import Waiters
 from ._base import guarded
 from ._base import ready
 
@@ -29,38 +26,6 @@ _running: set[asyncio.Task[Any]] = set()
 def _next_pass() -> Generator[None]:
     """End the task's step; the loop runs it again at its next pass."""
     yield
-
-
-@final
-class AsyncioLoop(EventLoop):
-    """:class:`EventLoop` for an asyncio loop."""
-
-    __slots__ = ()
-    backend = "asyncio"
-    current_task = staticmethod(asyncio.current_task)
-    _running = staticmethod(asyncio.get_running_loop)
-    next_pass = staticmethod(_next_pass)
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(loop)
-        # A task's step costs more than classifying yields, but on uvloop.
-        if isinstance(loop, asyncio.BaseEventLoop):
-            self.until_waits = _until_waits
-
-    def waiters(self) -> Waiters:
-        return _FutureWaiters(asyncio.get_running_loop())
-
-    def interruptible(self) -> Interruptible:
-        return _TaskInterruptible()
-
-    def spawn(self, fn: AsyncFn, *args: Any, context: Context | None = None) -> None:
-        task = asyncio.create_task(guarded(fn, *args), context=context)
-        if not task.done():
-            _running.add(task)
-            task.add_done_callback(_running.discard)
-
-    def _call_soon(self, native: Any, fn: Callable[..., object], *args: Any) -> None:
-        native.call_soon_threadsafe(fn, *args)
 
 
 @types.coroutine
@@ -96,8 +61,8 @@ class _FutureWaiters:
 
     __slots__ = ("_futures", "_loop", "_woken")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self._futures: list[asyncio.Future[None]] = []
         self._woken = False
 
@@ -109,7 +74,7 @@ class _FutureWaiters:
         return future
 
     def withdraw(self, waiting: Awaitable[None]) -> None:
-        with contextlib.suppress(ValueError):  # woken meanwhile
+        if not self._woken:  # woken, it is out of the list already
             self._futures.remove(waiting)  # pyright: ignore[reportArgumentType]
 
     def wake(self) -> None:
@@ -138,12 +103,37 @@ class _TaskInterruptible:
         if not self._interrupted or task is None:
             return False
         # One cancel() was ours; one still counted came from elsewhere.
-        if task.uncancel() > 0:
-            return False
-        return isinstance(exc_info[1], asyncio.CancelledError)
+        return task.uncancel() == 0 and isinstance(exc_info[1], asyncio.CancelledError)
 
     def cancel(self) -> None:
         if self._interrupted or self._task is None:
             return
         self._interrupted = True
         self._task.cancel()
+
+
+@final
+class AsyncioLoop(EventLoop):
+    """:class:`EventLoop` for an asyncio loop."""
+
+    __slots__ = ()
+    backend = "asyncio"
+    current_task = staticmethod(asyncio.current_task)
+    running = staticmethod(asyncio.get_running_loop)
+    next_pass = staticmethod(_next_pass)
+    waiters = staticmethod(_FutureWaiters)
+    interruptible = staticmethod(_TaskInterruptible)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        # A task's step costs more than classifying yields, but on uvloop.
+        if isinstance(loop, asyncio.BaseEventLoop):
+            self.until_waits = _until_waits
+
+    def spawn(self, fn: AsyncFn, *args: Any, context: Context | None = None) -> None:
+        task = asyncio.create_task(guarded(fn, *args), context=context)
+        _running.add(task)
+        task.add_done_callback(_running.discard)
+
+    def _call_soon(self, native: Any, fn: Callable[..., object], *args: Any) -> None:
+        native.call_soon_threadsafe(fn, *args)

@@ -9,6 +9,7 @@ from abc import ABC
 from abc import abstractmethod
 from collections.abc import Awaitable
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from contextvars import Context
 from typing import Any
 from typing import ClassVar
@@ -36,13 +37,9 @@ class Waiters(Protocol):
         """Wake every task waiting, now and later."""
 
 
-class Interruptible(Protocol):
+class Interruptible(AbstractContextManager[object, bool | None], Protocol):
     """A region of one task that another can :meth:`cancel` once; the region
     takes that cancellation back and lets others through."""
-
-    def __enter__(self) -> object: ...
-
-    def __exit__(self, *exc_info: Any, **kwargs: Any) -> bool | None: ...
 
     def cancel(self) -> None: ...
 
@@ -59,9 +56,13 @@ class EventLoop(ABC):
     #: The calling task.
     current_task: ClassVar[staticmethod[[], object]]
     #: The running asyncio loop or trio token; raises :exc:`RuntimeError` if none.
-    _running: ClassVar[staticmethod[[], object]]
+    running: ClassVar[staticmethod[[], object]]
     #: What a task awaits to let every task ready to run have its step first.
     next_pass: ClassVar[staticmethod[[], Awaitable[None]]]
+    #: A new, empty set of waiters, made in a task or callback of the loop.
+    waiters: ClassVar[staticmethod[[], Waiters]]
+    #: A new region that :meth:`Interruptible.cancel` can cut short.
+    interruptible: ClassVar[staticmethod[[], Interruptible]]
     #: What the pump awaits a pull through, calling ``on_wait()`` once it may
     #: wait long; ``None`` where that costs more than a step (uvloop, trio).
     until_waits: (
@@ -70,14 +71,14 @@ class EventLoop(ABC):
     )
 
     def __init__(self, native: object) -> None:
-        self._native: weakref.ref[Any] = weakref.ref(native)  # what _running gives
+        self._native: weakref.ref[Any] = weakref.ref(native)  # what running gives
         self.thread = threading.get_ident()
         self.until_waits = None
 
     def is_current(self) -> bool:
         """Whether this is the loop running in the calling thread."""
         try:
-            return self._running() is self._native()
+            return self.running() is self._native()
         except RuntimeError:
             return False
 
@@ -92,14 +93,6 @@ class EventLoop(ABC):
     def in_own_thread(self) -> bool:
         """Whether the caller runs in the loop's thread."""
         return threading.get_ident() == self.thread
-
-    @abstractmethod
-    def waiters(self) -> Waiters:
-        """A new, empty set of waiters, from a task or callback of the loop."""
-
-    @abstractmethod
-    def interruptible(self) -> Interruptible:
-        """A new region that :meth:`Interruptible.cancel` can cut short."""
 
     @abstractmethod
     def spawn(self, fn: AsyncFn, *args: Any, context: Context | None = None) -> None:

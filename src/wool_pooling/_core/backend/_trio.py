@@ -14,34 +14,7 @@ import trio
 
 from ._base import AsyncFn
 from ._base import EventLoop
-from ._base import Interruptible
-from ._base import Waiters
 from ._base import guarded
-
-
-@final
-class TrioLoop(EventLoop):
-    """:class:`EventLoop` for a trio run."""
-
-    __slots__ = ()
-    backend = "trio"
-    current_task = staticmethod(trio.lowlevel.current_task)
-    _running = staticmethod(trio.lowlevel.current_trio_token)
-    next_pass = staticmethod(trio.lowlevel.checkpoint)
-
-    def waiters(self) -> Waiters:
-        return _TrioWaiters()
-
-    def interruptible(self) -> Interruptible:
-        return trio.CancelScope()
-
-    def spawn(self, fn: AsyncFn, *args: Any, context: Context | None = None) -> None:
-        if context is None:
-            context = copy_context()
-        trio.lowlevel.spawn_system_task(guarded, fn, *args, context=context)
-
-    def _call_soon(self, native: Any, fn: Callable[..., object], *args: Any) -> None:
-        native.run_sync_soon(fn, *args)
 
 
 @final
@@ -59,3 +32,24 @@ class _TrioWaiters:
 
     def wake(self) -> None:
         self._event.set()
+
+
+@final
+class TrioLoop(EventLoop):
+    """:class:`EventLoop` for a trio run."""
+
+    __slots__ = ()
+    backend = "trio"
+    current_task = staticmethod(trio.lowlevel.current_task)
+    running = staticmethod(trio.lowlevel.current_trio_token)
+    next_pass = staticmethod(trio.lowlevel.checkpoint)
+    waiters = staticmethod(_TrioWaiters)
+    interruptible = staticmethod(trio.CancelScope)
+
+    def spawn(self, fn: AsyncFn, *args: Any, context: Context | None = None) -> None:
+        if context is None:
+            context = copy_context()
+        trio.lowlevel.spawn_system_task(guarded, fn, *args, context=context)
+
+    def _call_soon(self, native: Any, fn: Callable[..., object], *args: Any) -> None:
+        native.run_sync_soon(fn, *args)
