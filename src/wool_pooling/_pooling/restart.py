@@ -37,7 +37,7 @@ T = TypeVar("T")
 restart_logger = logging.getLogger("wool_pooling.restart")
 
 
-def _number(value: object, low: float, high: float) -> bool:
+def between(value: object, low: float, high: float) -> bool:
     """A number (an int or float, not a bool) with ``low <= value <= high``."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return False
@@ -88,14 +88,14 @@ class RestartPolicy:
             (
                 "attempts",
                 attempts is None
-                or (_number(attempts, 1, big) and not isinstance(attempts, float)),
+                or (between(attempts, 1, big) and not isinstance(attempts, float)),
                 "None or an int >= 1",
             ),
-            ("backoff", _number(self.backoff, 0, big), "a finite number >= 0"),
-            ("max_backoff", _number(self.max_backoff, 0, big), "a finite number >= 0"),
-            ("settle", _number(self.settle, 0, big), "a finite number >= 0"),
-            ("multiplier", _number(self.multiplier, 1, big), "a finite number >= 1"),
-            ("jitter", _number(self.jitter, 0, 1), "a number in [0, 1]"),
+            ("backoff", between(self.backoff, 0, big), "a finite number >= 0"),
+            ("max_backoff", between(self.max_backoff, 0, big), "a finite number >= 0"),
+            ("settle", between(self.settle, 0, big), "a finite number >= 0"),
+            ("multiplier", between(self.multiplier, 1, big), "a finite number >= 1"),
+            ("jitter", between(self.jitter, 0, 1), "a number in [0, 1]"),
             (
                 "restart_on_end",
                 isinstance(self.restart_on_end, bool),  # pyright: ignore[reportUnnecessaryIsInstance]
