@@ -163,8 +163,7 @@ class SharedDiscovery:
 
         :param filter: Whether a worker appears in this stream; ``None``: all.
         """
-        portable = self._portable
-        upstream = Upstream(portable, portable.options)
+        upstream = Upstream(self._portable)
         return upstream if filter is None else afilter(filter, upstream)
 
     def workers(

@@ -30,7 +30,6 @@ from ..view import WorkerView
 from ..view import shared_subscription
 from ..workers import WorkerMap
 from .portable import BY_CONSTRUCTOR
-from .portable import Options
 from .portable import Portable
 
 logger = logging.getLogger("wool_pooling")
@@ -47,7 +46,7 @@ LISTING_QUIET = RESCAN_SETTLE
 BUFFER = 64
 
 
-def _key(cls: type, portable: Portable, options: Options) -> object:
+def _key(cls: type, portable: Portable) -> object:
     return portable.key
 
 
@@ -80,9 +79,9 @@ class Upstream:
     the iteration, a fresh scan's is logged. See docs/wool.rst.
     """
 
-    def __init__(self, portable: Portable, options: Options) -> None:
+    def __init__(self, portable: Portable) -> None:
         self.inner: Any = portable.discovery
-        self.options = options
+        self.options = portable.options
         self.send: MemoryObjectSendStream[Any] | None = None  # while iterating
         self.readers: set[_Reader] = set()
         self.pending = False  # a reader has not started its scan yet
