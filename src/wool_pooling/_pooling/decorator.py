@@ -4,8 +4,8 @@ subscription, keyed by its arguments or its key function."""
 from __future__ import annotations
 
 import inspect
+import math
 import reprlib
-import sys
 from collections.abc import AsyncIterable
 from collections.abc import Callable
 from collections.abc import Hashable
@@ -24,7 +24,6 @@ from .pool import CONFIG_ATTRIBUTE
 from .pool import KeyFunction
 from .pool import SubscriptionConfig
 from .restart import RestartPolicy
-from .restart import between
 from .subscription import SharedSubscription
 from .view import ViewFactory
 
@@ -90,12 +89,14 @@ def shared_subscription(
     :raises TypeError: at decoration, if given something other than a class
         with ``__aiter__``, if ``key`` or ``view`` is not callable, or if no
         call of the class could be passed to ``key``.
-    :raises ValueError: if ``ttl`` is not a finite number >= 0, ``max_lag``
+    :raises ValueError: if ``ttl`` is negative or not finite, ``max_lag``
         is not ``None`` or an int >= 1, or ``read_ahead`` is not an int >= 0.
     """
     if key is not None and not callable(key):
         raise TypeError(f"shared_subscription key must be callable, got {key!r}")
-    if not between(ttl, 0, sys.float_info.max):
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise TypeError(f"shared_subscription ttl must be a number, got {ttl!r}")
+    if not math.isfinite(ttl) or ttl < 0:
         raise ValueError(
             f"shared_subscription ttl must be a finite number >= 0, got {ttl!r}"
         )

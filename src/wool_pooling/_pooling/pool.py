@@ -104,27 +104,26 @@ def transition(
 
     :raises IllegalTransition: for an event that cannot happen in ``state``.
     """
-    state_, event_ = EntryState, EntryEvent
-    if event is event_.JOINED:
-        if consumers and (state is state_.ACTIVE or state is state_.IDLE):
-            return state_.ACTIVE
-    elif state is state_.IDLE and consumers:
+    if event is EntryEvent.JOINED:
+        if consumers and (state is EntryState.ACTIVE or state is EntryState.IDLE):
+            return EntryState.ACTIVE
+    elif state is EntryState.IDLE and consumers:
         pass  # an idle entry has no consumer: only a join adds one
-    elif event is event_.POOL_CLOSED and state is not state_.CLOSED:
-        return state_.CLOSING
-    elif event is event_.LEFT:
-        if consumers or state is state_.IDLE or state is state_.CLOSING:
+    elif event is EntryEvent.POOL_CLOSED and state is not EntryState.CLOSED:
+        return EntryState.CLOSING
+    elif event is EntryEvent.LEFT:
+        if consumers or state is EntryState.IDLE or state is EntryState.CLOSING:
             return state
-        if state is state_.ACTIVE:
-            return state_.IDLE if ttl > 0 else state_.CLOSING
-        return state_.CLOSING if state is state_.ENDED else state
-    elif event is event_.SOURCE_ENDED and state is state_.ACTIVE:
-        return state_.ENDED if consumers else state_.CLOSING
-    elif event is event_.SOURCE_ENDED or event is event_.EXPIRED:
-        if state is state_.IDLE:
-            return state_.CLOSING
-    elif event is event_.CLOSED and state is state_.CLOSING:
-        return state_.CLOSED
+        if state is EntryState.ACTIVE:
+            return EntryState.IDLE if ttl > 0 else EntryState.CLOSING
+        return EntryState.CLOSING if state is EntryState.ENDED else state
+    elif event is EntryEvent.SOURCE_ENDED and state is EntryState.ACTIVE:
+        return EntryState.ENDED if consumers else EntryState.CLOSING
+    elif event is EntryEvent.SOURCE_ENDED or event is EntryEvent.EXPIRED:
+        if state is EntryState.IDLE:
+            return EntryState.CLOSING
+    elif event is EntryEvent.CLOSED and state is EntryState.CLOSING:
+        return EntryState.CLOSED
     raise IllegalTransition(
         f"a pool entry {state.name} cannot take {event.name} "
         f"(consumers: {consumers}, ttl: {ttl})"

@@ -37,7 +37,7 @@ T = TypeVar("T")
 restart_logger = logging.getLogger("wool_pooling.restart")
 
 
-def between(value: object, low: float, high: float) -> bool:
+def _number(value: object, low: float, high: float) -> bool:
     """A number (an int or float, not a bool) with ``low <= value <= high``."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return False
@@ -59,12 +59,12 @@ _BIG = sys.float_info.max
 _ATTEMPTS = _rule(
     "None or an int >= 1",
     lambda value: (
-        value is None or (between(value, 1, _BIG) and not isinstance(value, float))
+        value is None or (_number(value, 1, _BIG) and not isinstance(value, float))
     ),
 )
-_FINITE = _rule("a finite number >= 0", lambda value: between(value, 0, _BIG))
-_GROWTH = _rule("a finite number >= 1", lambda value: between(value, 1, _BIG))
-_FRACTION = _rule("a number in [0, 1]", lambda value: between(value, 0, 1))
+_FINITE = _rule("a finite number >= 0", lambda value: _number(value, 0, _BIG))
+_GROWTH = _rule("a finite number >= 1", lambda value: _number(value, 1, _BIG))
+_FRACTION = _rule("a number in [0, 1]", lambda value: _number(value, 0, 1))
 _FLAG = _rule("a bool (True or False)", lambda value: isinstance(value, bool))
 
 

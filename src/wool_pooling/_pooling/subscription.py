@@ -4,7 +4,6 @@ and how its raw, unpooled instance is built."""
 from __future__ import annotations
 
 import contextlib
-import types
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -113,7 +112,7 @@ class SharedSubscription(Generic[T_co]):
             view = self.view()
         except RuntimeError:  # no event loop runs here
             view = None
-        return types.MappingProxyType({}) if view is None else view.snapshot()
+        return (View[Any]() if view is None else view).snapshot()
 
     async def wait_synced(self) -> None:
         """Wait until the shared view holds the source's whole first listing,
