@@ -96,12 +96,11 @@ class WorkerView(WorkerMap, View[Any]):
             reported.discard(uid)
         else:
             reported.add(uid)
+        # What applying it passes on, then taken in as any item is.
         before = self.workers.get(uid)
-        passed = self.apply(item)
-        if passed is not None:  # taken in as record() takes an item
-            self.count += 1
-            if self._undo is not None:
-                self._undo.append((uid, before))
+        passed = WorkerMap({} if before is None else {uid: before}).apply(item)
+        if passed is not None:
+            self.record(passed)
         return passed
 
     def settled(self) -> Iterator[DiscoveryEvent]:
