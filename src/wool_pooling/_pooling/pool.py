@@ -148,12 +148,11 @@ def current_pool() -> SubscriptionPool:
     :raises RuntimeError: if no pool is current and no event loop is running.
     """
     pool = _current.get()
-    if pool is not None:
-        return pool
-    loop = current_loop()
-    pool = _default_pools.get(loop)
     if pool is None:
-        pool = _default_pools[loop] = SubscriptionPool()
+        loop = current_loop()
+        pool = _default_pools.get(loop)
+        if pool is None:
+            pool = _default_pools[loop] = SubscriptionPool()
     return pool
 
 

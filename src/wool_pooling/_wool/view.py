@@ -149,8 +149,6 @@ else:
     _checked = suggest_keywords(decorator.shared_subscription)
 
     @functools.wraps(decorator.shared_subscription)
-    def shared_subscription(cls=None, /, **options):
+    def shared_subscription(cls=None, /, *, view=None, **options):
         # The public decorator: the worker view unless told otherwise.
-        if options.get("view") is None:
-            options["view"] = WorkerView
-        return _checked(cls, **options)
+        return _checked(cls, view=WorkerView if view is None else view, **options)
