@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import enum
 import inspect
-import logging
 import weakref
 from collections.abc import Callable
 from collections.abc import Hashable
@@ -23,6 +22,7 @@ from .._core.backend import EventLoop
 from .._core.backend import current_loop
 from .._core.fanout import Fanout
 from .._core.fanout import FanoutConsumer
+from .._core.fanout import logger
 from .restart import RestartingSource
 from .restart import RestartPolicy
 from .view import View
@@ -35,8 +35,6 @@ __all__ = [
     "SubscriptionStatistics",
     "current_pool",
 ]
-
-logger = logging.getLogger("wool_pooling")
 
 #: An entry's key: the decorated class and the subscription key.
 Key = tuple[type, Hashable]

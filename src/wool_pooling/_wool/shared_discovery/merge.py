@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import logging
 import math
 from collections.abc import AsyncGenerator
 from collections.abc import AsyncIterator
@@ -23,6 +22,7 @@ from wool import DiscoveryEvent
 from wool.runtime.discovery import __subscriber_pool__
 
 from ..._core.backend import current_loop
+from ..._core.fanout import logger
 from ..._core.iterators import aclose_iterator
 from ..._core.synced import Synced
 from ..._pooling.subscription import SubscriptionConsumer
@@ -31,8 +31,6 @@ from ..view import shared_subscription
 from ..workers import WorkerMap
 from .portable import BY_CONSTRUCTOR
 from .portable import Portable
-
-logger = logging.getLogger("wool_pooling")
 
 #: Seconds a joiner's fresh scan stays open after it started or last changed
 #: the known workers.
