@@ -31,9 +31,10 @@ Recipe = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 @attrs.define(eq=False, repr=False)
 class Portable:
     """The one record of a ``SharedDiscovery``'s arguments, read by its
-    pickling and upstream :attr:`key` (its equality and hash too). Its discovery travels
-    by a ``recipe`` (wool's), by its own reduction, or as ``shipped``, the
-    subscriber it returned, pickled, arriving as a :class:`SubscriberOnly`.
+    pickling, and its equality, hash and upstream through :attr:`key`. Its
+    discovery travels by a ``recipe`` (wool's), by its own reduction, or as
+    ``shipped``, the subscriber it returned, pickled, arriving as a
+    :class:`SubscriberOnly`.
     """
 
     discovery: Any
