@@ -108,10 +108,9 @@ class SharedSubscription(Generic[T_co]):
         here), and for a view that holds no workers. Starts nothing; see
         :ref:`synced`.
         """
-        try:
+        view = None
+        with contextlib.suppress(RuntimeError):  # no event loop runs here
             view = self.view()
-        except RuntimeError:  # no event loop runs here
-            view = None
         return (View[Any]() if view is None else view).snapshot()
 
     async def wait_synced(self) -> None:

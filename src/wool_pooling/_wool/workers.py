@@ -38,10 +38,12 @@ class WorkerMap:
         uid = metadata.uid
         workers = self.workers
         if event.type == "worker-dropped":
-            if workers.get(uid) is not metadata:
-                return self.drop(uid)  # with the metadata known
-            del workers[uid]
-            return event
+            before = workers.pop(uid, None)
+            if before is None:
+                return None
+            if metadata is before:
+                return event
+            return DiscoveryEvent("worker-dropped", metadata=before)
         before = workers.get(uid)
         if before is None:
             workers[uid] = metadata
