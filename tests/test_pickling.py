@@ -491,7 +491,8 @@ def test_a_discovery_without_reduce_travels_as_its_subscriber() -> None:
         assert first == second
         assert hash(first) == hash(second)
         assert first != shared.subscriber  # a different process's key
-        (portable, options), _ = first.args, first.kwargs
+        (portable,), _ = first.args, first.kwargs
+        options = portable.options
         assert options == (("poll_interval", 0.5),)
         # What the upstream iterates is a copy of the subscriber.
         copied = portable.discovery.subscribe(**dict(options))

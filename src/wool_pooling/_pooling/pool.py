@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import enum
 import inspect
-import logging
 import weakref
 from collections.abc import Callable
 from collections.abc import Hashable
@@ -23,6 +22,7 @@ from .._core.backend import EventLoop
 from .._core.backend import current_loop
 from .._core.fanout import Fanout
 from .._core.fanout import FanoutConsumer
+from .._core.fanout import logger
 from .restart import RestartingSource
 from .restart import RestartPolicy
 from .view import View
@@ -35,8 +35,6 @@ __all__ = [
     "SubscriptionStatistics",
     "current_pool",
 ]
-
-logger = logging.getLogger("wool_pooling")
 
 #: An entry's key: the decorated class and the subscription key.
 Key = tuple[type, Hashable]
@@ -104,27 +102,26 @@ def transition(
 
     :raises IllegalTransition: for an event that cannot happen in ``state``.
     """
-    state_, event_ = EntryState, EntryEvent
-    if event is event_.JOINED:
-        if consumers and (state is state_.ACTIVE or state is state_.IDLE):
-            return state_.ACTIVE
-    elif state is state_.IDLE and consumers:
+    if event is EntryEvent.JOINED:
+        if consumers and (state is EntryState.ACTIVE or state is EntryState.IDLE):
+            return EntryState.ACTIVE
+    elif state is EntryState.IDLE and consumers:
         pass  # an idle entry has no consumer: only a join adds one
-    elif event is event_.POOL_CLOSED and state is not state_.CLOSED:
-        return state_.CLOSING
-    elif event is event_.LEFT:
-        if consumers or state is state_.IDLE or state is state_.CLOSING:
+    elif event is EntryEvent.POOL_CLOSED and state is not EntryState.CLOSED:
+        return EntryState.CLOSING
+    elif event is EntryEvent.LEFT:
+        if consumers or state is EntryState.IDLE or state is EntryState.CLOSING:
             return state
-        if state is state_.ACTIVE:
-            return state_.IDLE if ttl > 0 else state_.CLOSING
-        return state_.CLOSING if state is state_.ENDED else state
-    elif event is event_.SOURCE_ENDED and state is state_.ACTIVE:
-        return state_.ENDED if consumers else state_.CLOSING
-    elif event is event_.SOURCE_ENDED or event is event_.EXPIRED:
-        if state is state_.IDLE:
-            return state_.CLOSING
-    elif event is event_.CLOSED and state is state_.CLOSING:
-        return state_.CLOSED
+        if state is EntryState.ACTIVE:
+            return EntryState.IDLE if ttl > 0 else EntryState.CLOSING
+        return EntryState.CLOSING if state is EntryState.ENDED else state
+    elif event is EntryEvent.SOURCE_ENDED and state is EntryState.ACTIVE:
+        return EntryState.ENDED if consumers else EntryState.CLOSING
+    elif event is EntryEvent.SOURCE_ENDED or event is EntryEvent.EXPIRED:
+        if state is EntryState.IDLE:
+            return EntryState.CLOSING
+    elif event is EntryEvent.CLOSED and state is EntryState.CLOSING:
+        return EntryState.CLOSED
     raise IllegalTransition(
         f"a pool entry {state.name} cannot take {event.name} "
         f"(consumers: {consumers}, ttl: {ttl})"
@@ -149,12 +146,11 @@ def current_pool() -> SubscriptionPool:
     :raises RuntimeError: if no pool is current and no event loop is running.
     """
     pool = _current.get()
-    if pool is not None:
-        return pool
-    loop = current_loop()
-    pool = _default_pools.get(loop)
     if pool is None:
-        pool = _default_pools[loop] = SubscriptionPool()
+        loop = current_loop()
+        pool = _default_pools.get(loop)
+        if pool is None:
+            pool = _default_pools[loop] = SubscriptionPool()
     return pool
 
 
@@ -426,17 +422,6 @@ class Entry:
             f"<Entry [{self.state.name}, consumers: {self.refs}] of "
             f"{cls.__qualname__}, key={key!r}>"
         )
-
-
-def find_entry(pool: SubscriptionPool, key: Key) -> Entry | None:
-    """The entry of ``key`` in ``pool`` consumers join, else the newest whose
-    source ended while consumers remain; ``None`` without one."""
-    entry = pool._entries.get(key)
-    if entry is None:
-        for each in reversed(pool._live):
-            if each.key == key and each.state is EntryState.ENDED:
-                return each
-    return entry
 
 
 def attach(

@@ -44,6 +44,30 @@ def _number(value: object, low: float, high: float) -> bool:
     return low <= value <= high
 
 
+def _rule(rule: str, valid: Callable[[Any], bool]) -> Any:
+    """An attrs validator raising ``ValueError`` (naming the field and
+    ``rule``) for a value that is not ``valid``."""
+
+    def check(instance: object, field: attrs.Attribute[Any], value: object) -> None:
+        if not valid(value):
+            raise ValueError(f"{field.name} must be {rule}, got {value!r}")
+
+    return check
+
+
+_BIG = sys.float_info.max
+_ATTEMPTS = _rule(
+    "None or an int >= 1",
+    lambda value: (
+        value is None or (_number(value, 1, _BIG) and not isinstance(value, float))
+    ),
+)
+_FINITE = _rule("a finite number >= 0", lambda value: _number(value, 0, _BIG))
+_GROWTH = _rule("a finite number >= 1", lambda value: _number(value, 1, _BIG))
+_FRACTION = _rule("a number in [0, 1]", lambda value: _number(value, 0, 1))
+_FLAG = _rule("a bool (True or False)", lambda value: isinstance(value, bool))
+
+
 @suggest_keywords
 @attrs.frozen
 class RestartPolicy:
@@ -67,43 +91,19 @@ class RestartPolicy:
     """
 
     #: Consecutive restarts allowed; ``None`` for no limit.
-    attempts: int | None = 5
+    attempts: int | None = attrs.field(default=5, validator=_ATTEMPTS)
     #: Delay before the first restart, in seconds.
-    backoff: float = 0.1
+    backoff: float = attrs.field(default=0.1, validator=_FINITE)
     #: Growth of the delay from one attempt to the next.
-    multiplier: float = 2.0
+    multiplier: float = attrs.field(default=2.0, validator=_GROWTH)
     #: Cap on the delay, in seconds.
-    max_backoff: float = 10.0
+    max_backoff: float = attrs.field(default=10.0, validator=_FINITE)
     #: Relative randomisation of each delay.
-    jitter: float = 0.1
+    jitter: float = attrs.field(default=0.1, validator=_FRACTION)
     #: Seconds the new stream has to relist what it knows.
-    settle: float = 1.0
+    settle: float = attrs.field(default=1.0, validator=_FINITE)
     #: Also restart when the stream ends normally.
-    restart_on_end: bool = False
-
-    def __attrs_post_init__(self) -> None:
-        big = sys.float_info.max
-        attempts: object = self.attempts
-        for name, valid, rule in (
-            (
-                "attempts",
-                attempts is None
-                or (_number(attempts, 1, big) and not isinstance(attempts, float)),
-                "None or an int >= 1",
-            ),
-            ("backoff", _number(self.backoff, 0, big), "a finite number >= 0"),
-            ("max_backoff", _number(self.max_backoff, 0, big), "a finite number >= 0"),
-            ("settle", _number(self.settle, 0, big), "a finite number >= 0"),
-            ("multiplier", _number(self.multiplier, 1, big), "a finite number >= 1"),
-            ("jitter", _number(self.jitter, 0, 1), "a number in [0, 1]"),
-            (
-                "restart_on_end",
-                isinstance(self.restart_on_end, bool),  # pyright: ignore[reportUnnecessaryIsInstance]
-                "a bool (True or False)",
-            ),
-        ):
-            if not valid:
-                raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
+    restart_on_end: bool = attrs.field(default=False, validator=_FLAG)
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait before restart number ``attempt`` (from 1)."""

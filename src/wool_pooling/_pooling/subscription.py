@@ -4,7 +4,6 @@ and how its raw, unpooled instance is built."""
 from __future__ import annotations
 
 import contextlib
-import types
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -24,12 +23,12 @@ from .._core.fanout import FanoutConsumer
 from .._core.fanout import Lagged
 from .pool import CONFIG_ATTRIBUTE
 from .pool import Entry
+from .pool import EntryState
 from .pool import SubscriptionConfig
 from .pool import SubscriptionPool
 from .pool import SubscriptionStatistics
 from .pool import attach
 from .pool import current_pool
-from .pool import find_entry
 from .restart import RestartPolicy
 from .view import View
 
@@ -109,11 +108,10 @@ class SharedSubscription(Generic[T_co]):
         here), and for a view that holds no workers. Starts nothing; see
         :ref:`synced`.
         """
-        try:
+        view = None
+        with contextlib.suppress(RuntimeError):  # no event loop runs here
             view = self.view()
-        except RuntimeError:  # no event loop runs here
-            view = None
-        return types.MappingProxyType({}) if view is None else view.snapshot()
+        return (View[Any]() if view is None else view).snapshot()
 
     async def wait_synced(self) -> None:
         """Wait until the shared view holds the source's whole first listing,
@@ -161,8 +159,13 @@ class SharedSubscription(Generic[T_co]):
         :raises RuntimeError: if ``pool`` is omitted and no pool is current
             and no event loop is running.
         """
-        entry = find_entry(pool or current_pool(), (self._cls, self._key))
-        if entry is None:
+        pool = pool or current_pool()
+        key = (self._cls, self._key)
+        entry = pool._entries.get(key)
+        if entry is None:  # the newest whose source ended, if any
+            for each in reversed(pool._live):
+                if each.key == key and each.state is EntryState.ENDED:
+                    return each.statistics()
             return SubscriptionStatistics()
         return entry.statistics()
 
@@ -184,17 +187,14 @@ class SharedSubscription(Generic[T_co]):
         return f"SharedSubscription({self._cls.__qualname__}, key={self._key!r})"
 
     def _build_raw(self) -> Any:
-        return build_raw(self._cls, self._args, self._kwargs)
-
-
-def build_raw(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Build what ``cls(*args, **kwargs)`` would be without pooling (this
-    library's or wool's)."""
-    new = _unpooled_new(cls)
-    instance: object = new(cls) if new is object.__new__ else new(cls, *args, **kwargs)
-    if isinstance(instance, cls):
-        cls.__init__(instance, *args, **kwargs)
-    return instance
+        """Build what ``cls(*args, **kwargs)`` would be without pooling (this
+        library's or wool's)."""
+        cls, args, kwargs = self._cls, self._args, self._kwargs
+        new = _unpooled_new(cls)
+        instance = new(cls) if new is object.__new__ else new(cls, *args, **kwargs)
+        if isinstance(instance, cls):
+            cls.__init__(instance, *args, **kwargs)
+        return instance
 
 
 def _unpooled_new(cls: type) -> Callable[..., Any]:
@@ -429,7 +429,6 @@ async def _pull_listing(entry: Entry | None) -> Exception | None:
     error if it failed first."""
     if entry is None or entry.source.listed_at is not None or entry.fanout.finished:
         return None
-    source = entry.source
     failed: list[Exception] = []
     reader = entry.fanout.consumer()
 
@@ -446,7 +445,7 @@ async def _pull_listing(entry: Entry | None) -> Exception | None:
     try:
         async with anyio.create_task_group() as group:
             group.start_soon(pull)
-            await source.listed.wait()
+            await entry.source.listed.wait()
             group.cancel_scope.cancel()
     finally:
         reader.close()

@@ -96,12 +96,11 @@ class WorkerView(WorkerMap, View[Any]):
             reported.discard(uid)
         else:
             reported.add(uid)
+        # What applying it passes on, then taken in as any item is.
         before = self.workers.get(uid)
-        passed = self.apply(item)
-        if passed is not None:  # taken in as record() takes an item
-            self.count += 1
-            if self._undo is not None:
-                self._undo.append((uid, before))
+        passed = WorkerMap({} if before is None else {uid: before}).apply(item)
+        if passed is not None:
+            self.record(passed)
         return passed
 
     def settled(self) -> Iterator[DiscoveryEvent]:
@@ -150,8 +149,6 @@ else:
     _checked = suggest_keywords(decorator.shared_subscription)
 
     @functools.wraps(decorator.shared_subscription)
-    def shared_subscription(cls=None, /, **options):
+    def shared_subscription(cls=None, /, *, view=None, **options):
         # The public decorator: the worker view unless told otherwise.
-        if options.get("view") is None:
-            options["view"] = WorkerView
-        return _checked(cls, **options)
+        return _checked(cls, view=WorkerView if view is None else view, **options)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import threading
 import types
 import uuid
@@ -70,8 +71,8 @@ class SharedDiscovery:
         can travel to another process.
     """
 
-    #: The one record of its arguments: equality and hash follow it.
-    _portable: Portable
+    #: The one record of its arguments: equality and hash follow its key.
+    _portable: Portable = attrs.field(eq=operator.attrgetter("key"))
     _entered: int = attrs.field(default=0, init=False, eq=False)
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, eq=False)
     _transition: anyio.Event | None = attrs.field(default=None, init=False, eq=False)
@@ -162,8 +163,7 @@ class SharedDiscovery:
 
         :param filter: Whether a worker appears in this stream; ``None``: all.
         """
-        portable = self._portable
-        upstream = Upstream(portable, portable.options)
+        upstream = Upstream(self._portable)
         return upstream if filter is None else afilter(filter, upstream)
 
     def workers(

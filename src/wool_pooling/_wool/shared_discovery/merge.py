@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import logging
 import math
 from collections.abc import AsyncGenerator
 from collections.abc import AsyncIterator
@@ -23,6 +22,7 @@ from wool import DiscoveryEvent
 from wool.runtime.discovery import __subscriber_pool__
 
 from ..._core.backend import current_loop
+from ..._core.fanout import logger
 from ..._core.iterators import aclose_iterator
 from ..._core.synced import Synced
 from ..._pooling.subscription import SubscriptionConsumer
@@ -30,10 +30,7 @@ from ..view import WorkerView
 from ..view import shared_subscription
 from ..workers import WorkerMap
 from .portable import BY_CONSTRUCTOR
-from .portable import Options
 from .portable import Portable
-
-logger = logging.getLogger("wool_pooling")
 
 #: Seconds a joiner's fresh scan stays open after it started or last changed
 #: the known workers.
@@ -47,7 +44,7 @@ LISTING_QUIET = RESCAN_SETTLE
 BUFFER = 64
 
 
-def _key(cls: type, portable: Portable, options: Options) -> object:
+def _key(cls: type, portable: Portable) -> object:
     return portable.key
 
 
@@ -80,9 +77,9 @@ class Upstream:
     the iteration, a fresh scan's is logged. See docs/wool.rst.
     """
 
-    def __init__(self, portable: Portable, options: Options) -> None:
+    def __init__(self, portable: Portable) -> None:
         self.inner: Any = portable.discovery
-        self.options = options
+        self.options = portable.options
         self.send: MemoryObjectSendStream[Any] | None = None  # while iterating
         self.readers: set[_Reader] = set()
         self.pending = False  # a reader has not started its scan yet

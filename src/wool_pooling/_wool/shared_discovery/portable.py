@@ -31,9 +31,10 @@ Recipe = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 @attrs.define(eq=False, repr=False)
 class Portable:
     """The one record of a ``SharedDiscovery``'s arguments, read by its
-    pickling, equality, hash and upstream :attr:`key`. Its discovery travels
-    by a ``recipe`` (wool's), by its own reduction, or as ``shipped``, the
-    subscriber it returned, pickled, arriving as a :class:`SubscriberOnly`.
+    pickling, and its equality, hash and upstream through :attr:`key`. Its
+    discovery travels by a ``recipe`` (wool's), by its own reduction, or as
+    ``shipped``, the subscriber it returned, pickled, arriving as a
+    :class:`SubscriberOnly`.
     """
 
     discovery: Any
@@ -71,12 +72,6 @@ class Portable:
             return (self.discovery, self.options)
         # By identity: whatever holds this key holds the discovery too.
         return (("id", id(self.discovery)), self.options)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Portable) and self.key == other.key
-
-    def __hash__(self) -> int:
-        return hash(self.key)
 
     def __reduce__(self) -> tuple[Any, ...]:
         if self.shipped is not None:
