@@ -424,6 +424,17 @@ class Entry:
         )
 
 
+def find_entry(pool: SubscriptionPool, key: Key) -> Entry | None:
+    """The entry of ``key`` in ``pool`` consumers join, else the newest whose
+    source ended while consumers remain; ``None`` without one."""
+    entry = pool._entries.get(key)
+    if entry is None:
+        for each in reversed(pool._live):
+            if each.key == key and each.state is EntryState.ENDED:
+                return each
+    return entry
+
+
 def attach(
     pool: SubscriptionPool,
     key: Key,

@@ -23,12 +23,12 @@ from .._core.fanout import FanoutConsumer
 from .._core.fanout import Lagged
 from .pool import CONFIG_ATTRIBUTE
 from .pool import Entry
-from .pool import EntryState
 from .pool import SubscriptionConfig
 from .pool import SubscriptionPool
 from .pool import SubscriptionStatistics
 from .pool import attach
 from .pool import current_pool
+from .pool import find_entry
 from .restart import RestartPolicy
 from .view import View
 
@@ -159,15 +159,8 @@ class SharedSubscription(Generic[T_co]):
         :raises RuntimeError: if ``pool`` is omitted and no pool is current
             and no event loop is running.
         """
-        pool = pool or current_pool()
-        key = (self._cls, self._key)
-        entry = pool._entries.get(key)
-        if entry is None:  # the newest whose source ended, if any
-            for each in reversed(pool._live):
-                if each.key == key and each.state is EntryState.ENDED:
-                    return each.statistics()
-            return SubscriptionStatistics()
-        return entry.statistics()
+        entry = find_entry(pool or current_pool(), (self._cls, self._key))
+        return SubscriptionStatistics() if entry is None else entry.statistics()
 
     def __aiter__(self) -> SubscriptionConsumer[T_co]:
         return SubscriptionConsumer(self)
